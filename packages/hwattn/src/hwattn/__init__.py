@@ -1,0 +1,3 @@
+"""hwattn: see README.md."""
+
+__version__ = "0.1.0"

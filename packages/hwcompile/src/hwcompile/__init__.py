@@ -1,0 +1,3 @@
+"""hwcompile: see README.md."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+"""hwenv: see README.md."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+"""hwrun: see README.md."""
+
+__version__ = "0.1.0"
