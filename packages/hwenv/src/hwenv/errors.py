@@ -1,0 +1,34 @@
+"""Every error hwenv raises: one base class, one subclass per kind of bad input.
+
+Each message names the bad value, the rule it breaks and what to do instead.
+"""
+
+from __future__ import annotations
+
+
+class HwenvError(Exception):
+    """Base of every hwenv error."""
+
+
+class DeviceOverrideError(HwenvError, ValueError):
+    """`HWENV_DEVICE` names an unknown kind, or a kind that is not usable here."""
+
+
+class AffinityMaskError(HwenvError, ValueError):
+    """A `ZE_AFFINITY_MASK` value that Level Zero would not accept."""
+
+
+class GaudiGroupError(HwenvError, ValueError):
+    """A Gaudi device group Intel does not support on part of a server (G8)."""
+
+
+class HlSmiParseError(HwenvError, ValueError):
+    """`hl-smi -Q index,module_id -f csv` output that cannot be read."""
+
+
+class SelectionError(HwenvError, ValueError):
+    """A device selection that cannot be built (bad list, wrong kind, conflicting variables)."""
+
+
+class PluginMissingError(HwenvError, ImportError):
+    """A device's PyTorch plugin (e.g. `habana_frameworks`) is not installed."""

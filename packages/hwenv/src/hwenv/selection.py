@@ -1,0 +1,166 @@
+"""`Selection`: which devices of a kind a run may use, and the exact environment that says so.
+
+The environment is meant for one child process (`hwenv exec`, `hwdist launch`, a
+`docker run -e` line), never exported into a shell where later runs would inherit it (X4).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from . import gaudi
+from .affinity import MASK_VARIABLE, PCI_ORDER_VARIABLE, format_affinity_mask, parse_affinity_mask
+from .errors import SelectionError
+from .kinds import DETECTION_ORDER, VISIBLE_DEVICES_VARIABLE
+
+CUDA_VARIABLE = "CUDA_VISIBLE_DEVICES"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A validated device selection: `kind`, the ids as the variable writes them, and the env."""
+
+    kind: str
+    devices: tuple[str, ...] = ()
+    pci_order: bool = True
+
+    @property
+    def count(self) -> int | None:
+        """Devices the child will see (one process each); None when every device is selected.
+
+        XPU sub-device entries (`0.1`) count one each, as with `ZE_FLAT_DEVICE_HIERARCHY=FLAT`.
+        """
+        return len(self.devices) if self.devices else None
+
+    @property
+    def variable(self) -> str | None:
+        """The variable that carries the selection (`ZE_AFFINITY_MASK`, `HABANA_VISIBLE_MODULES`, ...)."""
+        return VISIBLE_DEVICES_VARIABLE[self.kind]
+
+    def env(self) -> dict[str, str]:
+        """Exactly the variables to set for the child process, in a stable order."""
+        out: dict[str, str] = {}
+        if self.kind == "xpu":
+            if self.devices:
+                out[MASK_VARIABLE] = ",".join(self.devices)
+            if self.pci_order:
+                out[PCI_ORDER_VARIABLE] = "1"
+        elif self.kind == "hpu":
+            if self.devices:
+                out[gaudi.MODULES_VARIABLE] = ",".join(self.devices)
+            out[gaudi.INT64_VARIABLE] = "1"  # Transformers uses int64 token ids (G4)
+        elif self.kind == "cuda" and self.devices:
+            out[CUDA_VARIABLE] = ",".join(self.devices)
+        return out
+
+    def apply(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """A copy of `environ` (default `os.environ`) with this selection's variables set.
+
+        A Gaudi selection by module IDs removes an inherited `HABANA_VISIBLE_DEVICES`, which
+        could otherwise disagree with it.
+        """
+        merged = dict(os.environ if environ is None else environ)
+        if self.kind == "hpu" and self.devices:
+            merged.pop(gaudi.DEVICES_VARIABLE, None)
+        merged.update(self.env())
+        return merged
+
+
+def select(
+    kind: str,
+    devices: str | None = None,
+    *,
+    by: str = "module",
+    device_count: int | None = None,
+    hl_smi_rows: tuple[gaudi.HlSmiRow, ...] | None = None,
+    pci_order: bool = True,
+) -> Selection:
+    """Validate `devices` for `kind` and return the `Selection`; bad input raises before anything runs.
+
+    - `xpu`: `devices` is a `ZE_AFFINITY_MASK` (`"0,2"`, `"0.1"`); `pci_order=False` opts out
+      of `ZE_ENABLE_PCI_ID_DEVICE_ORDER=1`.
+    - `hpu`: `devices` are module IDs (`by="module"`, default, stable across reboots) or device
+      indices (`by="index"`, translated to module IDs with `hl-smi`); partial-server groups are
+      checked against Intel's supported combinations (G8).
+    - `cuda`: `CUDA_VISIBLE_DEVICES` indices.
+    """
+    if kind not in VISIBLE_DEVICES_VARIABLE:
+        raise SelectionError(f"Unknown accelerator kind {kind!r}; use one of {', '.join(DETECTION_ORDER)}.")
+    if devices is not None and str(devices).strip() == "" and kind != "xpu":
+        raise SelectionError(f"--devices {devices!r} is empty; list device ids such as '0,1', or leave it out.")
+    if kind == "xpu":
+        if devices is None:
+            return Selection("xpu", (), pci_order)
+        entries = parse_affinity_mask(devices, device_count)
+        return Selection("xpu", tuple(format_affinity_mask([e]) for e in entries), pci_order)
+    if kind == "hpu":
+        if by not in ("module", "index"):
+            raise SelectionError(f"by={by!r} is not valid for Gaudi; use 'module' (module IDs) or 'index' (device indices).")
+        if devices is None:
+            return Selection("hpu")
+        variable = gaudi.MODULES_VARIABLE if by == "module" else gaudi.DEVICES_VARIABLE
+        ids = gaudi.parse_id_list(devices, variable)
+        if by == "index":
+            rows = hl_smi_rows if hl_smi_rows is not None else gaudi.read_hl_smi()
+            ids = gaudi.indices_to_modules(ids, rows)
+        gaudi.check_group(ids)
+        return Selection("hpu", tuple(str(i) for i in ids))
+    if kind == "cuda":
+        if devices is None:
+            return Selection("cuda")
+        ids = gaudi.parse_id_list(devices, CUDA_VARIABLE)
+        if device_count is not None and max(ids) >= device_count:
+            raise SelectionError(f"{CUDA_VARIABLE}={devices!r} names device {max(ids)}, but only {device_count} are present.")
+        return Selection("cuda", tuple(str(i) for i in ids))
+    if devices is not None:
+        raise SelectionError(f"{kind} has no device selection; leave --devices out (or pass --kind xpu|hpu|cuda).")
+    return Selection(kind)
+
+
+def current_selection(
+    kind: str,
+    environ: Mapping[str, str] | None = None,
+    *,
+    hl_smi_rows: tuple[gaudi.HlSmiRow, ...] | None = None,
+) -> Selection:
+    """The selection the environment already makes for `kind`, validated.
+
+    On Gaudi, `HABANA_VISIBLE_MODULES` and `HABANA_VISIBLE_DEVICES` both set must name the same
+    devices (checked with the hl-smi mapping); otherwise a `SelectionError` says which to keep.
+    """
+    env = os.environ if environ is None else environ
+    if kind == "xpu":
+        mask = env.get(MASK_VARIABLE)
+        return select("xpu", mask, pci_order=env.get(PCI_ORDER_VARIABLE) == "1") if mask is not None else Selection("xpu", (), env.get(PCI_ORDER_VARIABLE) == "1")
+    if kind == "hpu":
+        modules = env.get(gaudi.MODULES_VARIABLE)
+        indices = env.get(gaudi.DEVICES_VARIABLE)
+        if modules is not None and indices is not None:
+            module_ids = gaudi.parse_id_list(modules, gaudi.MODULES_VARIABLE)
+            index_ids = gaudi.parse_id_list(indices, gaudi.DEVICES_VARIABLE)
+            try:
+                rows = hl_smi_rows if hl_smi_rows is not None else gaudi.read_hl_smi()
+            except Exception as error:
+                raise SelectionError(
+                    f"Both {gaudi.MODULES_VARIABLE}={modules!r} and {gaudi.DEVICES_VARIABLE}={indices!r} are set and "
+                    f"hl-smi cannot be read to check that they agree ({error}). Set only {gaudi.MODULES_VARIABLE}."
+                ) from error
+            translated = gaudi.indices_to_modules(index_ids, rows)
+            if set(translated) != set(module_ids):
+                raise SelectionError(
+                    f"{gaudi.MODULES_VARIABLE}={modules!r} and {gaudi.DEVICES_VARIABLE}={indices!r} disagree: the "
+                    f"indices are module IDs {sorted(translated)} by hl-smi, not {sorted(module_ids)}. "
+                    f"Unset {gaudi.DEVICES_VARIABLE} and keep {gaudi.MODULES_VARIABLE} (module IDs are stable)."
+                )
+            return select("hpu", modules)
+        if modules is not None:
+            return select("hpu", modules)
+        if indices is not None:
+            return select("hpu", indices, by="index", hl_smi_rows=hl_smi_rows)
+        return Selection("hpu")
+    if kind == "cuda":
+        value = env.get(CUDA_VARIABLE)
+        return select("cuda", value) if value else Selection("cuda")
+    return Selection(kind)
