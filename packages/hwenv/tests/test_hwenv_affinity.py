@@ -1,0 +1,65 @@
+"""ZE_AFFINITY_MASK parsing (X4, X5): valid masks round-trip, every bad mask is a clear AffinityMaskError."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hwenv import AffinityEntry, AffinityMaskError, HwenvError, format_affinity_mask, parse_affinity_mask
+
+
+@pytest.mark.facts("X4")
+def test_parses_devices_and_subdevices_in_written_order():
+    assert parse_affinity_mask("2,0") == (AffinityEntry(2), AffinityEntry(0))
+    assert parse_affinity_mask("0.1, 1") == (AffinityEntry(0, 1), AffinityEntry(1))
+
+
+@pytest.mark.facts("X4")
+@pytest.mark.parametrize(
+    ("mask", "words"),
+    [
+        ("", "empty"),
+        ("0,,2", "item 2 is empty"),
+        ("a", "'a' is not a non-negative decimal index"),
+        ("-1", "'-1' is not a non-negative decimal index"),
+        ("0,0", "lists 0 twice"),
+        ("0.1.2", "3 levels"),
+        ("0,0.1", "whole and its sub-device"),
+        ("1.", "it is empty"),
+        ("²", "not a non-negative decimal index"),
+    ],
+)
+def test_bad_masks_name_the_value_and_the_rule(mask, words):
+    with pytest.raises(AffinityMaskError) as error:
+        parse_affinity_mask(mask)
+    assert words in str(error.value)
+    assert repr(mask) in str(error.value)
+    assert isinstance(error.value, ValueError)
+
+
+@pytest.mark.facts("X4")
+def test_indices_beyond_present_devices_are_rejected_when_count_known():
+    assert len(parse_affinity_mask("0,3", device_count=4)) == 2
+    with pytest.raises(AffinityMaskError, match="only 4 device"):
+        parse_affinity_mask("0,4", device_count=4)
+
+
+entries = st.lists(
+    st.tuples(st.integers(0, 64), st.one_of(st.none(), st.integers(0, 8))), min_size=1, max_size=12
+).map(lambda items: list(dict.fromkeys(AffinityEntry(d, s) for d, s in items)))
+
+
+@given(entries)
+def test_every_valid_mask_round_trips(items):
+    whole = {e.device for e in items if e.subdevice is None}
+    items = [e for e in items if e.subdevice is None or e.device not in whole]
+    mask = format_affinity_mask(items)
+    assert parse_affinity_mask(mask) == tuple(items)
+    assert format_affinity_mask(parse_affinity_mask(mask)) == mask
+
+
+@given(st.text(max_size=30))
+def test_no_input_raises_anything_but_the_package_error(text):
+    try:
+        parse_affinity_mask(text)
+    except HwenvError:
+        pass

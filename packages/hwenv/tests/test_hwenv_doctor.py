@@ -1,0 +1,99 @@
+"""`hwenv doctor` reports (G3-G5, X4, X5, X17) on this CPU machine and on simulated XPU and Gaudi machines."""
+
+import json
+
+import pytest
+
+from hwenv import diagnose
+from hwenv.cli import main
+
+
+def codes(report):
+    return [problem.code for problem in report.problems]
+
+
+def test_cpu_machine_report(clean_device_env, capsys):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "Accelerator: CPU" in out and "Problems: none" in out
+    assert "hpu   not available: habana_frameworks" in out
+
+
+@pytest.mark.facts("X3")
+def test_simulated_four_xpu_report(fake_xpu, capsys):
+    fake_xpu(count=4, bf16=True)
+    assert main(["doctor", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["accelerator"]["kind"] == "xpu" and data["accelerator"]["count"] == 4
+    assert data["accelerator"]["device"] == "xpu:0" and data["problems"] == []
+    assert data["ok"] is True
+
+
+@pytest.mark.facts("X17")
+def test_xpu_without_bf16_is_reported(fake_xpu):
+    fake_xpu(count=1, bf16=False)
+    assert "bf16-unsupported" in codes(diagnose())
+
+
+@pytest.mark.facts("G4", "G5")
+def test_simulated_eight_gaudi_report(fake_gaudi, capsys):
+    fake_gaudi(count=8)
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "Intel Gaudi (HPU)" in out and "count=8" in out and "device=hpu" in out
+    assert "int64-disabled" in out and "PT_ENABLE_INT64_SUPPORT=1" in out
+    assert "Gaudi execution mode: eager" in out
+
+
+@pytest.mark.facts("G4")
+def test_gaudi_with_int64_set_has_no_problem(fake_gaudi, monkeypatch):
+    fake_gaudi(count=8)
+    monkeypatch.setenv("PT_ENABLE_INT64_SUPPORT", "1")
+    assert codes(diagnose()) == []
+
+
+@pytest.mark.facts("G3", "G5")
+def test_old_accelerate_explains_is_torch_hpu_available(fake_gaudi, monkeypatch):
+    fake_gaudi(count=8, accelerate_version="1.4.0")
+    monkeypatch.setenv("PT_ENABLE_INT64_SUPPORT", "1")
+    report = diagnose()
+    problem = next(p for p in report.problems if p.code == "accelerate-too-old-for-gaudi")
+    assert "is_torch_hpu_available() returns False" in problem.message and "1.4.0" in problem.message
+    assert "accelerate>=1.5.0" in problem.fix
+
+
+@pytest.mark.facts("G2")
+def test_lazy_mode_is_reported(fake_gaudi, monkeypatch):
+    fake_gaudi(count=8, lazy_mode="1")
+    monkeypatch.setenv("PT_ENABLE_INT64_SUPPORT", "1")
+    report = diagnose()
+    assert "lazy-mode-blocks-compile" in codes(report)
+    assert any("lazy" in note for note in report.notes)
+
+
+@pytest.mark.facts("X4", "X5")
+def test_exported_mask_leaks_and_order_warning(fake_xpu, monkeypatch):
+    fake_xpu(count=4)
+    monkeypatch.setenv("ZE_AFFINITY_MASK", "0,2")
+    found = codes(diagnose())
+    assert "exported-selection" in found and "unstable-xpu-order" in found
+
+
+def test_invalid_exported_mask_is_an_error(fake_xpu, monkeypatch):
+    fake_xpu(count=2)
+    monkeypatch.setenv("ZE_AFFINITY_MASK", "0,5")
+    assert "invalid-affinity-mask" in codes(diagnose())
+
+
+def test_bad_override_is_reported_not_raised(clean_device_env, monkeypatch, capsys):
+    monkeypatch.setenv("HWENV_DEVICE", "tpu")
+    assert main(["doctor", "--strict"]) == 1
+    assert "detection-failed" in capsys.readouterr().out
+
+
+def test_torch_without_xpu_backend_is_reported(clean_device_env, tmp_path, monkeypatch):
+    tool = tmp_path / "xpu-smi"
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    assert "torch-without-xpu" in codes(diagnose())
