@@ -1,10 +1,15 @@
 """ZE_AFFINITY_MASK parsing (X4, X5): valid masks round-trip, every bad mask is a clear AffinityMaskError."""
 
 import pytest
+from hwenv import (
+    AffinityEntry,
+    AffinityMaskError,
+    HwenvError,
+    format_affinity_mask,
+    parse_affinity_mask,
+)
 from hypothesis import given
 from hypothesis import strategies as st
-
-from hwenv import AffinityEntry, AffinityMaskError, HwenvError, format_affinity_mask, parse_affinity_mask
 
 
 @pytest.mark.facts("X4")

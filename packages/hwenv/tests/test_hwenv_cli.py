@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from hwenv.cli import main
 
 

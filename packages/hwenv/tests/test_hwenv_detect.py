@@ -1,8 +1,7 @@
 """Detection (X3, G5, G12): real CPU, fake XPU / Gaudi / CUDA, the HWENV_DEVICE override."""
 
-import pytest
-
 import hwenv
+import pytest
 from hwenv import DeviceOverrideError, detect
 
 

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from hwenv import diagnose
 from hwenv.cli import main
 
@@ -97,3 +96,10 @@ def test_torch_without_xpu_backend_is_reported(clean_device_env, tmp_path, monke
     tool.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     assert "torch-without-xpu" in codes(diagnose())
+
+
+def test_no_plugin_means_no_accelerate_gaudi_problem(clean_device_env):
+    from hwenv.testing import override_versions
+
+    with override_versions(accelerate=None, torch=None):
+        assert "accelerate-too-old-for-gaudi" not in codes(diagnose())

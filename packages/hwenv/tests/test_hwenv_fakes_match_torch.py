@@ -3,7 +3,6 @@
 import inspect
 
 import torch
-
 from hwenv.testing import _fake_device_functions, fake_cuda, fake_xpu
 
 

@@ -1,9 +1,6 @@
 """Gaudi selection (G6-G8): hl-smi parsing and mapping, supported partial-server groups."""
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
 from hwenv import (
     SUPPORTED_PARTIAL_GROUPS,
     GaudiGroupError,
@@ -16,6 +13,8 @@ from hwenv import (
 )
 from hwenv.gaudi import read_hl_smi
 from hwenv.testing import HL_SMI_CSV_8, fake_hl_smi
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 @pytest.mark.facts("G7", "G8")

@@ -1,7 +1,6 @@
 """Selections and their environments (X4, X5, G4, G6, G8)."""
 
 import pytest
-
 from hwenv import SelectionError, current_selection, parse_hl_smi_csv, select
 from hwenv.errors import AffinityMaskError, GaudiGroupError
 from hwenv.testing import HL_SMI_CSV_8

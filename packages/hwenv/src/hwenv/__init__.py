@@ -27,7 +27,13 @@ from .gaudi import (
 from .kinds import DETECTION_ORDER, KINDS
 from .probes import ProbeResult, run_probe
 from .selection import Selection, current_selection, select
-from .versions import accelerate_sees_gaudi, at_least, installed_version, library_versions, parse_version
+from .versions import (
+    accelerate_sees_gaudi,
+    at_least,
+    installed_version,
+    library_versions,
+    parse_version,
+)
 
 __version__ = "0.1.0"
 

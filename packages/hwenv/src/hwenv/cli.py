@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     except HwenvError as error:
         print(f"hwenv {args.command_name}: error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `hwenv doctor --json | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,6 +6,7 @@ Unlike `accelerate env`, it reports Gaudi too, and explains why
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import shutil
@@ -101,11 +102,19 @@ class Report:
         return "\n".join(lines)
 
 
+def _plugin_importable() -> bool:
+    """Whether `habana_frameworks` can be imported (found without importing it)."""
+    try:
+        return importlib.util.find_spec("habana_frameworks") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _problems(acc: Accelerator | None, probes: dict[str, ProbeResult], env: Mapping[str, str]) -> tuple[list[Problem], list[str]]:
     problems: list[Problem] = []
     notes: list[str] = []
     hpu, xpu = probes["hpu"], probes["xpu"]
-    plugin_present = "habana_frameworks" not in hpu.reason
+    plugin_present = _plugin_importable()
     if plugin_present and not accelerate_sees_gaudi():
         acc_version = library_versions().get("accelerate")
         problems.append(Problem(

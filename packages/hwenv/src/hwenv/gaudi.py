@@ -86,7 +86,7 @@ def parse_hl_smi_csv(text: str) -> tuple[HlSmiRow, ...]:
                 f"hl-smi output line {number}: {line!r} has {len([c for c in cells if c])} value(s); "
                 f"expected 2 (index, module_id)."
             )
-        for name, cell in zip(("index", "module_id"), cells):
+        for name, cell in zip(("index", "module_id"), cells, strict=True):
             if not (cell.isascii() and cell.isdigit()):
                 raise HlSmiParseError(f"hl-smi output line {number}: {name} {cell!r} is not a non-negative integer.")
         row = HlSmiRow(int(cells[0]), int(cells[1]))
