@@ -1,0 +1,26 @@
+"""hwrun's training half: `train()` with Transformers' Trainer + PEFT LoRA / 4-bit QLoRA,
+`training_arguments()` for the device, packed data, atomic resumable checkpoints."""
+
+from .adapters import is_adapter_folder, load_adapter_model, save_adapter, save_merged
+from .arguments import training_arguments, training_keywords
+from .checkpoints import check_checkpoint, latest_complete_checkpoint, resolve_resume
+from .data import PackedDataset, build_dataset, pack_token_ids, read_documents
+from .errors import (
+    CheckpointError,
+    QLoRAUnsupportedError,
+    TrainingConfigError,
+    TrainingDataError,
+    TrainingError,
+)
+from .fused_loss import apply_fused_loss, linear_cross_entropy
+from .lora import TARGET_MODULES, LoraSettings, lora_config, target_modules_for
+from .run import TrainResult, train
+
+__all__ = [
+    "CheckpointError", "LoraSettings", "PackedDataset", "QLoRAUnsupportedError", "TARGET_MODULES",
+    "TrainResult", "TrainingConfigError", "TrainingDataError", "TrainingError", "apply_fused_loss",
+    "build_dataset", "check_checkpoint", "is_adapter_folder", "latest_complete_checkpoint",
+    "linear_cross_entropy", "load_adapter_model", "lora_config", "pack_token_ids", "read_documents",
+    "resolve_resume", "save_adapter", "save_merged", "target_modules_for", "train", "training_arguments",
+    "training_keywords",
+]

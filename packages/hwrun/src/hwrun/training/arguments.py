@@ -1,0 +1,98 @@
+"""`training_arguments(plan, output_dir, **overrides)`: a real `transformers.TrainingArguments`
+built for the plan's device: bf16 where supported (X17, G12), compile keywords from hwcompile
+(G14), `ddp_backend` from hwdist (X18, G15), `use_cpu` on CPU."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from .errors import TrainingConfigError
+
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
+
+    from hwrun.plan import RunPlan
+
+logger = logging.getLogger(__name__)
+
+# Keywords hwrun sets unless overridden, and why.
+DEFAULTS: dict[str, Any] = {
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "learning_rate": 2e-4,          # the usual LoRA learning rate
+    "lr_scheduler_type": "linear",
+    "warmup_steps": 0,
+    "logging_steps": 1,             # a loss per step: the curve, and resume comparisons
+    "save_strategy": "steps",
+    "save_steps": 100,
+    "save_total_limit": 3,
+    "report_to": "none",            # no network, no surprise tracker
+    "remove_unused_columns": False,  # the packed dataset gives exactly the model's inputs
+    "gradient_checkpointing": False,  # LoRA activations fit; recomputation costs ~30% speed
+    "dataloader_pin_memory": True,
+    "seed": 42,
+}
+
+
+def _fused_adamw_ok(kind: str) -> bool:
+    # torch's fused AdamW has kernels for cuda, xpu and cpu (torch/optim/adam.py
+    # _get_fused_kernels_supported_devices); not for hpu (Gaudi has its own FusedAdamW).
+    return kind in ("cuda", "xpu", "cpu")
+
+
+def _precision(plan: RunPlan, overrides: dict[str, Any]) -> dict[str, Any]:
+    accel = plan.accelerator
+    bf16 = overrides.pop("bf16", None)
+    fp16 = overrides.pop("fp16", None)
+    if bf16 is None and fp16 is None:
+        bf16 = plan.dtype == "bfloat16"
+        fp16 = plan.dtype == "float16"
+    bf16, fp16 = bool(bf16), bool(fp16)
+    if bf16 and fp16:
+        raise TrainingConfigError("bf16=True and fp16=True were both given; mixed precision is one of "
+                                  "them. Fix: pass only one.")
+    if bf16 and accel.kind != "cpu" and accel.bf16 is False:
+        names = ", ".join(accel.names) or accel.kind
+        raise TrainingConfigError(
+            f"bf16=True but {accel.name} ({names}, device {accel.device}) does not support bfloat16 "
+            "(torch reports is_bf16_supported() False; TrainingArguments would raise the same, X17). "
+            "Fix: use fp16=True, or plan(dtype='float16') / dtype='auto'."
+        )
+    return {"bf16": bf16, "fp16": fp16}
+
+
+def training_keywords(plan: RunPlan, output_dir: str | os.PathLike, **overrides: Any) -> dict[str, Any]:
+    """The keyword dict `training_arguments` passes to `TrainingArguments` (so it can be shown
+    or checked without building one); `overrides` win over every hwrun default."""
+    import hwcompile
+    import hwdist
+
+    accel = plan.accelerator
+    overrides = dict(overrides)
+    keywords: dict[str, Any] = dict(DEFAULTS)
+    keywords["output_dir"] = os.fspath(output_dir)
+    keywords.update(_precision(plan, overrides))
+    keywords["use_cpu"] = accel.kind == "cpu"
+    keywords["optim"] = "adamw_torch_fused" if _fused_adamw_ok(accel.kind) else "adamw_torch"
+    compile_on = plan.compile is not None
+    backend = plan.compile.backend if compile_on and isinstance(plan.compile.backend, str) else None
+    keywords.update(hwcompile.training_arguments(accel, compile=compile_on, backend=backend))
+    ddp = hwdist.ddp_backend(accel)
+    if ddp is not None:
+        keywords["ddp_backend"] = ddp
+    keywords.update(overrides)
+    return keywords
+
+
+def training_arguments(plan: RunPlan, output_dir: str | os.PathLike, **overrides: Any) -> TrainingArguments:
+    """A `transformers.TrainingArguments` for `plan`'s device; `overrides` are TrainingArguments
+    keywords that win over hwrun's choices. Raises TrainingConfigError (a ValueError) for bf16 on a
+    device without it, before anything loads (X17)."""
+    from transformers import TrainingArguments
+
+    keywords = training_keywords(plan, output_dir, **overrides)
+    logger.info("TrainingArguments for %s: %s", plan.accelerator.device,
+                {k: keywords[k] for k in ("bf16", "fp16", "use_cpu", "optim", "torch_compile") if k in keywords})
+    return TrainingArguments(**keywords)

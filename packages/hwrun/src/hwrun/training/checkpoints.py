@@ -1,0 +1,147 @@
+"""Checkpoints that lose nothing: written into a staging folder, fsynced, stamped with a
+manifest, then renamed into place, so a crash mid-save leaves the last good checkpoint whole."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+from .errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_NAME = "hwrun_checkpoint.json"
+STAGING_PREFIX = ".staging-"
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+def _fsync_path(path: Path) -> None:
+    flags = os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() and hasattr(os, "O_DIRECTORY") else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:  # pragma: no cover - e.g. directories on Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - some filesystems refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_manifest(folder: str | Path, step: int) -> Path:
+    """fsync every file in `folder`, then write the manifest (file sizes, step) last, fsynced."""
+    folder = Path(folder)
+    files = {}
+    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+        _fsync_path(file)
+        files[file.relative_to(folder).as_posix()] = file.stat().st_size
+    manifest = {"format": 1, "step": step, "complete": True, "files": files}
+    target = folder / MANIFEST_NAME
+    with open(target, "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle, indent=1, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    for sub in sorted({p.parent for p in folder.rglob("*")} | {folder}):
+        _fsync_path(sub)
+    return target
+
+
+def check_checkpoint(folder: str | Path) -> str | None:
+    """Return None when `folder` is a complete checkpoint, else the reason it is not."""
+    folder = Path(folder)
+    manifest_path = folder / MANIFEST_NAME
+    if not manifest_path.is_file():
+        return f"no {MANIFEST_NAME} (the save did not finish)"
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        return f"{MANIFEST_NAME} is unreadable ({error})"
+    if not manifest.get("complete"):
+        return f"{MANIFEST_NAME} does not say complete"
+    for name, size in manifest.get("files", {}).items():
+        file = folder / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes, the manifest says {size}"
+    return None
+
+
+def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
+    """Every `checkpoint-N` folder in `output_dir`, newest (highest step) first."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    found = []
+    for entry in output_dir.iterdir():
+        match = _CHECKPOINT_RE.match(entry.name)
+        if match and entry.is_dir():
+            found.append((int(match.group(1)), entry))
+    return sorted(found, reverse=True)
+
+
+def latest_complete_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint in `output_dir`; incomplete or corrupt ones are skipped
+    with a warning naming the reason."""
+    for _step, folder in list_checkpoints(output_dir):
+        problem = check_checkpoint(folder)
+        if problem is None:
+            return folder
+        logger.warning("Skipping checkpoint %s: %s.", folder, problem)
+    return None
+
+
+def resolve_resume(resume: bool | str | os.PathLike | None, output_dir: str | Path) -> str | None:
+    """Turn `resume` ("auto", True, False/None, or a checkpoint path) into the folder to resume from.
+
+    "auto": the newest complete checkpoint, or None to start fresh; True: the same but one must
+    exist; a path: that checkpoint, which must be complete.
+    """
+    if resume in (None, False, "never", "no"):
+        return None
+    if resume in ("auto", True):
+        found = latest_complete_checkpoint(output_dir)
+        if found is None:
+            if resume is True:
+                raise CheckpointError(
+                    f"resume=True but {str(output_dir)!r} holds no complete checkpoint; resuming "
+                    "needs a checkpoint-N folder with a manifest. Fix: use resume='auto' to start "
+                    "fresh when there is none, or point --output at the earlier run."
+                )
+            return None
+        logger.info("Resuming from %s", found)
+        return str(found)
+    folder = Path(resume)
+    problem = check_checkpoint(folder)
+    if problem is not None:
+        raise CheckpointError(
+            f"Cannot resume from {str(folder)!r}: {problem}. Fix: pick a complete checkpoint, or use "
+            "resume='auto' to take the newest complete one."
+        )
+    return str(folder)
+
+
+def staging_folder(run_dir: str | Path, step: int) -> Path:
+    """Where the checkpoint of `step` is written before it is renamed into place (same parent,
+    so the rename is atomic; a name Trainer's own `checkpoint-N` scan does not match)."""
+    return Path(run_dir) / f"{STAGING_PREFIX}checkpoint-{step}"
+
+
+def publish(staged: Path, final: Path) -> None:
+    """Rename the finished `staged` checkpoint onto `final` atomically (an old `final` is
+    moved aside first and removed only after the new one is in place)."""
+    old = None
+    if final.exists():
+        old = final.with_name(f"{STAGING_PREFIX}old-{final.name}")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)
+    os.replace(staged, final)
+    _fsync_path(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

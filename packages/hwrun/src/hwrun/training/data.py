@@ -1,0 +1,178 @@
+"""Training data: read a text file, a JSONL file with `text`, or a folder of `.txt` files, then
+tokenise and pack the documents into fixed-length blocks (no padding, so no wasted compute)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import TrainingDataError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+TEXT_SUFFIXES = (".txt", ".text", ".md")
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+
+
+@dataclass(frozen=True)
+class Document:
+    """One training document and where it came from (file, and line for JSONL)."""
+
+    text: str
+    source: str
+
+
+def _read_utf8(path: Path) -> str:
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise TrainingDataError(
+            f"{path}:{line}: the file is not UTF-8 (byte {raw[error.start]:#04x} at offset "
+            f"{error.start}); training data must be UTF-8 text. Fix: re-encode it, e.g. "
+            f"`iconv -f latin1 -t utf-8 {path.name} > fixed.txt`."
+        ) from None
+
+
+def _read_jsonl(path: Path) -> list[Document]:
+    documents = []
+    for number, line in enumerate(_read_utf8(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise TrainingDataError(
+                f"{where}: not valid JSON ({error.msg}); each line of a JSONL file must be one JSON "
+                'object such as {"text": "..."}. Fix that line.'
+            ) from None
+        if not isinstance(record, dict) or "text" not in record:
+            keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise TrainingDataError(
+                f"{where}: the line has no \"text\" field (found {keys}); every JSONL line must be "
+                'an object with a string "text" field. Fix: add it or drop the line.'
+            )
+        if not isinstance(record["text"], str):
+            raise TrainingDataError(
+                f"{where}: \"text\" is a {type(record['text']).__name__}, not a string; every "
+                '"text" field must be a string. Fix that line.'
+            )
+        if record["text"].strip():
+            documents.append(Document(record["text"], where))
+    return documents
+
+
+def read_documents(path: str | Path) -> list[Document]:
+    """Read every document under `path` (text file, JSONL file, or a folder of .txt files).
+
+    Raises TrainingDataError naming the file (and line) when the data is missing, empty,
+    not UTF-8, or a JSONL line lacks `text`.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise TrainingDataError(
+            f"Training data {str(path)!r} does not exist; --data takes a text file, a JSONL file "
+            "with a \"text\" field per line, or a folder of .txt files. Fix the path."
+        )
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() == ".txt")
+        if not files:
+            raise TrainingDataError(
+                f"Training data folder {str(path)!r} holds no .txt files; a data folder is read as "
+                "its .txt files (recursively). Fix: add .txt files or point --data at a file."
+            )
+        documents = []
+        for file in files:
+            text = _read_utf8(file)
+            if text.strip():
+                documents.append(Document(text, str(file)))
+    elif path.suffix.lower() in JSONL_SUFFIXES:
+        documents = _read_jsonl(path)
+    else:
+        text = _read_utf8(path)
+        documents = [Document(text, str(path))] if text.strip() else []
+    if not documents:
+        raise TrainingDataError(
+            f"Training data {str(path)!r} is empty (no non-blank text found); there is nothing to "
+            "train on. Fix: give a file or folder with text in it."
+        )
+    return documents
+
+
+class PackedDataset:
+    """Fixed-length blocks of token ids (`input_ids`, `labels`, `attention_mask`), a torch-style
+    map dataset that Trainer's default collator stacks without padding."""
+
+    def __init__(self, blocks: torch.Tensor, sources: Sequence[str]) -> None:
+        self.blocks = blocks
+        self.sources = tuple(sources)
+
+    def __len__(self) -> int:
+        return int(self.blocks.shape[0])
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        import torch
+
+        ids = self.blocks[index]
+        return {"input_ids": ids, "labels": ids.clone(), "attention_mask": torch.ones_like(ids)}
+
+    @property
+    def tokens(self) -> int:
+        """Number of tokens across all blocks."""
+        return int(self.blocks.numel())
+
+
+def pack_token_ids(sequences: Sequence[Sequence[int]], block_size: int, *,
+                   separator: int | None) -> list[list[int]]:
+    """Concatenate token sequences (separated by `separator`, usually EOS) and cut them into
+    `block_size` blocks; the ragged tail is dropped, unless it is the only block."""
+    if block_size < 2:
+        raise TrainingDataError(f"block_size={block_size} is too small; it must be >= 2. Fix: raise it.")
+    stream: list[int] = []
+    for sequence in sequences:
+        stream.extend(sequence)
+        if separator is not None:
+            stream.append(separator)
+    if len(stream) < block_size:
+        if len(stream) < 2:
+            return []
+        logger.warning("Only %d tokens of data, fewer than block_size=%d: training on one "
+                       "shorter block.", len(stream), block_size)
+        return [stream]
+    usable = len(stream) - len(stream) % block_size
+    if usable != len(stream):
+        logger.info("Packing drops the last %d tokens (a partial block of %d).",
+                    len(stream) - usable, block_size)
+    return [stream[i:i + block_size] for i in range(0, usable, block_size)]
+
+
+def build_dataset(path: str | Path, tokenizer: PreTrainedTokenizerBase, block_size: int = 512) -> PackedDataset:
+    """Read `path`, tokenise every document, and pack them into `block_size` blocks."""
+    import torch
+
+    documents = read_documents(path)
+    limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and 0 < limit < block_size:
+        raise TrainingDataError(
+            f"block_size={block_size} is longer than the tokenizer's model_max_length={limit}; "
+            f"blocks must fit the model. Fix: pass block_size <= {limit}."
+        )
+    sequences = [tokenizer(doc.text, add_special_tokens=True)["input_ids"] for doc in documents]
+    separator = tokenizer.eos_token_id
+    blocks = pack_token_ids(sequences, block_size, separator=separator)
+    if not blocks:
+        raise TrainingDataError(
+            f"Training data {str(path)!r} tokenises to fewer than 2 tokens; nothing to train on. "
+            "Fix: give more text."
+        )
+    return PackedDataset(torch.tensor(blocks, dtype=torch.long), [d.source for d in documents])

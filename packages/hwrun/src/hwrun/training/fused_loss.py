@@ -1,0 +1,167 @@
+"""Chunked linear + cross-entropy loss for causal LMs: the LM-head logits are computed one chunk
+of tokens at a time and the gradient is formed in the same pass, so the full
+(batch x seq x vocab) fp32 logits tensor (4.2 GB for 8x1024x128256) never exists."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+DEFAULT_CHUNK_TOKENS = 1024
+# Architectures whose CausalLM head is `logits = lm_head(norm(hidden))` with nothing after it
+# (no soft-capping, no logit scale), so the fused loss is exactly the model's own loss.
+FUSED_LOSS_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+_FLAG = "_hwrun_fused_loss"
+
+
+def _fused_function():
+    import torch
+
+    class LinearCrossEntropy(torch.autograd.Function):
+        """sum(CE(hidden @ weight.T, targets)) * scale, gradient computed chunk by chunk in forward."""
+
+        @staticmethod
+        def forward(ctx, hidden, weight, targets, scale, chunk_tokens):  # noqa: D401
+            need_hidden = hidden.requires_grad
+            need_weight = weight.requires_grad
+            grad_hidden = torch.zeros_like(hidden) if need_hidden else None
+            grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None
+            total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            for start in range(0, hidden.shape[0], chunk_tokens):
+                h = hidden[start:start + chunk_tokens]
+                t = targets[start:start + chunk_tokens]
+                logits = (h @ weight.t()).float()
+                valid = t != IGNORE_INDEX
+                safe = torch.where(valid, t, torch.zeros_like(t)).unsqueeze(1)
+                lse = torch.logsumexp(logits, dim=-1)
+                picked = logits.gather(1, safe).squeeze(1)
+                total = total + torch.where(valid, lse - picked, torch.zeros_like(lse)).sum()
+                if need_hidden or need_weight:
+                    grad = torch.exp(logits - lse.unsqueeze(1))
+                    grad.scatter_add_(1, safe, -torch.ones_like(safe, dtype=grad.dtype))
+                    grad = grad * (valid.unsqueeze(1).to(grad.dtype) * scale)
+                    grad = grad.to(weight.dtype)
+                    if need_hidden:
+                        grad_hidden[start:start + chunk_tokens] = grad @ weight
+                    if need_weight:
+                        grad_weight += (grad.t() @ h.to(weight.dtype)).float()
+            ctx.save_for_backward(*(g for g in (grad_hidden, grad_weight) if g is not None))
+            ctx.has = (need_hidden, need_weight)
+            ctx.weight_dtype = weight.dtype
+            return total * scale
+
+        @staticmethod
+        def backward(ctx, grad_output):
+            saved = list(ctx.saved_tensors)
+            need_hidden, need_weight = ctx.has
+            grad_hidden = None
+            if need_hidden:
+                grad_hidden = saved.pop(0)
+                grad_hidden = grad_hidden * grad_output.to(grad_hidden.dtype)
+            grad_weight = (saved.pop(0) * grad_output).to(ctx.weight_dtype) if need_weight else None
+            return grad_hidden, grad_weight, None, None, None
+
+    return LinearCrossEntropy
+
+
+_FUNCTION = None
+
+
+def linear_cross_entropy(hidden: Any, weight: Any, targets: Any, *, num_items_in_batch: Any = None,
+                         chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
+    """Mean (or sum / num_items_in_batch) cross-entropy of `hidden @ weight.T` against `targets`.
+
+    `hidden` is (N, H), `weight` (V, H), `targets` (N,) with -100 = ignore: the same reduction as
+    Transformers' `ForCausalLMLoss` (sum / num_items_in_batch when given, else mean over valid).
+    """
+    import torch
+
+    global _FUNCTION
+    if _FUNCTION is None:
+        _FUNCTION = _fused_function()
+    if num_items_in_batch is None:
+        denominator = (targets != IGNORE_INDEX).sum().clamp_min(1)
+    else:
+        denominator = torch.as_tensor(num_items_in_batch, device=hidden.device)
+    scale = 1.0 / denominator.to(torch.float32)
+    return _FUNCTION.apply(hidden, weight, targets, scale, int(chunk_tokens))
+
+
+@dataclass(frozen=True)
+class FusedLossPatch:
+    """The record of one model whose forward computes the chunked loss; `undo()` restores it."""
+
+    model: Any = field(repr=False)
+    applied: bool
+    reason: str
+
+    def undo(self) -> None:
+        """Remove the fused forward (idempotent)."""
+        if self.applied and getattr(self.model, _FLAG, False):
+            del self.model.forward
+            delattr(self.model, _FLAG)
+
+
+def fused_loss_support(model: Any) -> str | None:
+    """None when `model` can use the fused loss exactly, else the reason it cannot."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FUSED_LOSS_MODEL_TYPES:
+        return f"model_type {model_type!r} is not one of {sorted(FUSED_LOSS_MODEL_TYPES)}"
+    for name in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+        if getattr(config, name, None) not in (None, 1, 1.0):
+            return f"config.{name} is set"
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None or getattr(head, "bias", None) is not None or not hasattr(head, "weight"):
+        return "the output head is not a bias-free linear layer"
+    if type(head).__name__ != "Linear" or getattr(head.weight, "quant_state", None) is not None:
+        return f"the output head is a {type(head).__name__}, not a plain Linear"
+    return None
+
+
+def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> FusedLossPatch:
+    """Make this CausalLM instance compute its training loss with `linear_cross_entropy`
+    (explicit, idempotent, reversible via `.undo()`); calls without labels run unchanged."""
+    if getattr(model, _FLAG, False):
+        return FusedLossPatch(model, True, "already applied")
+    reason = fused_loss_support(model)
+    if reason is not None:
+        logger.info("Fused chunked loss not applied: %s; using the model's own loss.", reason)
+        return FusedLossPatch(model, False, reason)
+
+    import torch.nn.functional as F
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    original = type(model).forward
+    decoder = model.get_decoder()
+
+    def forward(input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+        if labels is None:
+            return original(model, input_ids=input_ids, attention_mask=attention_mask,
+                            position_ids=position_ids, past_key_values=past_key_values,
+                            inputs_embeds=inputs_embeds, use_cache=use_cache,
+                            logits_to_keep=logits_to_keep, **kwargs)
+        num_items = kwargs.pop("num_items_in_batch", None)
+        kwargs.pop("return_dict", None)
+        outputs = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+                          use_cache=False, **kwargs)
+        hidden = outputs.last_hidden_state
+        targets = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].to(hidden.device)
+        head = model.get_output_embeddings()
+        loss = linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight,
+                                    targets.reshape(-1), num_items_in_batch=num_items,
+                                    chunk_tokens=chunk_tokens)
+        return CausalLMOutputWithPast(loss=loss, logits=None, hidden_states=outputs.hidden_states,
+                                      attentions=outputs.attentions)
+
+    model.forward = forward
+    setattr(model, _FLAG, True)
+    logger.info("Fused chunked cross-entropy on (%d tokens per chunk): the full logits are never "
+                "materialised.", chunk_tokens)
+    return FusedLossPatch(model, True, "fused chunked cross-entropy")

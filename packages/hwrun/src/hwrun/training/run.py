@@ -1,0 +1,255 @@
+"""`train(plan, data, ...)`: fine-tune with Transformers' `Trainer` (LoRA via PEFT, 4-bit QLoRA via
+bitsandbytes), atomic resumable checkpoints, a clean stop on SIGTERM/SIGINT, and the final model
+(adapter or merged) saved as safetensors into `output_dir`."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .checkpoints import resolve_resume
+from .errors import QLoRAUnsupportedError, TrainingConfigError
+from .lora import LoraSettings, lora_config
+
+if TYPE_CHECKING:
+    from hwrun.plan import RunPlan
+
+logger = logging.getLogger(__name__)
+
+LOSS_PLOT = "loss.png"
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a `train()` run did: where the model went, the per-step losses, and how it ended."""
+
+    output_dir: str
+    global_step: int
+    losses: tuple[tuple[int, float], ...]
+    lora: bool
+    merged: bool
+    interrupted: str | None = None
+    resumed_from: str | None = None
+    loss_plot: str | None = None
+    tokens_per_step: int = 0
+    train_runtime: float | None = None
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    reasons: Mapping[str, str] = field(default_factory=dict)
+
+
+def _lora_settings(lora: Any, qlora: bool) -> LoraSettings | None:
+    if lora is None or lora is False:
+        if qlora:
+            return LoraSettings()
+        return None
+    if lora is True:
+        return LoraSettings()
+    if isinstance(lora, LoraSettings):
+        return lora
+    if isinstance(lora, Mapping):
+        known = {"r", "alpha", "dropout", "target_modules"}
+        extra = {k: v for k, v in lora.items() if k not in known}
+        base = {k: v for k, v in lora.items() if k in known}
+        if "target_modules" in base and base["target_modules"] is not None:
+            base["target_modules"] = tuple(base["target_modules"])
+        return LoraSettings(**base, extra=extra)
+    raise TrainingConfigError(
+        f"lora={lora!r} is not understood; pass True, a LoraSettings, a dict such as "
+        "{'r': 16, 'target_modules': ['q_proj', 'v_proj']}, or None/False for full fine-tuning."
+    )
+
+
+def _check_numbers(epochs: float, max_steps: int, lr: float, batch_size: int, grad_accum: int,
+                   block_size: int) -> None:
+    problems = []
+    if not (isinstance(batch_size, int) and batch_size >= 1):
+        problems.append(f"batch_size={batch_size!r} (must be an int >= 1)")
+    if not (isinstance(grad_accum, int) and grad_accum >= 1):
+        problems.append(f"grad_accum={grad_accum!r} (must be an int >= 1)")
+    if not (isinstance(block_size, int) and block_size >= 2):
+        problems.append(f"block_size={block_size!r} (must be an int >= 2)")
+    if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
+        problems.append(f"lr={lr!r} (must be a positive finite number)")
+    if not isinstance(max_steps, int) or (max_steps < 1 and max_steps != -1):
+        problems.append(f"max_steps={max_steps!r} (must be >= 1, or -1 to use epochs)")
+    if max_steps == -1 and not (isinstance(epochs, (int, float)) and epochs > 0):
+        problems.append(f"epochs={epochs!r} (must be > 0 when max_steps=-1)")
+    if problems:
+        raise TrainingConfigError("Invalid training options: " + "; ".join(problems) + ". Fix those values.")
+
+
+def _check_qlora(plan: RunPlan) -> None:
+    from hwrun.errors import QuantizationError
+    from hwrun.quantization import check_quantization
+
+    try:
+        check_quantization("4bit", plan.accelerator)
+    except QuantizationError as error:
+        raise QLoRAUnsupportedError(
+            f"qlora=True on {plan.accelerator.name} (device {plan.accelerator.device}) is not possible: "
+            f"{error} What works instead: LoRA on a {plan.dtype} base (train(..., lora=True, qlora=False), "
+            "or `hwrun train --lora` without --qlora)."
+        ) from error
+
+
+def _load_model(plan: RunPlan, *, qlora: bool, full: bool):
+    """(model, tokenizer, reason): the base model through hwrun's own loading decisions."""
+    import hwrun
+
+    if not qlora and not full:
+        model, tokenizer = hwrun.load(plan)
+        return model, tokenizer, f"base model in {plan.dtype} via hwrun.load (plan)"
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = dict(hwrun.from_pretrained_kwargs(plan))
+    if qlora:
+        from hwrun.quantization import bnb_config
+
+        kwargs["quantization_config"] = bnb_config("4bit", plan.dtype)
+        reason = f"base model in 4-bit NF4 (bitsandbytes, compute {plan.dtype}) for QLoRA (X15, G11)"
+    else:
+        import torch
+
+        kwargs["dtype"] = torch.float32
+        kwargs.pop("torch_dtype", None)
+        reason = "full fine-tuning keeps float32 master weights (mixed precision computes in " \
+                 f"{plan.dtype}); pure {plan.dtype} AdamW updates lose small steps"
+    model = AutoModelForCausalLM.from_pretrained(plan.model, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(plan.model, trust_remote_code=plan.trust_remote_code)
+    return model, tokenizer, reason
+
+
+def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlora: bool = False,
+          epochs: float = 1.0, max_steps: int = -1, lr: float = 2e-4, batch_size: int = 8,
+          grad_accum: int = 1, seed: int = 42, output_dir: str | os.PathLike = "hwrun-train",
+          resume: bool | str | None = "auto", block_size: int = 512, merge: bool = False,
+          save_steps: int = 100, fused_loss: bool = True, plot: bool = True,
+          callbacks: Sequence[Any] = (), echo: Callable[[str], Any] | None = None,
+          **training_overrides: Any) -> TrainResult:
+    """Fine-tune `plan.model` on `data` (text file, JSONL with "text", folder of .txt, or a
+    ready dataset) with Trainer; LoRA when `lora` is given or `qlora=True`, else full fine-tuning.
+
+    Checkpoints go to `output_dir/checkpoint-N` (atomic); the final model (adapter, or merged with
+    `merge=True`) to `output_dir` itself, so `hwrun generate --model output_dir` loads it.
+    `training_overrides` are TrainingArguments keywords (e.g. fsdp=..., deepspeed=...).
+    """
+    from .arguments import training_arguments
+    from .data import PackedDataset, build_dataset
+    from .fused_loss import apply_fused_loss
+    from .plot import loss_points, write_loss_plot
+    from .trainer import GracefulStop, HwTrainer, LossLog
+
+    # -- everything that can be rejected is rejected before the model loads --
+    _check_numbers(epochs, max_steps, lr, batch_size, grad_accum, block_size)
+    qlora = bool(qlora) or plan.quantization == "4bit"
+    if plan.quantization == "8bit":
+        raise TrainingConfigError("plan.quantization='8bit' cannot be fine-tuned by hwrun; train LoRA on a "
+                                  "4-bit base (qlora=True) or on an unquantized plan.")
+    settings = _lora_settings(lora, qlora)
+    if merge and settings is None:
+        raise TrainingConfigError("merge=True needs LoRA (there is no adapter to merge in full fine-tuning); "
+                                  "pass lora=True, or drop merge.")
+    if qlora:
+        _check_qlora(plan)
+    output_dir = Path(output_dir)
+    resume_from = resolve_resume(resume, output_dir)
+    args = training_arguments(
+        plan, output_dir, num_train_epochs=epochs, max_steps=max_steps, learning_rate=lr,
+        per_device_train_batch_size=batch_size, gradient_accumulation_steps=grad_accum, seed=seed,
+        data_seed=seed, save_steps=save_steps, ddp_find_unused_parameters=False, **training_overrides)
+
+    model, tokenizer, load_reason = _load_model(plan, qlora=qlora, full=settings is None)
+    reasons = {"model": load_reason}
+    dataset = data if not isinstance(data, (str, os.PathLike)) else build_dataset(data, tokenizer, block_size)
+    if isinstance(dataset, PackedDataset):
+        reasons["data"] = f"{len(dataset)} packed blocks of {dataset.blocks.shape[1]} tokens, no padding"
+    if hasattr(model, "config"):
+        model.config.use_cache = False
+
+    patch = apply_fused_loss(model) if fused_loss else None
+    reasons["loss"] = patch.reason if patch is not None else "model's own loss (fused_loss=False)"
+    if settings is not None:
+        from peft import get_peft_model, prepare_model_for_kbit_training
+
+        if qlora:
+            model = prepare_model_for_kbit_training(
+                model, use_gradient_checkpointing=True,
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        model = get_peft_model(model, lora_config(model.config, settings))
+        reasons["lora"] = f"r={settings.r} on {','.join(sorted(model.peft_config['default'].target_modules))}"
+
+    from transformers import default_data_collator
+
+    stopper = GracefulStop()
+    trainer = HwTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                        data_collator=default_data_collator,
+                        callbacks=[stopper, LossLog(echo), *callbacks])
+    installed = stopper.install()
+    try:
+        output = trainer.train(resume_from_checkpoint=resume_from)
+    finally:
+        if installed:
+            stopper.uninstall()
+    if patch is not None:
+        patch.undo()
+
+    interrupted = None
+    if stopper.received is not None:
+        import signal
+
+        interrupted = signal.Signals(stopper.received).name
+        logger.warning("Training stopped by %s at step %d; checkpoint saved in %s. Run again with "
+                       "resume='auto' (--resume) to continue.", interrupted, trainer.state.global_step,
+                       output_dir)
+    merged = False
+    if interrupted is None:
+        merged = _save_final(trainer, tokenizer, output_dir, settings is not None, merge, qlora, plan)
+    points = loss_points(trainer.state.log_history)
+    plot_path = None
+    if plot and trainer.is_world_process_zero():
+        plot_path = str(write_loss_plot(points, output_dir / LOSS_PLOT, title=f"hwrun train: {Path(plan.model).name}"))
+    world = max(1, args.world_size)
+    return TrainResult(
+        output_dir=str(output_dir), global_step=trainer.state.global_step, losses=tuple(points),
+        lora=settings is not None, merged=merged, interrupted=interrupted, resumed_from=resume_from,
+        loss_plot=plot_path, tokens_per_step=_tokens_per_step(dataset, batch_size, grad_accum, world),
+        train_runtime=output.metrics.get("train_runtime"), metrics=dict(output.metrics), reasons=reasons)
+
+
+def _tokens_per_step(dataset: Any, batch_size: int, grad_accum: int, world: int) -> int:
+    blocks = getattr(dataset, "blocks", None)
+    block = int(blocks.shape[1]) if blocks is not None else 0
+    return block * batch_size * grad_accum * world
+
+
+def _save_final(trainer: Any, tokenizer: Any, output_dir: Path, is_lora: bool, merge: bool, qlora: bool,
+                plan: RunPlan) -> bool:
+    """Save the final model into `output_dir` (main process only); returns True when merged."""
+    from .adapters import merge_adapter_folder, save_adapter, save_merged
+
+    trainer.accelerator.wait_for_everyone()
+    merged = False
+    if trainer.is_world_process_zero():
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        if not is_lora:
+            model.save_pretrained(output_dir, safe_serialization=True)
+            tokenizer.save_pretrained(output_dir)
+        elif not merge:
+            save_adapter(model, tokenizer, output_dir)
+        elif qlora:
+            adapter_dir = output_dir / "adapter"
+            save_adapter(model, tokenizer, adapter_dir)
+            merge_adapter_folder(adapter_dir, output_dir, plan)
+            merged = True
+        else:
+            save_merged(model, tokenizer, output_dir)
+            merged = True
+        logger.info("Final %s saved to %s", "merged model" if merged else
+                    ("adapter" if is_lora else "model"), output_dir)
+    trainer.accelerator.wait_for_everyone()
+    return merged or (merge and is_lora)

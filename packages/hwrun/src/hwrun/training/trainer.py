@@ -1,0 +1,119 @@
+"""`HwTrainer`: Transformers' `Trainer` whose checkpoints are atomic (staging folder, fsync,
+manifest, rename), plus the callbacks that make SIGTERM/SIGINT save and stop cleanly."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from transformers import Trainer, TrainerCallback
+from transformers.trainer_utils import rotate_checkpoints
+
+from .checkpoints import publish, staging_folder, write_manifest
+
+logger = logging.getLogger(__name__)
+
+
+class HwTrainer(Trainer):
+    """A `Trainer` that writes each checkpoint into `.staging-checkpoint-N/` first and renames it
+    to `checkpoint-N` only once every file is fsynced and the manifest says complete."""
+
+    _hw_staging: Path | None = None
+
+    def _get_output_dir(self, trial: Any) -> str:
+        if self._hw_staging is not None:
+            return str(self._hw_staging)
+        return super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        run_dir = Path(super()._get_output_dir(trial))
+        step = self.state.global_step
+        staging = staging_folder(run_dir, step)
+        if self.args.should_save and staging.exists():
+            logger.warning("Removing %s, left by an earlier save that did not finish.", staging)
+            shutil.rmtree(staging)
+        self.accelerator.wait_for_everyone()
+        self._hw_staging = staging
+        try:
+            # Writes model, optimizer, scheduler, RNG and trainer state into staging/checkpoint-N
+            # (its own rotation then sees only that one folder).
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._hw_staging = None
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            staged = staging / f"checkpoint-{step}"
+            final = run_dir / f"checkpoint-{step}"
+            write_manifest(staged, step)
+            publish(staged, final)
+            shutil.rmtree(staging, ignore_errors=True)
+            if self.state.best_model_checkpoint and str(staging) in self.state.best_model_checkpoint:
+                self.state.best_model_checkpoint = str(final)
+            rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+            logger.info("Checkpoint %s written atomically.", final)
+        self.accelerator.wait_for_everyone()
+
+
+class GracefulStop(TrainerCallback):
+    """On SIGTERM or SIGINT: finish the current step, save a checkpoint, stop training.
+    A second signal restores the previous handler and re-raises it at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> bool:
+        """Install the handlers (main thread only; returns False elsewhere, with a log line)."""
+        if threading.current_thread() is not threading.main_thread():
+            logger.info("Not in the main thread: SIGTERM/SIGINT will not save a checkpoint.")
+            return False
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return True
+
+    def uninstall(self) -> None:
+        """Restore the handlers that were there before `install()` (idempotent)."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None:
+            logger.warning("Second %s: stopping now without a checkpoint.", signal.Signals(signum).name)
+            previous = self._previous.get(signum, signal.SIG_DFL)
+            self.uninstall()
+            if callable(previous):
+                previous(signum, frame)
+                return
+            signal.raise_signal(signum)
+            return
+        self.received = signum
+        logger.warning("%s received: saving a checkpoint after this step, then stopping "
+                       "(send it again to stop at once).", signal.Signals(signum).name)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.received is not None:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
+class LossLog(TrainerCallback):
+    """Prints `step N/M  loss X  lr Y` lines (the CLI's loss logging) from the main process."""
+
+    def __init__(self, echo: Any = None) -> None:
+        self.echo = echo
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        if self.echo is None or not state.is_world_process_zero or not logs or "loss" not in logs:
+            return
+        lr = logs.get("learning_rate")
+        lr_text = f"  lr {lr:.2e}" if isinstance(lr, float) else ""
+        self.echo(f"step {state.global_step}/{state.max_steps}  loss {logs['loss']:.4f}{lr_text}")
