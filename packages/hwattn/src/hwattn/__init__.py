@@ -1,3 +1,43 @@
-"""hwattn: see README.md."""
+"""hwattn: the right attention backend and hub kernels for each device, with the reason. See README.md.
+
+Importing hwattn imports neither torch, transformers nor kernels; nothing downloads.
+"""
+
+from .environment import (
+    AttentionEnvironment,
+    current_environment,
+    flash_packages_installed,
+    kernels_available,
+)
+from .errors import (
+    AcceleratorTypeError,
+    AttentionUnsupportedError,
+    HwattnError,
+    KernelMappingError,
+    KernelsMissingError,
+    KernelsUnsupportedError,
+    KernelUnavailableError,
+    ShapeError,
+    UnknownAttentionError,
+)
+from .gqa import native_gqa, native_gqa_reason
+from .kernel_map import device_keys, kernel_mapping, registered_layers, validate_mapping
+from .loading import load_kernel, load_kwargs, local_kernel_hint
+from .names import FLASH_KERNEL_REPO, check_name, is_kernel_string, valid_names
+from .plan import KernelPlan, LayerKernel, kernel_plan
+from .resolve import AttentionChoice, resolve_attention
+from .sdpa import eager_attention, repeat_kv, sdpa, uses_native_gqa
+from .table import decision_table, software_table
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "AcceleratorTypeError", "AttentionChoice", "AttentionEnvironment", "AttentionUnsupportedError",
+    "FLASH_KERNEL_REPO", "HwattnError", "KernelMappingError", "KernelPlan", "KernelUnavailableError",
+    "KernelsMissingError", "KernelsUnsupportedError", "LayerKernel", "ShapeError", "UnknownAttentionError",
+    "check_name", "current_environment", "decision_table", "device_keys", "eager_attention",
+    "flash_packages_installed", "is_kernel_string", "kernel_mapping", "kernel_plan", "kernels_available",
+    "load_kernel", "load_kwargs", "local_kernel_hint", "native_gqa", "native_gqa_reason", "registered_layers",
+    "repeat_kv", "resolve_attention", "sdpa", "software_table", "uses_native_gqa", "valid_names",
+    "validate_mapping", "__version__",
+]

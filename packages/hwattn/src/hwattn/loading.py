@@ -1,0 +1,135 @@
+"""`load_kwargs` (the `from_pretrained` keywords) and `load_kernel` (a hub kernel, with an offline-aware error).
+
+Nothing here downloads at import time; `load_kernel` is the only function that may reach the
+Hub, and when it cannot (offline, `HF_HUB_OFFLINE=1`, no network) its error says how to use a
+local kernel checkout instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from hwenv import Accelerator
+
+from .errors import KernelsMissingError, KernelsUnsupportedError, KernelUnavailableError
+from .kernel_map import kernel_mapping
+from .resolve import KERNELS_INSTALL_HINT, _kernels_problem, resolve_attention
+
+logger = logging.getLogger(__name__)
+
+
+def load_kwargs(
+    accel: Accelerator,
+    attention: str = "auto",
+    use_kernels: bool = False,
+    mapping: Any = None,
+    *,
+    model_config: object | None = None,
+    fallback: bool = False,
+) -> dict[str, Any]:
+    """Keywords for `from_pretrained`: always `attn_implementation`; `use_kernels`/`kernel_config` when asked.
+
+    A `mapping` (dict for `kernel_mapping`, or a `KernelConfig`) implies `use_kernels=True` (as in
+    Transformers). On Gaudi hub kernels are refused, or dropped with a logged note when `fallback=True`.
+    """
+    from transformers import KernelConfig
+
+    from .environment import kernels_available
+
+    choice = resolve_attention(accel, attention, model_config=model_config, fallback=fallback)
+    kwargs: dict[str, Any] = {"attn_implementation": choice.implementation}
+    if not isinstance(use_kernels, bool):
+        raise KernelsUnsupportedError(f"use_kernels must be True or False, got {use_kernels!r}.")
+    if not use_kernels and mapping is None:
+        return kwargs
+    if accel.kind == "hpu":
+        why = ("hub kernels are not used on Gaudi (the kernels library has no 'hpu' device type, KernelConfig no "
+               "'hpu' key)")
+        if not fallback:
+            raise KernelsUnsupportedError(
+                f"use_kernels={use_kernels}, mapping={'given' if mapping is not None else None} on {accel.name}: "
+                f"{why}. Drop use_kernels/mapping, or pass fallback=True to load without them."
+            )
+        logger.warning("hub kernels dropped: %s; loading with the PyTorch layers", why)
+        return kwargs
+    if not kernels_available():
+        raise KernelsMissingError(
+            f"use_kernels=True needs `kernels` (X12): {_kernels_problem()}. Fix: {KERNELS_INSTALL_HINT}."
+        )
+    kwargs["use_kernels"] = True
+    if mapping is not None:
+        config = mapping if isinstance(mapping, KernelConfig) else kernel_mapping(mapping)
+        entries = config.kernel_mapping.values()
+        if not any(not isinstance(v, dict) or accel.kind in v for v in entries):
+            logger.warning("kernel mapping has no entry for %r; only Transformers' default kernels apply there",
+                           accel.kind)
+        kwargs["kernel_config"] = config
+    return kwargs
+
+
+def local_kernel_hint(repo_id: str, layer: str = "Layer") -> str:
+    """How to use a local checkout of `repo_id` instead of the Hub (three ways the libraries support)."""
+    name = repo_id.split("/")[-1]
+    return (
+        f"To use a local kernel checkout: clone it while online (git clone https://huggingface.co/{repo_id} "
+        f"/path/to/{name}); then either set LOCAL_KERNELS=\"{repo_id}=/path/to/{name}\" (kernels reads it for "
+        f"every load), or pass KernelConfig({{...: \"/path/to/{name}:{layer}\"}}, use_local_kernel=True) to "
+        f"from_pretrained, or use kernels.LocalLayerRepository(repo_path=Path(\"/path/to/{name}\"), "
+        f"layer_name=\"{layer}\") / hwattn.load_kernel(\"{repo_id}\", local_path=\"/path/to/{name}\"). "
+        "Or download it once while online so the Hub cache has it (HF_HUB_OFFLINE=1 then reads the cache)."
+    )
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def load_kernel(
+    repo_id: str,
+    *,
+    version: int | None = None,
+    revision: str | None = None,
+    local_path: str | Path | None = None,
+    layer: str = "Layer",
+) -> ModuleType:
+    """Load a hub kernel through `kernels.get_kernel` (or `get_local_kernel` for `local_path`).
+
+    Without `version`/`revision`, the version Transformers uses for attention kernels
+    (`get_attn_kernel_version`, 1 for others). Failures raise `KernelUnavailableError` with the
+    local-checkout instructions.
+    """
+    from .environment import kernels_available
+
+    if not kernels_available():
+        raise KernelsMissingError(f"loading {repo_id!r} needs `kernels`: {_kernels_problem()}. Fix: {KERNELS_INSTALL_HINT}.")
+    import kernels
+
+    if local_path is not None:
+        path = Path(local_path)
+        if not path.is_dir():
+            raise KernelUnavailableError(
+                f"local_path={str(local_path)!r} for {repo_id!r} is not a directory; point it at a kernel checkout. "
+                + local_kernel_hint(repo_id, layer)
+            )
+        try:
+            return kernels.get_local_kernel(path)
+        except Exception as error:
+            raise KernelUnavailableError(f"could not load the local kernel at {str(path)!r}: {error}") from error
+    if version is None and revision is None:
+        from transformers.integrations.hub_kernels import get_attn_kernel_version
+
+        version = get_attn_kernel_version(repo_id)
+    try:
+        return kernels.get_kernel(repo_id, version=version, revision=revision)
+    except Exception as error:
+        where = ("the Hub is in offline mode (HF_HUB_OFFLINE=1) and the kernel is not in the local cache"
+                 if _hub_offline() else "the Hub could not serve it (no network, or no build for this device)")
+        raise KernelUnavailableError(
+            f"could not load hub kernel {repo_id!r} (version={version}, revision={revision}): {where}: {error}. "
+            + local_kernel_hint(repo_id, layer)
+        ) from error

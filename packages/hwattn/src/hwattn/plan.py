@@ -1,0 +1,168 @@
+"""`kernel_plan`: which layers of a model `use_kernels=True` would replace on a device, without loading any kernel.
+
+It builds the same table `kernels.kernelize` consults — Transformers' default mapping
+(`get_kernel_mapping_transformers`) merged with the user's `KernelConfig` through the real
+`kernels.use_kernel_mapping` — and selects per layer with kernels' own mode priority (X12, X13).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hwenv import Accelerator
+
+from .errors import AcceleratorTypeError, KernelMappingError
+from .kernel_map import device_keys, kernel_mapping, registered_layers
+
+
+@dataclass(frozen=True)
+class LayerKernel:
+    """One hub-kernel layer of the model and what happens to it."""
+
+    module: str
+    layer: str
+    replaced: bool
+    repo: str | None = None
+    repo_layer: str | None = None
+    source: str | None = None  # "mapping" (the user's) or "transformers" (the default mapping)
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """What `use_kernels=True` would do on `device`: replaced and unchanged layers, and why."""
+
+    device: str
+    used: bool
+    mode: str
+    reason: str
+    replaced: tuple[LayerKernel, ...] = ()
+    unchanged: tuple[LayerKernel, ...] = ()
+
+    def summary(self) -> str:
+        """A few lines for a printed plan."""
+        lines = [f"hub kernels on {self.device} ({self.mode}): {self.reason}"]
+        lines += [f"  replace {k.module} ({k.layer}) <- {k.repo}:{k.repo_layer} [{k.source}]" for k in self.replaced]
+        lines += [f"  keep    {k.module} ({k.layer}): {k.reason}" for k in self.unchanged]
+        return "\n".join(lines)
+
+
+_NOT_USED = {
+    "hpu": ("hub kernels are not used on Gaudi: the kernels library has no 'hpu' device type and KernelConfig "
+            "accepts no 'hpu' key; every layer keeps its PyTorch forward"),
+}
+
+
+def _user_entries(config: Any, kind: str, mode: Any) -> dict[str, Any]:
+    """The user's KernelConfig entries for `kind`, as kernels repositories (like `create_compatible_mapping`)."""
+    from kernels import LayerRepository, LocalLayerRepository
+
+    entries: dict[str, Any] = {}
+    for layer, kernel in (config.kernel_mapping or {}).items():
+        value = kernel.get(kind) if isinstance(kernel, dict) else kernel
+        if value is None:
+            continue
+        repo_name, metadata = value if isinstance(value, tuple) else (value, {})
+        repo, _, repo_layer = repo_name.rpartition(":")
+        if config.use_local_kernel:
+            from pathlib import Path
+
+            repository = LocalLayerRepository(repo_path=Path(repo), layer_name=repo_layer)
+        else:
+            revision = metadata.get("revision")
+            repository = LayerRepository(repo, layer_name=repo_layer, revision=revision,
+                                         version=None if revision else metadata.get("version", 1),
+                                         trust_remote_code=metadata.get("trust_remote_code", False))
+        entries[layer] = {kind: {mode: repository}}
+    return entries
+
+
+def _describe(repository: Any) -> tuple[str, str]:
+    repo = getattr(repository, "_repo_id", None) or str(getattr(repository, "_repo_path", repository))
+    return repo, getattr(repository, "layer_name", None) or getattr(repository, "func_name", "?")
+
+
+def kernel_plan(model: Any, accel: Accelerator, mapping: Any = None) -> KernelPlan:
+    """Report which registered layers of `model` hub kernels would replace on `accel`, loading nothing.
+
+    `mapping` is None (Transformers' defaults only), a dict for `kernel_mapping`, or a `KernelConfig`.
+    """
+    if not isinstance(accel, Accelerator):
+        raise AcceleratorTypeError(f"accel must be an hwenv.Accelerator, got {type(accel).__name__} {accel!r}.")
+    from transformers import KernelConfig
+
+    from .environment import kernels_available
+
+    if mapping is None or isinstance(mapping, KernelConfig):
+        config = mapping
+        if config is not None:
+            kernel_mapping(config.kernel_mapping, model=model, use_local_kernel=config.use_local_kernel)
+    elif isinstance(mapping, dict):
+        config = kernel_mapping(mapping, model=model)
+    else:
+        raise KernelMappingError(f"mapping must be None, a dict or a KernelConfig, got {type(mapping).__name__}.")
+    layers = registered_layers(model)
+    mode_name = "training" if getattr(model, "training", False) else "inference"
+    kind = accel.kind
+
+    def keep_all(reason: str, used: bool = False) -> KernelPlan:
+        kept = tuple(LayerKernel(module=m, layer=n, replaced=False, reason=reason) for m, n in layers.items())
+        return KernelPlan(device=kind, used=used, mode=mode_name, reason=reason, unchanged=kept)
+
+    if kind in _NOT_USED:
+        return keep_all(_NOT_USED[kind])
+    if not kernels_available():
+        return keep_all("the kernels package is not usable (transformers.utils.is_kernels_available() is False); "
+                        'pip install "hwattn[kernels]"')
+    if not layers:
+        return keep_all(f"{type(model).__name__} registers no hub-kernel layers")
+    replaced, unchanged, cap_note = _select(layers, config, accel, mode_name)
+    if replaced:
+        reason = f"{len(replaced)} of {len(layers)} hub-kernel layers have a kernel for {kind}{cap_note}"
+    elif kind == "cpu":
+        reason = ("hub kernels are not used on CPU for this model: KernelConfig accepts no 'cpu' key "
+                  f"({', '.join(device_keys())}) and Transformers' default mapping has no CPU kernel for its layers")
+    else:
+        reason = f"no kernel in the mapping for these layers on {kind}{cap_note}"
+    return KernelPlan(device=kind, used=bool(replaced), mode=mode_name, reason=reason,
+                      replaced=tuple(replaced), unchanged=tuple(unchanged))
+
+
+def _select(layers: dict[str, str], config: Any, accel: Accelerator,
+            mode_name: str) -> tuple[list[LayerKernel], list[LayerKernel], str]:
+    from kernels import Mode, use_kernel_mapping
+    from kernels.layer.globals import _KERNEL_MAPPING  # the table kernelize() reads
+    from kernels.layer.repos import _select_repository  # kernels' own mode-priority rule
+    from transformers.integrations.hub_kernels import get_kernel_mapping_transformers
+
+    kind = accel.kind
+    mode = Mode.TRAINING if mode_name == "training" else Mode.INFERENCE
+    user = _user_entries(config, kind, mode) if config is not None else {}
+    inherit = config is None or (config.inherit_mapping and not config.use_local_kernel)
+    capability = accel.capability[0] * 10 + accel.capability[1] if accel.capability else 0
+    cap_note = ("; CUDA capability unknown: only kernels for every capability considered"
+                if kind == "cuda" and not accel.capability else "")
+    with use_kernel_mapping(get_kernel_mapping_transformers() if inherit else {}, inherit_mapping=False), \
+            use_kernel_mapping(user, inherit_mapping=True):
+        table = _KERNEL_MAPPING.get()
+        replaced, unchanged = [], []
+        for module, layer in layers.items():
+            device_repos = table.get(layer, {}).get(kind)
+            if device_repos is None:
+                why = "no kernel for this layer" if layer not in table else f"no {kind} kernel for this layer"
+                unchanged.append(LayerKernel(module=module, layer=layer, replaced=False, reason=why))
+                continue
+            tree = getattr(device_repos, "repos_by_capability", None)
+            repos = tree.find_smallest_interval(capability) if tree is not None else device_repos.repos
+            chosen = _select_repository(repos, mode=mode) if repos else None
+            if chosen is None:
+                unchanged.append(LayerKernel(module=module, layer=layer, replaced=False,
+                                             reason=f"no {kind} kernel for {mode_name} mode"
+                                             + (" at this compute capability" if tree is not None else "")))
+                continue
+            repo, repo_layer = _describe(chosen[0])
+            replaced.append(LayerKernel(module=module, layer=layer, replaced=True, repo=repo, repo_layer=repo_layer,
+                                        source="mapping" if layer in user else "transformers",
+                                        reason=f"kernels selects it for {mode_name} ({chosen[1]})"))
+    return replaced, unchanged, cap_note

@@ -1,0 +1,269 @@
+"""`resolve_attention`: which `attn_implementation` to load a model with on a device, and why.
+
+Rules (fact ids from FACTS.md): `auto` is SDPA on every device (X6); `eager`, `sdpa` pass
+through; `flash_attention_2` on XPU is the hub kernel `kernels-community/flash-attn2` (X7), on
+CUDA the `flash_attn` package when installed, else that hub kernel; FlashAttention-3/4 only on
+NVIDIA (X8) with compute capability >= 8 / >= 9; on CPU, Gaudi and MPS flash requests raise, or
+become SDPA with `fallback=True` (logged once). The tables in README.md are generated from here.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+
+from hwenv import Accelerator
+
+from .environment import AttentionEnvironment, current_environment
+from .errors import (
+    AcceleratorTypeError,
+    AttentionUnsupportedError,
+    KernelsMissingError,
+    UnknownAttentionError,
+)
+from .gqa import MAX_GQA_HEAD_DIM, model_head_dim, model_kv_groups, native_gqa, native_gqa_reason
+from .names import (
+    AUTO,
+    EAGER,
+    FLASH_DISTRIBUTION,
+    FLASH_KERNEL_DEVICES,
+    FLASH_KERNEL_REPO,
+    FLASH_MIN_CAPABILITY,
+    FLASH_NAMES,
+    SDPA,
+    TRUSTED_KERNEL_ORG,
+    check_name,
+    kernel_repo_id,
+)
+
+logger = logging.getLogger(__name__)
+
+KERNELS_INSTALL_HINT = 'pip install "hwattn[kernels]"'
+
+#: Hub kernel repo -> the FlashAttention version it implements (for the CUDA capability rule).
+_REPO_FLASH_NAME = {
+    "kernels-community/flash-attn2": "flash_attention_2",
+    "kernels-community/flash-attn3": "flash_attention_3",
+    "kernels-community/vllm-flash-attn3": "flash_attention_3",
+    "kernels-community/flash-attn4": "flash_attention_4",
+}
+
+#: Why a device without FlashAttention cannot take a flash request.
+_NO_FLASH_WHY = {
+    "cpu": "FlashAttention is GPU-only and kernels-community/flash-attn2 ships CUDA and XPU builds only",
+    "hpu": "Gaudi runs neither the flash_attn packages nor hub kernels (kernels has no 'hpu' device type)",
+    "mps": "no FlashAttention build targets Apple GPUs (kernels-community/flash-attn2: CUDA and XPU only)",
+}
+
+_logged_fallbacks: set[tuple[str, str]] = set()
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    """The attention decision for one device: the `attn_implementation` value and why.
+
+    `gqa_native`: True when grouped-query attention runs without repeating KV heads, False when
+    KV heads are repeated, None when it is not fixed at load time (SDPA on CUDA/CPU/Gaudi decides
+    per call from the mask) or does not apply (a model without GQA).
+    """
+
+    implementation: str
+    reason: str
+    gqa_native: bool | None
+    requested: str
+    kernel_repo: str | None = None
+    fallback: bool = False
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict of every field."""
+        return asdict(self)
+
+
+def resolve_attention(
+    accel: Accelerator,
+    requested: str = AUTO,
+    *,
+    model_config: object | None = None,
+    fallback: bool = False,
+    environment: AttentionEnvironment | None = None,
+) -> AttentionChoice:
+    """Decide the `attn_implementation` for `accel`; raise before any loading when it cannot run.
+
+    `model_config` (a Transformers config) refines the GQA answer; `environment` describes the
+    software (default: this process's, see `current_environment()`).
+    """
+    if not isinstance(accel, Accelerator):
+        raise AcceleratorTypeError(
+            f"accel must be an hwenv.Accelerator, got {type(accel).__name__} {accel!r}; "
+            "use hwenv.detect() or hwenv.Accelerator('xpu')."
+        )
+    name = check_name(requested)
+    if not isinstance(fallback, bool):
+        raise UnknownAttentionError(f"fallback must be True or False, got {fallback!r}.")
+    env = current_environment() if environment is None else environment
+    return _resolve(accel, name, model_config, fallback, env, log=True)
+
+
+def _resolve(accel: Accelerator, name: str, model_config: object | None, fallback: bool,
+             env: AttentionEnvironment, *, log: bool) -> AttentionChoice:
+    """`resolve_attention` after validation; `log=False` for generated tables (no fallback log lines)."""
+    implementation, kernel_repo, why, fell_back = _decide(accel, name, fallback, env)
+    if fell_back and log:
+        key = (accel.kind, name)
+        if key not in _logged_fallbacks:
+            _logged_fallbacks.add(key)
+            logger.warning("attention fallback: %s", why)
+    torch_version = accel.torch_version or env.torch_version
+    gqa, gqa_why = _gqa(accel.kind, torch_version, implementation, kernel_repo, model_config)
+    return AttentionChoice(
+        implementation=implementation,
+        reason=f"{why}; GQA: {gqa_why}",
+        gqa_native=gqa,
+        requested=name,
+        kernel_repo=kernel_repo,
+        fallback=fell_back,
+    )
+
+
+def _decide(accel: Accelerator, name: str, fallback: bool,
+            env: AttentionEnvironment) -> tuple[str, str | None, str, bool]:
+    if name == AUTO:
+        return SDPA, None, "auto -> sdpa: SDPA is Transformers' default attention on every device (X6)", False
+    if name in (EAGER, SDPA):
+        return name, None, f"{name} requested; it runs on every device", False
+    if name == "flex_attention":
+        return name, None, ("flex_attention passed through; Transformers checks at load that torch's flex "
+                            "attention runs here (it compiles the kernel first, slowly on CPU)"), False
+    if name == "paged|eager":
+        return name, None, ("paged|eager passed through; it serves continuous batching (generate_batch) only, "
+                            "not a plain forward"), False
+    if name in FLASH_NAMES:
+        return _flash(accel, name, fallback, env)
+    return _hub_kernel(accel, name, fallback, env)
+
+
+def _flash(accel: Accelerator, name: str, fallback: bool,
+           env: AttentionEnvironment) -> tuple[str, str | None, str, bool]:
+    kind, repo, dist = accel.kind, FLASH_KERNEL_REPO[name], FLASH_DISTRIBUTION[name]
+    if kind == "cuda":
+        note = _check_capability(accel, name)
+        if env.has_flash_package(name):
+            return name, None, f"{name}: the {dist} package is installed{note}", False
+        if env.kernels_available:
+            return repo, repo, (f"{name}: {dist} is not installed, so Transformers' hub kernel {repo} "
+                                f"through `kernels`{note}"), False
+        raise KernelsMissingError(
+            f"{name!r} on {accel.name} needs the {dist} package or the hub kernel {repo!r}, and neither is usable: "
+            f"{_kernels_problem()}. Fix: {KERNELS_INSTALL_HINT} (or pip install {dist}), or use 'sdpa'."
+        )
+    if kind == "xpu":
+        if name != "flash_attention_2":
+            raise AttentionUnsupportedError(
+                f"{name!r} runs only on NVIDIA GPUs (X8), not on {accel.name}. On XPU use 'flash_attention_2' "
+                f"(the hub kernel {FLASH_KERNEL_REPO['flash_attention_2']}, X7), 'sdpa' (the default, X6) or 'eager'."
+            )
+        if env.kernels_available:
+            return repo, repo, (f"flash_attention_2 on XPU is the hub kernel {repo}, which ships an XPU build "
+                                "(X7)"), False
+        raise KernelsMissingError(
+            f"'flash_attention_2' on {accel.name} is the hub kernel {repo!r} (X7), which needs `kernels`: "
+            f"{_kernels_problem()}. Fix: {KERNELS_INSTALL_HINT}, or use 'sdpa' (the default, X6)."
+        )
+    why = "FlashAttention-3/4 run only on NVIDIA GPUs (X8)" if name != "flash_attention_2" else _NO_FLASH_WHY[kind]
+    return _no_flash_device(accel, name, fallback, why)
+
+
+def _hub_kernel(accel: Accelerator, name: str, fallback: bool,
+                env: AttentionEnvironment) -> tuple[str, str | None, str, bool]:
+    kind, repo = accel.kind, kernel_repo_id(name)
+    devices = FLASH_KERNEL_DEVICES.get(repo)
+    if kind == "hpu":
+        return _no_flash_device(accel, name, fallback, "hub kernels ship no Gaudi builds (kernels has no 'hpu' device type)")
+    if devices is not None and kind not in devices:
+        why = f"{repo} ships builds for {', '.join(devices)} only"
+        if kind in _NO_FLASH_WHY:
+            return _no_flash_device(accel, name, fallback, why)
+        raise AttentionUnsupportedError(
+            f"{name!r} cannot run on {accel.name}: {why}. Use 'sdpa' (the default, X6) or 'eager'"
+            + (", or 'flash_attention_2' (X7)." if kind == "xpu" else ".")
+        )
+    if not env.kernels_available:
+        raise KernelsMissingError(
+            f"the hub kernel {name!r} needs `kernels`: {_kernels_problem()}. Fix: {KERNELS_INSTALL_HINT}, or use 'sdpa'."
+        )
+    note = ""
+    if kind == "cuda" and repo in _REPO_FLASH_NAME:
+        note = _check_capability(accel, _REPO_FLASH_NAME[repo])
+    if devices is None:
+        note += (f"; Transformers assumes kernels it does not list run everywhere: loading fails if {repo} "
+                 f"has no {kind} build")
+    if not repo.startswith(TRUSTED_KERNEL_ORG + "/"):
+        note += f"; {repo} is outside {TRUSTED_KERNEL_ORG}: from_pretrained needs allow_all_kernels=True"
+    return name, repo, f"hub kernel {name} requested, loaded through `kernels`{note}", False
+
+
+def _no_flash_device(accel: Accelerator, name: str, fallback: bool, why: str) -> tuple[str, None, str, bool]:
+    if not fallback:
+        raise AttentionUnsupportedError(
+            f"{name!r} cannot run on {accel.name}: {why}. Use 'sdpa' (the default, X6) or 'eager', or pass "
+            "fallback=True to get 'sdpa' with the fallback logged."
+        )
+    return SDPA, None, f"{name} cannot run on {accel.name} ({why}); fallback=True -> sdpa", True
+
+
+def _check_capability(accel: Accelerator, name: str) -> str:
+    """Raise when a CUDA GPU is too old for FA3/FA4; return a note when the capability is unknown."""
+    minimum = FLASH_MIN_CAPABILITY.get(name)
+    if minimum is None:
+        return ""
+    if accel.capability is None:
+        logger.info("%s needs CUDA compute capability >= %d.0; the accelerator does not say its capability, "
+                       "so Transformers checks it at load", name, minimum)
+        return f"; compute capability unknown, not checked here (needs >= {minimum}.0)"
+    major, minor = accel.capability
+    if major < minimum:
+        better = "'flash_attention_3' (>= 8.0), " if name == "flash_attention_4" and major >= 8 else ""
+        raise AttentionUnsupportedError(
+            f"{name!r} needs CUDA compute capability >= {minimum}.0, but this GPU is {major}.{minor}. "
+            f"Use {better}'flash_attention_2' or 'sdpa' (the default, X6)."
+        )
+    return f"; compute capability {major}.{minor} >= {minimum}.0"
+
+
+def _kernels_problem() -> str:
+    """Why `transformers.utils.is_kernels_available()` is False here, in words."""
+    from hwenv import installed_version
+
+    version = installed_version("kernels")
+    if version is None:
+        return "the `kernels` package is not installed"
+    try:
+        from transformers.utils.import_utils import KERNELS_MAX_VERSION, KERNELS_MIN_VERSION
+    except ImportError:  # older transformers without the window constants
+        return f"kernels {version} is installed but transformers.utils.is_kernels_available() is False"
+    return (f"kernels {version} is installed but Transformers accepts only {KERNELS_MIN_VERSION} <= version < "
+            f"{KERNELS_MAX_VERSION} (transformers.utils.is_kernels_available() is False)")
+
+
+def _gqa(kind: str, torch_version: str | None, implementation: str, kernel_repo: str | None,
+         model_config: object | None) -> tuple[bool | None, str]:
+    groups = model_kv_groups(model_config) if model_config is not None else None
+    if groups == 1:
+        return None, "the model has as many KV heads as query heads (no grouped-query attention)"
+    if implementation in (EAGER, "paged|eager"):
+        return False, "eager attention repeats KV heads (repeat_kv)"
+    if implementation == SDPA:
+        head_dim = model_head_dim(model_config) if model_config is not None else None
+        dims = head_dim or 64
+        if kind in ("xpu", "mps"):
+            native = native_gqa(kind, torch_version, has_mask=True, key_head_dim=dims, value_head_dim=dims)
+            return native, native_gqa_reason(kind, torch_version, has_mask=True, key_head_dim=dims,
+                                             value_head_dim=dims)
+        if not native_gqa(kind, torch_version, has_mask=False, key_head_dim=dims, value_head_dim=dims):
+            return False, native_gqa_reason(kind, torch_version, has_mask=False, key_head_dim=dims,
+                                            value_head_dim=dims)
+        return None, (f"SDPA on {kind} uses enable_gqa only in calls without an attention mask (head dim <= "
+                      f"{MAX_GQA_HEAD_DIM}), else repeats KV heads (Transformers' use_gqa_in_sdpa)")
+    if implementation in FLASH_NAMES or kernel_repo in FLASH_KERNEL_DEVICES:
+        return True, "FlashAttention takes fewer KV heads than query heads directly"
+    return None, "decided inside the kernel"

@@ -1,0 +1,88 @@
+"""The decision tables in README.md, generated from `resolve_attention` so the docs cannot drift.
+
+`python -m hwattn.table` prints them; a test checks README.md contains exactly this output.
+"""
+
+from __future__ import annotations
+
+from hwenv import Accelerator
+
+from .environment import AttentionEnvironment
+from .errors import HwattnError
+from .names import check_name
+from .resolve import AttentionChoice, _resolve
+
+#: The devices the tables show (rows).
+TABLE_DEVICES: tuple[tuple[str, Accelerator], ...] = (
+    ("XPU, torch 2.8", Accelerator("xpu", torch_version="2.8.0")),
+    ("XPU, torch 2.7", Accelerator("xpu", torch_version="2.7.1")),
+    ("CUDA sm 9.0 (H100/H200)", Accelerator("cuda", capability=(9, 0), torch_version="2.8.0")),
+    ("CUDA sm 8.0 (A100)", Accelerator("cuda", capability=(8, 0), torch_version="2.8.0")),
+    ("CUDA sm 7.5 (T4)", Accelerator("cuda", capability=(7, 5), torch_version="2.8.0")),
+    ("Gaudi (hpu)", Accelerator("hpu", torch_version="2.8.0")),
+    ("MPS, torch 2.8", Accelerator("mps", torch_version="2.8.0")),
+    ("CPU", Accelerator("cpu", torch_version="2.8.0")),
+)
+#: The requested names the tables show (columns).
+TABLE_REQUESTS: tuple[str, ...] = (
+    "auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4",
+    "kernels-community/flash-attn2",
+)
+#: The software the main table assumes: `kernels` usable, no flash-attn packages.
+TABLE_ENVIRONMENT = AttentionEnvironment(kernels_available=True, flash_packages=frozenset())
+
+_GQA = {True: "GQA native", False: "KV repeated", None: "GQA per call"}
+
+
+def _try(accel: Accelerator, requested: str, env: AttentionEnvironment, fallback: bool) -> AttentionChoice | str:
+    try:
+        return _resolve(accel, check_name(requested), None, fallback, env, log=False)
+    except HwattnError as error:
+        return type(error).__name__
+
+
+def _cell(accel: Accelerator, requested: str, env: AttentionEnvironment) -> str:
+    strict = _try(accel, requested, env, fallback=False)
+    if isinstance(strict, AttentionChoice):
+        return f"`{strict.implementation}` ({_GQA[strict.gqa_native]})"
+    loose = _try(accel, requested, env, fallback=True)
+    if isinstance(loose, AttentionChoice):
+        return f"error `{strict}`; fallback=True: `{loose.implementation}`"
+    return f"error `{strict}`"
+
+
+def decision_table(environment: AttentionEnvironment = TABLE_ENVIRONMENT) -> str:
+    """Markdown table: device (rows) x requested (columns) -> `attn_implementation` or the error raised."""
+    header = "| device | " + " | ".join(f"`{r}`" for r in TABLE_REQUESTS) + " |"
+    rule = "|---" * (len(TABLE_REQUESTS) + 1) + "|"
+    rows = [f"| {label} | " + " | ".join(_cell(accel, r, environment) for r in TABLE_REQUESTS) + " |"
+            for label, accel in TABLE_DEVICES]
+    return "\n".join([header, rule, *rows])
+
+
+#: (label, environment) pairs for the software table.
+SOFTWARE_CASES: tuple[tuple[str, AttentionEnvironment], ...] = (
+    ("kernels usable, no flash-attn", AttentionEnvironment(kernels_available=True)),
+    ("no kernels, no flash-attn", AttentionEnvironment(kernels_available=False)),
+    ("kernels usable, flash-attn + flash-attn-3 installed",
+     AttentionEnvironment(kernels_available=True, flash_packages=frozenset({"flash_attention_2", "flash_attention_3"}))),
+    ("no kernels, flash-attn installed",
+     AttentionEnvironment(kernels_available=False, flash_packages=frozenset({"flash_attention_2"}))),
+)
+
+
+def software_table() -> str:
+    """Markdown table: how installed software changes flash requests on XPU and CUDA sm 9.0."""
+    xpu, cuda = TABLE_DEVICES[0][1], TABLE_DEVICES[2][1]
+    columns = (("XPU", xpu, "flash_attention_2"), ("CUDA sm 9.0", cuda, "flash_attention_2"),
+               ("CUDA sm 9.0", cuda, "flash_attention_3"))
+    header = "| software | " + " | ".join(f"{d}: `{r}`" for d, _, r in columns) + " |"
+    rule = "|---" * (len(columns) + 1) + "|"
+    rows = [f"| {label} | " + " | ".join(_cell(a, r, env) for _, a, r in columns) + " |" for label, env in SOFTWARE_CASES]
+    return "\n".join([header, rule, *rows])
+
+
+if __name__ == "__main__":  # pragma: no cover - prints the tables for README.md
+    print(decision_table())
+    print()
+    print(software_table())
