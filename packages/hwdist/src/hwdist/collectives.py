@@ -1,0 +1,261 @@
+"""Collectives with one signature on every backend, each bounded by the context's timeout.
+
+Before each collective the ranks exchange a small fixed-size descriptor (operation, dtype,
+shape, reduce op / source rank), so a dtype or shape mismatch is a `CollectiveMismatchError`
+on every rank instead of a hang or silently wrong data. `init(check=False)` or `check=False`
+per call skips that round trip (world size 1 never needs it).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .context import DistContext, current
+from .errors import CollectiveArgumentError, CollectiveError, CollectiveMismatchError
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+REDUCE_OPS = ("sum", "mean", "max", "min")
+#: Backends whose ReduceOp.AVG we use; elsewhere `mean` is a sum divided by the world size
+#: (gloo in older torch has no AVG, hccl/ccl support varies).
+NATIVE_AVG = frozenset({"nccl", "xccl"})
+_OP_CODES = {"all_reduce": 1, "all_gather": 2, "broadcast": 3, "reduce_scatter": 4,
+             "all_gather_object": 5, "barrier": 6}
+_OP_NAMES = {code: name for name, code in _OP_CODES.items()}
+_MAX_DIMS = 8
+_HEADER = 6  # op, status, dtype, extra, ndim, numel
+DESCRIPTOR_LENGTH = _HEADER + _MAX_DIMS
+_logged_mean: set[str] = set()
+
+
+def _dtype_code(dtype: torch.dtype) -> int:
+    return sum(ord(c) * 31**i for i, c in enumerate(str(dtype))) % (2**31)
+
+
+def _describe(row: list[int], dtypes: dict[int, str]) -> str:
+    op, status, dtype, extra, ndim, _numel = row[:_HEADER]
+    if status:
+        return f"{_OP_NAMES.get(op, op)} with an invalid input (see that rank's error)"
+    shape = row[_HEADER:_HEADER + min(ndim, _MAX_DIMS)]
+    dims = ", ".join(str(d) for d in shape) + (", ..." if ndim > _MAX_DIMS else "")
+    text = f"{_OP_NAMES.get(op, op)} {dtypes.get(dtype, 'dtype#' + str(dtype))}[{dims}]"
+    if op in (_OP_CODES["all_reduce"], _OP_CODES["reduce_scatter"]):
+        text += f" op={REDUCE_OPS[extra] if 0 <= extra < len(REDUCE_OPS) else extra}"
+    if op == _OP_CODES["broadcast"]:
+        text += f" src={extra}"
+    return text
+
+
+def _fail(ctx: DistContext, name: str, error: BaseException) -> CollectiveError:
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return CollectiveError(
+        f"{name} failed on rank {ctx.rank} of {ctx.world_size} ({ctx.backend}, timeout "
+        f"{ctx.timeout.total_seconds():g} s): {first}. A peer rank probably exited or is stuck; read the "
+        f"other ranks' output (or raise the timeout with hwdist.init(timeout=...))."
+    )
+
+
+def _wait(ctx: DistContext, name: str, start: Callable[[], Any]) -> None:
+    """Run an async collective and wait for it under the context's timeout."""
+    try:
+        work = start()
+        if work is not None:
+            work.wait(ctx.timeout)
+    except RuntimeError as error:  # DistBackendError, gloo timeouts and closed connections
+        raise _fail(ctx, name, error) from error
+
+
+def _exchange(ctx: DistContext, name: str, tensor: torch.Tensor | None, extra: int = 0,
+              problem: str | None = None, shape: tuple[int, ...] | None = None,
+              same_extra: bool = True) -> list[list[int]]:
+    """All ranks compare one descriptor row each; any difference raises on every rank.
+
+    Returns the gathered rows; `same_extra=False` lets the `extra` slot differ (object sizes)."""
+    import torch
+    import torch.distributed as dist
+
+    row = [0] * DESCRIPTOR_LENGTH
+    row[0], row[1], row[3] = _OP_CODES[name], 1 if problem else 0, extra
+    dtypes: dict[int, str] = {}
+    if tensor is not None:
+        dims = tuple(tensor.shape) if shape is None else shape
+        code = _dtype_code(tensor.dtype)
+        dtypes[code] = str(tensor.dtype).removeprefix("torch.")
+        row[2], row[4], row[5] = code, len(dims), int(tensor.numel())
+        row[_HEADER:_HEADER + min(len(dims), _MAX_DIMS)] = list(dims[:_MAX_DIMS])
+    mine = torch.tensor(row, dtype=torch.int64, device=ctx.device)
+    gathered = torch.empty(ctx.world_size * DESCRIPTOR_LENGTH, dtype=torch.int64, device=ctx.device)
+    _wait(ctx, name, lambda: dist.all_gather_into_tensor(gathered, mine, async_op=True))
+    rows = gathered.view(ctx.world_size, DESCRIPTOR_LENGTH).cpu().tolist()
+    if problem:
+        raise CollectiveArgumentError(problem)
+    def key(r: list[int]) -> list[int]:
+        return r if same_extra else r[:3] + r[4:]
+
+    if all(key(r) == key(rows[0]) for r in rows):
+        return rows
+    for candidate in ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool"):
+        dtypes.setdefault(_dtype_code(getattr(torch, candidate)), candidate)  # name other ranks' dtypes
+    bad = [i for i, r in enumerate(rows) if r[1]]
+    if bad:
+        raise CollectiveArgumentError(
+            f"{name}: rank(s) {bad} rejected their input (their own error says why), so rank {ctx.rank} "
+            f"stops too instead of waiting."
+        )
+    listing = "; ".join(f"rank {i}: {_describe(r, dtypes)}" for i, r in enumerate(rows))
+    raise CollectiveMismatchError(
+        f"{name}: ranks passed different arguments ({listing}). Every rank must call the same collective "
+        f"with the same dtype and shape (and op / src)."
+    )
+
+
+def _prepare(name: str, tensor: Any, ctx: DistContext) -> str | None:
+    """Local checks; returns a problem message (raised after the exchange) or None."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        return f"{name} takes a torch.Tensor, got {type(tensor).__name__}; use all_gather_object for objects."
+    wanted = ctx.device.split(":")[0]
+    if tensor.device.type != wanted:
+        return (f"{name}: tensor is on {tensor.device} but the {ctx.backend} group reduces {wanted} tensors; "
+                f"move it first: tensor.to({ctx.device!r}).")
+    return None
+
+
+def _checked(ctx: DistContext, check: bool | None) -> bool:
+    return (ctx.check if check is None else check) and ctx.world_size > 1
+
+
+def _raise_or_exchange(ctx: DistContext, name: str, tensor: Any, problem: str | None, check: bool | None,
+                       extra: int = 0, shape: tuple[int, ...] | None = None) -> None:
+    if _checked(ctx, check):
+        import torch
+
+        _exchange(ctx, name, tensor if isinstance(tensor, torch.Tensor) else None, extra, problem, shape)
+    elif problem:
+        raise CollectiveArgumentError(problem)
+
+
+def _reduce_op(name: str, op: str, tensor: Any, ctx: DistContext) -> tuple[Any, bool, str | None]:
+    """(torch ReduceOp, divide-afterwards?, problem) for op name `op`."""
+    import torch
+    import torch.distributed as dist
+
+    if op not in REDUCE_OPS:
+        return None, False, f"{name}(op={op!r}) is not supported; use one of {', '.join(REDUCE_OPS)}."
+    if op != "mean":
+        return {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op], False, None
+    if isinstance(tensor, torch.Tensor) and not (tensor.is_floating_point() or tensor.is_complex()):
+        return None, False, (f"{name}(op='mean') needs a floating-point tensor, got {tensor.dtype}; "
+                             f"cast first (tensor.float()) or use op='sum'.")
+    if ctx.backend in NATIVE_AVG:
+        return dist.ReduceOp.AVG, False, None
+    if ctx.backend not in _logged_mean:
+        _logged_mean.add(ctx.backend)
+        logger.info("%s: mean is computed as sum / world_size (no ReduceOp.AVG used on %s)", name, ctx.backend)
+    return dist.ReduceOp.SUM, True, None
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum", *, check: bool | None = None) -> torch.Tensor:
+    """Reduce `tensor` across ranks in place (`sum`, `mean`, `max`, `min`) and return it."""
+    import torch.distributed as dist
+
+    ctx = current()
+    problem = _prepare("all_reduce", tensor, ctx)
+    reduce, divide, op_problem = _reduce_op("all_reduce", op, tensor, ctx)
+    problem = problem or op_problem
+    _raise_or_exchange(ctx, "all_reduce", tensor, problem, check, REDUCE_OPS.index(op) if not problem else 0)
+    work = tensor if tensor.is_contiguous() else tensor.contiguous()
+    _wait(ctx, "all_reduce", lambda: dist.all_reduce(work, op=reduce, async_op=True))
+    if divide:
+        work.div_(ctx.world_size)
+    if work is not tensor:
+        tensor.copy_(work)
+    return tensor
+
+
+def all_gather(tensor: torch.Tensor, *, check: bool | None = None) -> torch.Tensor:
+    """Every rank's `tensor`, stacked: a new tensor of shape `(world_size, *tensor.shape)`."""
+    import torch
+    import torch.distributed as dist
+
+    ctx = current()
+    problem = _prepare("all_gather", tensor, ctx)
+    _raise_or_exchange(ctx, "all_gather", tensor, problem, check)
+    source = tensor.contiguous().view(-1)
+    out = torch.empty(ctx.world_size * source.numel(), dtype=tensor.dtype, device=tensor.device)
+    _wait(ctx, "all_gather", lambda: dist.all_gather_into_tensor(out, source, async_op=True))
+    return out.view(ctx.world_size, *tensor.shape)
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0, *, check: bool | None = None) -> torch.Tensor:
+    """Copy rank `src`'s `tensor` into every rank's `tensor` (same dtype and shape) and return it."""
+    import torch.distributed as dist
+
+    ctx = current()
+    problem = _prepare("broadcast", tensor, ctx)
+    if not isinstance(src, int) or not 0 <= src < ctx.world_size:
+        problem = problem or f"broadcast(src={src!r}) must be a rank in 0..{ctx.world_size - 1}."
+    _raise_or_exchange(ctx, "broadcast", tensor, problem, check, src if not problem else 0)
+    work = tensor if tensor.is_contiguous() else tensor.contiguous()
+    _wait(ctx, "broadcast", lambda: dist.broadcast(work, src=src, async_op=True))
+    if work is not tensor:
+        tensor.copy_(work)
+    return tensor
+
+
+def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, check: bool | None = None) -> torch.Tensor:
+    """Reduce `tensor` across ranks and return this rank's chunk of dim 0: shape
+    `(tensor.shape[0] // world_size, *tensor.shape[1:])`; dim 0 must divide by the world size."""
+    import torch
+    import torch.distributed as dist
+
+    ctx = current()
+    problem = _prepare("reduce_scatter", tensor, ctx)
+    reduce, divide, op_problem = _reduce_op("reduce_scatter", op, tensor, ctx)
+    problem = problem or op_problem
+    if not problem and (tensor.dim() == 0 or tensor.shape[0] % ctx.world_size):
+        problem = (f"reduce_scatter: dim 0 of shape {tuple(tensor.shape)} must be divisible by the world size "
+                   f"{ctx.world_size} (each rank gets one equal chunk); pad or reshape the tensor.")
+    _raise_or_exchange(ctx, "reduce_scatter", tensor, problem, check, REDUCE_OPS.index(op) if not problem else 0)
+    source = tensor.contiguous()
+    out = torch.empty((tensor.shape[0] // ctx.world_size, *tensor.shape[1:]), dtype=tensor.dtype,
+                      device=tensor.device)
+    _wait(ctx, "reduce_scatter", lambda: dist.reduce_scatter_tensor(out, source, op=reduce, async_op=True))
+    if divide:
+        out.div_(ctx.world_size)
+    return out
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's picklable `obj`, as a list indexed by rank (pickle: trust your peers)."""
+    import torch
+    import torch.distributed as dist
+
+    ctx = current()
+    data = pickle.dumps(obj)
+    if ctx.world_size == 1:
+        return [pickle.loads(data)]  # a copy, as other ranks would get
+    payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(ctx.device)
+    rows = _exchange(ctx, "all_gather_object", None, payload.numel(), same_extra=False)
+    lengths = [r[3] for r in rows]
+    longest = max(lengths)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=ctx.device)
+    padded[: payload.numel()] = payload
+    out = torch.empty(ctx.world_size * longest, dtype=torch.uint8, device=ctx.device)
+    _wait(ctx, "all_gather_object", lambda: dist.all_gather_into_tensor(out, padded, async_op=True))
+    rows = out.view(ctx.world_size, longest).cpu()
+    return [pickle.loads(bytes(rows[i, : lengths[i]].numpy())) for i in range(ctx.world_size)]
+
+
+def barrier() -> None:
+    """Wait until every rank arrives (a descriptor exchange, so it also times out cleanly)."""
+    ctx = current()
+    if ctx.world_size > 1:
+        _exchange(ctx, "barrier", None)

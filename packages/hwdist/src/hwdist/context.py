@@ -1,0 +1,210 @@
+"""`init()` / `shutdown()`: one process group per process, from the launcher's variables.
+
+One process with no launcher variables still gets a group (world size 1, an in-memory store,
+no port), so every collective takes the same code path at any world size.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import hwenv
+from hwenv.kinds import VISIBLE_DEVICES_VARIABLE
+
+from .backend import BACKEND_DEVICES, choose_backend, ensure_available
+from .env import LaunchEnv, read_launch_env
+from .errors import BackendMismatchError, DistEnvError, NotInitializedError
+from .gaudi_world import check_gaudi_world
+
+logger = logging.getLogger(__name__)
+
+#: torch's own default for NCCL process groups; also used for gloo so both fail alike.
+DEFAULT_TIMEOUT = timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """This process's place in the job: rank, local rank, world size, bound device and backend."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: str
+    backend: str
+    local_world_size: int = 1
+    timeout: timedelta = DEFAULT_TIMEOUT
+    reason: str = ""
+    owns_group: bool = True
+    launched: bool = False
+    modules: tuple[int, ...] | None = field(default=None, compare=False)
+    check: bool = True  # exchange a dtype/shape descriptor before each collective
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0 (the rank that prints and writes files)."""
+        return self.rank == 0
+
+    def __enter__(self) -> DistContext:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        shutdown()
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields (timeout in seconds)."""
+        return {
+            "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
+            "local_world_size": self.local_world_size, "device": self.device, "backend": self.backend,
+            "timeout_s": self.timeout.total_seconds(), "reason": self.reason, "owns_group": self.owns_group,
+            "launched": self.launched,
+        }
+
+
+_current: DistContext | None = None
+
+
+def _as_timedelta(timeout: float | timedelta) -> timedelta:
+    value = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
+    if value.total_seconds() <= 0:
+        raise DistEnvError(f"timeout={timeout!r} must be positive (seconds or a timedelta).")
+    return value
+
+
+def _collective_device(kind: str, backend: str, local_rank: int) -> str:
+    """The device whose tensors `backend` reduces in this process."""
+    if kind in ("xpu", "cuda") and kind in BACKEND_DEVICES.get(backend, (kind,)):
+        return f"{kind}:{local_rank}"
+    if kind == "hpu" and backend == "hccl":
+        return "hpu"  # the Gaudi bridge places one process per visible module itself
+    return "cpu"
+
+
+def _bind(device: str) -> None:
+    """Make `device` this process's current device, through torch.accelerator (device-generic)."""
+    if ":" not in device:
+        return
+    import torch
+
+    kind, index = device.split(":")
+    current = torch.accelerator.current_accelerator(check_available=True)
+    if current is None or current.type != kind:
+        raise DistEnvError(
+            f"cannot bind {device}: torch sees {current.type if current else 'no'} accelerator here. "
+            f"Install torch's {kind} build, or set HWENV_DEVICE/backend for this machine."
+        )
+    torch.accelerator.set_device_index(int(index))
+
+
+def _check_local_rank(launch: LaunchEnv, accel: hwenv.Accelerator) -> None:
+    if accel.kind not in ("xpu", "cuda", "hpu") or not launch.launched:
+        return
+    if launch.local_rank >= accel.count:
+        variable = VISIBLE_DEVICES_VARIABLE[accel.kind]
+        raise DistEnvError(
+            f"LOCAL_RANK={launch.local_rank} but this process sees {accel.count} {accel.name} device(s) "
+            f"(restricted by {variable}={os.environ.get(variable)!r}); launch at most {accel.count} processes "
+            f"per node (G16) or select more devices."
+        )
+
+
+def _adopt(backend: str | None, timeout: timedelta, accel: hwenv.Accelerator, check: bool) -> DistContext:
+    """A context for a process group someone else (accelerate, Trainer) already started."""
+    import torch.distributed as dist
+
+    running = str(dist.get_backend())
+    if backend is not None and backend not in running.split(","):
+        raise BackendMismatchError(
+            f"a process group with backend {running!r} is already running; init(backend={backend!r}) cannot "
+            f"change it. Call init() without backend, or destroy that group first."
+        )
+    launch = read_launch_env()
+    name = running.split(":")[-1] if ":" in running else running
+    device = _collective_device(accel.kind, name, launch.local_rank)
+    logger.info("adopting the running %s process group (rank %d of %d)", running, dist.get_rank(), dist.get_world_size())
+    return DistContext(dist.get_rank(), launch.local_rank, dist.get_world_size(), device, name,
+                       launch.local_world_size, timeout, "adopted a process group started elsewhere",
+                       owns_group=False, launched=launch.launched, check=check)
+
+
+def init(
+    backend: str | None = None,
+    timeout: float | timedelta = DEFAULT_TIMEOUT,
+    *,
+    accel: hwenv.Accelerator | None = None,
+    check: bool = True,
+) -> DistContext:
+    """Start (or return) this process's group from RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT.
+
+    Checks the variables, Gaudi groups (G8) and the backend before anything starts; binds the
+    local device; a second call returns the same context. `timeout` (seconds or timedelta)
+    bounds every collective; `check=True` makes ranks compare dtype/shape/op before each
+    collective, so a mismatch is an error on every rank instead of a hang or garbage.
+    """
+    global _current
+    import torch.distributed as dist
+
+    limit = _as_timedelta(timeout)
+    if _current is not None and dist.is_initialized():
+        if backend is not None and backend != _current.backend:
+            raise BackendMismatchError(
+                f"hwdist is already initialised with backend {_current.backend!r}; init(backend={backend!r}) "
+                f"cannot change it. Call hwdist.shutdown() first."
+            )
+        return _current
+    accel = accel if accel is not None else hwenv.detect()
+    if dist.is_initialized():
+        _current = _adopt(backend, limit, accel, check)
+        return _current
+    launch = read_launch_env()
+    chosen, why = choose_backend(accel) if backend is None else (backend, f"backend={backend!r} given")
+    name, reason = chosen, why
+    device = _collective_device(accel.kind, name, launch.local_rank)
+    _check_local_rank(launch, accel)
+    modules = None
+    if accel.kind == "hpu" and name == "hccl":
+        modules = check_gaudi_world(launch.local_world_size, accel.count)
+    ensure_available(name, device.split(":")[0])
+    _bind(device)
+    kwargs: dict[str, Any] = {"backend": name, "timeout": limit}
+    if launch.launched:
+        kwargs.update(init_method="env://", rank=launch.rank, world_size=launch.world_size)
+    else:
+        kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
+        logger.info("no launcher variables: a world-size-1 %s group with an in-memory store", name)
+    if name == "nccl":
+        import torch
+
+        kwargs["device_id"] = torch.device(device)
+    dist.init_process_group(**kwargs)
+    _current = DistContext(launch.rank, launch.local_rank, launch.world_size, device, name,
+                           launch.local_world_size, limit, reason, True, launch.launched, modules, check)
+    logger.info("hwdist: rank %d/%d on %s with %s (%s)", launch.rank, launch.world_size, device, name, reason)
+    return _current
+
+
+def current() -> DistContext:
+    """The context `init()` returned; `NotInitializedError` before `init()`."""
+    if _current is None:
+        raise NotInitializedError("no hwdist context: call hwdist.init() (inside torchrun / hwdist launch) first.")
+    return _current
+
+
+def is_initialized() -> bool:
+    """True between `init()` and `shutdown()`."""
+    return _current is not None
+
+
+def shutdown() -> None:
+    """Destroy the group `init()` started (a group adopted from elsewhere is left running); idempotent."""
+    global _current
+    ctx, _current = _current, None
+    if ctx is None or not ctx.owns_group:
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
