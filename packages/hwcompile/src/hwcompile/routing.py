@@ -1,0 +1,204 @@
+"""Which `torch.compile` backend a call gets on a given accelerator, and why (G2, G13).
+
+On Gaudi only `hpu_backend` and `eager` work; any other backend (the default `inductor`,
+`aot_eager`, a callable, a misspelling) is switched to `hpu_backend`, with one warning per
+distinct original backend. Elsewhere the requested backend is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import hwenv
+
+logger = logging.getLogger(__name__)
+
+HPU_BACKEND = "hpu_backend"
+#: Backends that work on Gaudi as they are (G13): everything else becomes `hpu_backend`.
+GAUDI_BACKENDS = (HPU_BACKEND, "eager")
+DEFAULT_BACKEND = "inductor"
+
+Backend = str | Callable[..., Any]
+AcceleratorLike = hwenv.Accelerator | str | None
+
+_lock = threading.RLock()
+_warned: set[Any] = set()
+
+
+@dataclass(frozen=True)
+class CompileDecision:
+    """The backend a `torch.compile` call will use, why, and whether this decision logged a warning."""
+
+    backend: Backend
+    reason: str
+    warned: bool
+    requested: Backend | None
+    kind: str = "cpu"
+
+    @property
+    def rerouted(self) -> bool:
+        """True when the backend differs from the one asked for (None = the default); only ever on Gaudi."""
+        asked = default_backend_name() if self.requested is None else self.requested
+        return self.backend is not asked and not (isinstance(asked, str) and self.backend == asked)
+
+
+def resolve_accelerator(accel: AcceleratorLike) -> hwenv.Accelerator:
+    """`None` -> `hwenv.detect()`; a kind string (`"hpu"`) -> `Accelerator(kind)`; an Accelerator as is."""
+    if accel is None:
+        return hwenv.detect()
+    if isinstance(accel, str):
+        return hwenv.Accelerator(accel)
+    if isinstance(accel, hwenv.Accelerator):
+        return accel
+    from .errors import CompileArgumentError
+
+    raise CompileArgumentError(
+        f"accel={accel!r} is not an accelerator: pass an hwenv.Accelerator (hwenv.detect()), "
+        f"a kind such as 'hpu', or None to detect."
+    )
+
+
+def describe_backend(backend: Backend | None) -> str:
+    """A readable name for a backend: `'inductor'`, `None (default inductor)`, or a callable's name."""
+    if backend is None:
+        return f"None (default {default_backend_name()})"
+    if isinstance(backend, str):
+        return repr(backend)
+    name = getattr(backend, "__qualname__", None) or getattr(backend, "__name__", None)
+    return f"callable {name}" if name else f"callable {backend!r}"
+
+
+def default_backend_name() -> str:
+    """torch's current default backend (`inductor` unless `set_default_backend` changed it)."""
+    registry = sys.modules.get("torch._dynamo.backends.registry")
+    getter = getattr(registry, "get_default_backend", None)
+    if getter is not None:
+        value = getter()
+        return value if isinstance(value, str) else getattr(value, "__name__", repr(value))
+    return DEFAULT_BACKEND
+
+
+def warning_key(backend: Backend | None) -> Any:
+    """What "the same original backend" means for the once-per-backend warning.
+
+    `None` and the default backend's name are the same backend; a callable is keyed by identity.
+    """
+    if backend is None:
+        return default_backend_name()
+    if isinstance(backend, str):
+        return backend
+    return ("callable", id(backend))
+
+
+def validate_backend(backend: Any) -> None:
+    """Reject a backend that is neither None, a non-empty string nor a callable (before any work)."""
+    from .errors import CompileArgumentError
+
+    if backend is None or callable(backend):
+        return
+    if isinstance(backend, str):
+        if backend.strip():
+            return
+        raise CompileArgumentError(
+            "backend='' is empty: pass a backend name such as 'inductor' or 'hpu_backend', or None for the default."
+        )
+    raise CompileArgumentError(
+        f"backend={backend!r} ({type(backend).__name__}) is not a torch.compile backend: pass a name "
+        f"(see torch._dynamo.list_backends()), a callable (gm, example_inputs) -> callable, or None."
+    )
+
+
+def _warn_once(backend: Backend | None, kind: str) -> bool:
+    key = warning_key(backend)
+    with _lock:
+        if key in _warned:
+            return False
+        _warned.add(key)
+    logger.warning(
+        "torch.compile backend=%s is not supported on Intel Gaudi (%s); using %r instead (G13). "
+        "Pass backend='hpu_backend' (or 'eager') to silence this; it is logged once per backend.",
+        describe_backend(backend), kind, HPU_BACKEND,
+    )
+    return True
+
+
+def reset_warnings() -> None:
+    """Forget which backends were already warned about (for tests and long-lived processes)."""
+    with _lock:
+        _warned.clear()
+
+
+def route_backend(accel: AcceleratorLike, backend: Backend | None = None) -> CompileDecision:
+    """Decide the `torch.compile` backend for `accel`: `hpu_backend` on Gaudi unless `hpu_backend`/`eager`
+    was asked for (G13, one warning per distinct original backend); elsewhere the requested one.
+    """
+    validate_backend(backend)
+    return _route(resolve_accelerator(accel), backend, _warn_once)
+
+
+def _route(acc: hwenv.Accelerator, backend: Backend | None,
+           warn: Callable[[Backend | None, str], bool]) -> CompileDecision:
+    if acc.kind != "hpu":
+        chosen = default_backend_name() if backend is None else backend
+        how = "the default" if backend is None else "as requested"
+        return CompileDecision(
+            backend=chosen,
+            reason=f"{acc.kind}: torch.compile backend {describe_backend(chosen)} kept ({how}); "
+                   f"only Gaudi reroutes backends (G13).",
+            warned=False, requested=backend, kind=acc.kind,
+        )
+    if isinstance(backend, str) and backend in GAUDI_BACKENDS:
+        return CompileDecision(
+            backend=backend,
+            reason=f"hpu: backend {backend!r} runs on Gaudi as asked (G13).",
+            warned=False, requested=backend, kind=acc.kind,
+        )
+    warned = warn(backend, acc.kind)
+    return CompileDecision(
+        backend=HPU_BACKEND,
+        reason=f"hpu: backend {describe_backend(backend)} does not run on Gaudi; switched to "
+               f"'hpu_backend' (G13).",
+        warned=warned, requested=backend, kind=acc.kind,
+    )
+
+
+def _table_backend(gm: Any, example_inputs: Any) -> Any:
+    """A stand-in callable backend for the README table."""
+    return gm.forward
+
+
+#: (accelerator, requested backend) examples shown in the README's routing table.
+TABLE_CASES: tuple[tuple[str, Backend | None], ...] = (
+    ("hpu", None), ("hpu", "inductor"), ("hpu", "aot_eager"), ("hpu", _table_backend), ("hpu", "indcutor"),
+    ("hpu", "hpu_backend"), ("hpu", "eager"),
+    ("cuda", None), ("cuda", "inductor"), ("cuda", "aot_eager"), ("xpu", None), ("xpu", "eager"),
+    ("cpu", None), ("cpu", _table_backend), ("mps", None),
+)
+
+
+def _shown(backend: Backend | None) -> str:
+    if backend is None:
+        return "None (default)"
+    return f"`{backend!r}`" if isinstance(backend, str) else "a callable"
+
+
+def routing_table() -> list[tuple[str, str, str, str]]:
+    """Rows (accelerator, asked for, used, warning) computed by the routing code itself, logging nothing."""
+    rows = []
+    for kind, requested in TABLE_CASES:
+        decision = _route(hwenv.Accelerator(kind), requested, lambda backend, kind: True)
+        warning = "yes, once per backend" if decision.warned else "no"
+        rows.append((kind, _shown(requested), _shown(decision.backend), warning))
+    return rows
+
+
+def routing_table_markdown() -> str:
+    """The routing table as Markdown (the README embeds exactly this; a test keeps them in sync)."""
+    lines = ["| accelerator | backend asked for | backend used | warning logged |", "|---|---|---|---|"]
+    lines += [f"| {kind} | {asked} | {used} | {warning} |" for kind, asked, used, warning in routing_table()]
+    return "\n".join(lines)
