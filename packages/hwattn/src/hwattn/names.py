@@ -94,7 +94,7 @@ def check_name(requested: object) -> str:
     if requested.startswith("paged|") and requested.removeprefix("paged|") in names:
         raise UnknownAttentionError(
             f"{requested!r}: the 'paged|' prefix is deprecated in Transformers (removed in 5.23) except for "
-            f"'paged|eager'; pass {requested.removeprefix('paged|')!r} instead."
+            f"'paged|eager'; pass {requested.removeprefix('paged|')!r} instead. {hint}"
         )
     close = difflib.get_close_matches(requested, [*names, *FLASH_KERNEL_REPO.values()], n=1, cutoff=0.6)
     suggestion = f" Did you mean {close[0]!r}?" if close else ""
