@@ -1,0 +1,119 @@
+"""A worker for hwdist's multi-process tests: run as `python hwdist_worker.py SCENARIO OUT_DIR`
+under real launcher variables (set by the test, or by torchrun through `hwdist launch`).
+
+Writes OUT_DIR/rank{RANK}.json with every observed result; the tests assert on them.
+Not collected by pytest (no test_ prefix).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+import hwdist
+
+TIMEOUT_S = float(os.environ.get("HWDIST_TEST_TIMEOUT", "10"))
+
+
+def _error(fn):
+    try:
+        fn()
+    except hwdist.HwdistError as error:
+        return {"type": type(error).__name__, "message": str(error)}
+    return None
+
+
+def collectives(results: dict, ctx: hwdist.DistContext) -> None:
+    r, n = ctx.rank, ctx.world_size
+    results["again_same"] = hwdist.init() is ctx
+    results["sum"] = hwdist.all_reduce(torch.tensor([r + 1.0, 2.0 * (r + 1)])).tolist()
+    results["mean"] = hwdist.all_reduce(torch.tensor([r + 1.0, 10.0 * r]), "mean").tolist()
+    results["max"] = hwdist.all_reduce(torch.tensor([float(r), -float(r)]), "max").tolist()
+    results["min"] = hwdist.all_reduce(torch.tensor([float(r), -float(r)]), "min").tolist()
+    results["sum_int"] = hwdist.all_reduce(torch.tensor([r + 1, 100], dtype=torch.int64)).tolist()
+    results["sum_bf16"] = hwdist.all_reduce(torch.full((3,), r + 1.0, dtype=torch.bfloat16)).float().tolist()
+    base = torch.arange(6.0).view(2, 3) + r
+    view = base.t()  # non-contiguous
+    returned = hwdist.all_reduce(view)
+    results["sum_noncontiguous"] = view.tolist()
+    results["sum_noncontiguous_same_object"] = returned is view
+    results["gather"] = hwdist.all_gather(torch.tensor([r, 10 * r])).tolist()
+    results["gather_2d_shape"] = list(hwdist.all_gather(torch.zeros(2, 3)).shape)
+    results["gather_object"] = hwdist.all_gather_object({"rank": r, "text": "x" * r})
+    results["broadcast"] = hwdist.broadcast(torch.full((3,), float(r * 10)), src=n - 1).tolist()
+    results["reduce_scatter"] = hwdist.reduce_scatter(torch.arange(2.0 * n) + r).tolist()
+    results["reduce_scatter_mean"] = hwdist.reduce_scatter(torch.arange(2.0 * n) + r, "mean").tolist()
+    results["reduce_scatter_max"] = hwdist.reduce_scatter(torch.arange(2.0 * n) * (r + 1), "max").tolist()
+    hwdist.barrier()
+    results["barrier"] = True
+    # Mismatches: every rank must get an error, none may hang.
+    start = time.perf_counter()
+    results["shape_mismatch"] = _error(lambda: hwdist.all_reduce(torch.zeros(2 if r == 0 else 3)))
+    results["dtype_mismatch"] = _error(
+        lambda: hwdist.all_gather(torch.zeros(2, dtype=torch.float32 if r == 0 else torch.float64)))
+    results["op_mismatch"] = _error(
+        lambda: hwdist.all_reduce(torch.zeros(2)) if r == 0 else hwdist.broadcast(torch.zeros(2)))
+    results["reduce_op_mismatch"] = _error(lambda: hwdist.all_reduce(torch.zeros(2), "sum" if r == 0 else "max"))
+    results["broadcast_src_mismatch"] = _error(lambda: hwdist.broadcast(torch.zeros(2), src=0 if r == 0 else 1))
+    results["bad_op_on_rank0"] = _error(lambda: hwdist.all_reduce(torch.zeros(2), "bogus" if r == 0 else "sum"))
+    results["mean_int"] = _error(lambda: hwdist.all_reduce(torch.zeros(2, dtype=torch.int64), "mean"))
+    results["reduce_scatter_indivisible"] = _error(lambda: hwdist.reduce_scatter(torch.zeros(n + 1)))
+    results["mismatch_seconds"] = time.perf_counter() - start
+    results["after_errors_sum"] = hwdist.all_reduce(torch.ones(1)).tolist()
+
+
+def early_exit(results: dict, ctx: hwdist.DistContext, out_dir: str) -> None:
+    """The last rank leaves; the others must fail within the timeout with a CollectiveError."""
+    if ctx.rank == ctx.world_size - 1:
+        write(results, out_dir, ctx.rank)
+        os._exit(0)
+    time.sleep(0.5)
+    start = time.perf_counter()
+    results["early_exit"] = _error(lambda: hwdist.all_reduce(torch.ones(4)))
+    results["early_exit_seconds"] = time.perf_counter() - start
+
+
+def launch(results: dict, ctx: hwdist.DistContext) -> None:
+    results["sum"] = hwdist.all_reduce(torch.tensor([ctx.rank + 1.0])).tolist()
+    results["objects"] = hwdist.all_gather_object([ctx.rank, ctx.local_rank, ctx.world_size])
+    results["env"] = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                                      "ZE_AFFINITY_MASK", "HWDIST_TEST_MARK")}
+    results["argv"] = sys.argv[3:]
+
+
+def write(results: dict, out_dir: str, rank: int) -> None:
+    path = os.path.join(out_dir, f"rank{rank}.json")
+    with open(path + ".tmp", "w") as handle:
+        json.dump(results, handle)
+    os.replace(path + ".tmp", path)
+
+
+def main() -> None:
+    scenario, out_dir = sys.argv[1], sys.argv[2]
+    results: dict = {"scenario": scenario}
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        ctx = hwdist.init(timeout=TIMEOUT_S)
+        results["context"] = ctx.to_dict()
+        if scenario in ("collectives", "collectives+exit"):
+            collectives(results, ctx)
+        if scenario in ("exit", "collectives+exit"):
+            early_exit(results, ctx, out_dir)
+            write(results, out_dir, rank)
+            os._exit(0)  # peers are gone: skip destroying the group
+        if scenario == "launch":
+            launch(results, ctx)
+        hwdist.shutdown()
+        results["initialized_after_shutdown"] = hwdist.is_initialized()
+    except BaseException:
+        results["crash"] = traceback.format_exc()
+    write(results, out_dir, rank)
+
+
+if __name__ == "__main__":
+    main()
