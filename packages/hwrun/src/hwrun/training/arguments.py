@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .errors import TrainingConfigError
@@ -63,6 +64,20 @@ def _precision(plan: RunPlan, overrides: dict[str, Any]) -> dict[str, Any]:
     return {"bf16": bf16, "fp16": fp16}
 
 
+def is_distributed_launch(environ: Mapping[str, str] | None = None) -> bool:
+    """True under torchrun / accelerate launch / hwdist launch (LOCAL_RANK set, or WORLD_SIZE > 1).
+
+    `ddp_backend` is set only then: accelerate's PartialState (state.py, 1.16) treats any given
+    backend as "distributed" and calls `get_world_size()`, which fails in a single process.
+    """
+    env = os.environ if environ is None else environ
+    try:
+        world = int(env.get("WORLD_SIZE", "1") or 1)
+    except ValueError:
+        world = 1
+    return env.get("LOCAL_RANK", "-1") not in ("", "-1") or world > 1
+
+
 def training_keywords(plan: RunPlan, output_dir: str | os.PathLike, **overrides: Any) -> dict[str, Any]:
     """The keyword dict `training_arguments` passes to `TrainingArguments` (so it can be shown
     or checked without building one); `overrides` win over every hwrun default."""
@@ -79,9 +94,10 @@ def training_keywords(plan: RunPlan, output_dir: str | os.PathLike, **overrides:
     compile_on = plan.compile is not None
     backend = plan.compile.backend if compile_on and isinstance(plan.compile.backend, str) else None
     keywords.update(hwcompile.training_arguments(accel, compile=compile_on, backend=backend))
-    ddp = hwdist.ddp_backend(accel)
-    if ddp is not None:
-        keywords["ddp_backend"] = ddp
+    if is_distributed_launch():
+        ddp = hwdist.ddp_backend(accel)
+        if ddp is not None:
+            keywords["ddp_backend"] = ddp
     keywords.update(overrides)
     return keywords
 

@@ -156,11 +156,14 @@ def pack_token_ids(sequences: Sequence[Sequence[int]], block_size: int, *,
     return [stream[i:i + block_size] for i in range(0, usable, block_size)]
 
 
-def build_dataset(path: str | Path, tokenizer: PreTrainedTokenizerBase, block_size: int = 512) -> PackedDataset:
-    """Read `path`, tokenise every document, and pack them into `block_size` blocks."""
+def build_dataset(data: str | Path | Sequence[Document], tokenizer: PreTrainedTokenizerBase,
+                  block_size: int = 512) -> PackedDataset:
+    """Read `data` (a path, or documents from `read_documents`), tokenise every document, and
+    pack them into `block_size` blocks."""
     import torch
 
-    documents = read_documents(path)
+    documents = read_documents(data) if isinstance(data, (str, Path)) else list(data)
+    path = documents[0].source.rsplit(":", 1)[0] if documents else str(data)
     limit = getattr(tokenizer, "model_max_length", None)
     if isinstance(limit, int) and 0 < limit < block_size:
         raise TrainingDataError(

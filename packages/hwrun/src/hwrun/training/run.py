@@ -139,7 +139,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     `training_overrides` are TrainingArguments keywords (e.g. fsdp=..., deepspeed=...).
     """
     from .arguments import training_arguments
-    from .data import PackedDataset, build_dataset
+    from .data import PackedDataset, build_dataset, read_documents
     from .fused_loss import apply_fused_loss
     from .plot import loss_points, write_loss_plot
     from .trainer import GracefulStop, HwTrainer, LossLog
@@ -156,6 +156,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
                                   "pass lora=True, or drop merge.")
     if qlora:
         _check_qlora(plan)
+    documents = read_documents(data) if isinstance(data, (str, os.PathLike)) else None
     output_dir = Path(output_dir)
     resume_from = resolve_resume(resume, output_dir)
     args = training_arguments(
@@ -165,7 +166,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
 
     model, tokenizer, load_reason = _load_model(plan, qlora=qlora, full=settings is None)
     reasons = {"model": load_reason}
-    dataset = data if not isinstance(data, (str, os.PathLike)) else build_dataset(data, tokenizer, block_size)
+    dataset = data if documents is None else build_dataset(documents, tokenizer, block_size)
     if isinstance(dataset, PackedDataset):
         reasons["data"] = f"{len(dataset)} packed blocks of {dataset.blocks.shape[1]} tokens, no padding"
     if hasattr(model, "config"):
