@@ -13,9 +13,8 @@ import sys
 import time
 import traceback
 
-import torch
-
 import hwdist
+import torch
 
 TIMEOUT_S = float(os.environ.get("HWDIST_TEST_TIMEOUT", "10"))
 
@@ -65,6 +64,12 @@ def collectives(results: dict, ctx: hwdist.DistContext) -> None:
     results["reduce_scatter_indivisible"] = _error(lambda: hwdist.reduce_scatter(torch.zeros(n + 1)))
     results["mismatch_seconds"] = time.perf_counter() - start
     results["after_errors_sum"] = hwdist.all_reduce(torch.ones(1)).tolist()
+    from dataclasses import asdict
+
+    from hwdist.bench import OPS, run_bench
+
+    bench = run_bench(OPS, [64, 4096], "bf16", iters=2, warmup=1, repeats=1, progress=False)
+    results["bench"] = [asdict(row) for row in bench.rows]
 
 
 def early_exit(results: dict, ctx: hwdist.DistContext, out_dir: str) -> None:

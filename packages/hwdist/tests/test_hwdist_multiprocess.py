@@ -8,7 +8,6 @@ import json
 import multiprocessing
 import os
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -188,3 +187,20 @@ def test_rank_that_exits_early_fails_the_others_within_the_timeout(two_ranks):
     assert "all_reduce failed on rank 0 of 2 (gloo, timeout 10 s)" in error["message"]
     assert "peer rank" in error["message"]
     assert two_ranks[0]["early_exit_seconds"] < 10 + 5
+
+
+def test_bench_rows_are_correct_and_follow_nccl_tests_formulas(ranks):
+    n = len(ranks)
+    factors = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
+               "broadcast": 1.0}
+    rows = ranks[0]["bench"]
+    assert {r["op"] for r in rows} == set(factors) and len(rows) == 8
+    for row in rows:
+        assert row["correct"] is True
+        assert row["busbw"] == pytest.approx(row["algbw"] * factors[row["op"]])
+        assert row["algbw"] == pytest.approx(row["size"] / (row["time_us"] * 1e-6) / 1e9)
+        assert row["overhead"] == pytest.approx(row["time_us"] / row["raw_time_us"])
+    sizes = {(r["op"], r["size"]) for r in rows}
+    assert ("all_reduce", 4096) in sizes and ("all_gather", 4096) in sizes
+    assert all(r["size"] % (2 * n) == 0 for r in rows if r["op"] in ("all_gather", "reduce_scatter"))
+    assert [r["op"] for r in ranks[1]["bench"]] == [r["op"] for r in rows]  # every rank ran the same rows

@@ -134,10 +134,8 @@ def _ddp_value(name: str) -> tuple[str | None, str]:
         return name, "ddp_backend not checked (transformers not installed)"
     if name in choices:
         return name, ""
-    aliases = {"xccl": "ccl", "ccl": "xccl"}  # the same Intel backend, renamed in Transformers
-    alias = aliases.get(name)
-    if alias in choices:
-        return alias, f"ddp_backend={alias!r}: this Transformers names the Intel backend {alias!r}"
+    if name == "xccl" and "ccl" in choices:  # Transformers before xccl named the Intel backend `ccl`
+        return "ccl", "ddp_backend='ccl': this Transformers predates 'xccl' and names the Intel backend 'ccl'"
     logger.info("ddp_backend %r is not among TrainingArguments choices %s; leaving it unset", name, choices)
     return None, f"ddp_backend left unset: {name!r} is not among TrainingArguments choices {list(choices)}"
 

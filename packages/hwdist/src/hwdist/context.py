@@ -160,8 +160,7 @@ def init(
         _current = _adopt(backend, limit, accel, check)
         return _current
     launch = read_launch_env()
-    chosen, why = choose_backend(accel) if backend is None else (backend, f"backend={backend!r} given")
-    name, reason = chosen, why
+    name, reason = choose_backend(accel) if backend is None else (backend, f"backend={backend!r} given")
     device = _collective_device(accel.kind, name, launch.local_rank)
     _check_local_rank(launch, accel)
     modules = None

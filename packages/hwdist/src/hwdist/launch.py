@@ -26,7 +26,10 @@ _OWN_OPTIONS = ("--nproc-per-node", "--nproc_per_node")
 def _selection(kind: str, devices: str | None, by: str, device_count: int | None) -> hwenv.Selection:
     try:
         if devices is None:
-            return hwenv.current_selection(kind) if kind in SELECTABLE else hwenv.Selection(kind)
+            if kind not in SELECTABLE:
+                return hwenv.Selection(kind)
+            inherited = hwenv.current_selection(kind)  # a selection already in this environment
+            return hwenv.Selection(kind, inherited.devices)  # with XPU's stable PCI order (X5)
         if kind not in SELECTABLE:
             raise LaunchError(
                 f"--devices {devices!r} selects nothing on {kind}: only xpu, hpu and cuda devices are selected; "

@@ -1,0 +1,210 @@
+"""`hwdist launch`: the torchrun command it builds (with fakes for XPU / Gaudi / CUDA), and real
+runs through torchrun on loopback: one node with 2 processes, two "nodes" with --nnodes 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import hwdist
+import pytest
+from hwdist.cli import main
+from hwdist.launch import child_environment
+
+WORKER = Path(__file__).with_name("hwdist_worker.py")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+            "ZE_AFFINITY_MASK", "HABANA_VISIBLE_MODULES", "HABANA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(HWENV_DEVICE="cpu", OMP_NUM_THREADS="1", HWDIST_TEST_TIMEOUT="20", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+# ---- the command ---------------------------------------------------------------------------
+
+@pytest.mark.facts("X4", "X5", "X18")
+def test_xpu_defaults_to_one_process_per_visible_device(fake_xpu):
+    fake_xpu(count=4)
+    argv, env = hwdist.launch_command("train.py", ["--lr", "1e-4"])
+    assert argv == [*TORCHRUN, "--nproc-per-node=4", "train.py", "--lr", "1e-4"]
+    assert env == {"ZE_ENABLE_PCI_ID_DEVICE_ORDER": "1"}
+
+
+@pytest.mark.facts("X4", "X5")
+def test_xpu_selection_sets_mask_for_the_child_and_counts_it(fake_xpu):
+    fake_xpu(count=4)
+    argv, env = hwdist.launch_command("train.py", devices="0,2")
+    assert "--nproc-per-node=2" in argv
+    assert env == {"ZE_AFFINITY_MASK": "0,2", "ZE_ENABLE_PCI_ID_DEVICE_ORDER": "1"}
+    assert "ZE_AFFINITY_MASK" not in os.environ  # only the child gets it (X4)
+
+
+@pytest.mark.facts("G6", "G8", "G16", "G4")
+def test_gaudi_supported_group_gives_module_ids_and_nproc(fake_gaudi):
+    fake_gaudi(8)
+    argv, env = hwdist.launch_command("train.py", devices="5,4")
+    assert "--nproc-per-node=2" in argv
+    assert env == {"HABANA_VISIBLE_MODULES": "5,4", "PT_ENABLE_INT64_SUPPORT": "1"}
+    argv, _ = hwdist.launch_command("train.py")
+    assert "--nproc-per-node=8" in argv
+
+
+@pytest.mark.facts("G8")
+def test_gaudi_unsupported_group_or_partial_use_is_rejected(fake_gaudi):
+    fake_gaudi(8)
+    with pytest.raises(hwdist.LaunchError, match=r"not a supported 2-device group"):
+        hwdist.launch_command("train.py", devices="0,2")
+    with pytest.raises(hwdist.LaunchError, match="part of the 4 selected Gaudi modules"):
+        hwdist.launch_command("train.py", devices="0,1,2,3", nproc_per_node=2)
+
+
+def test_cuda_visible_devices_and_too_many_processes(fake_cuda):
+    fake_cuda(count=2)
+    argv, env = hwdist.launch_command("train.py", devices="1")
+    assert "--nproc-per-node=1" in argv and env == {"CUDA_VISIBLE_DEVICES": "1"}
+    with pytest.raises(hwdist.LaunchError, match="exceeds the 2 cuda device"):
+        hwdist.launch_command("train.py", nproc_per_node=3)
+
+
+def test_cpu_defaults_to_one_process_and_has_no_devices():
+    argv, env = hwdist.launch_command("train.py", kind="cpu")
+    assert "--nproc-per-node=1" in argv and env == {}
+    argv, _ = hwdist.launch_command("train.py", kind="cpu", nproc_per_node=3)
+    assert "--nproc-per-node=3" in argv
+    with pytest.raises(hwdist.LaunchError, match="selects nothing on cpu"):
+        hwdist.launch_command("train.py", kind="cpu", devices="0")
+
+
+def test_kind_for_another_machine_needs_devices_or_nproc(clean_device_env):
+    with pytest.raises(hwdist.LaunchError, match="pass --nproc-per-node N or --devices"):
+        hwdist.launch_command("train.py", kind="xpu")  # no XPU here
+    argv, env = hwdist.launch_command("train.py", kind="xpu", devices="0,1")
+    assert "--nproc-per-node=2" in argv and env["ZE_AFFINITY_MASK"] == "0,1"
+
+
+def test_multi_node_options_pass_through_unchanged():
+    extra = ["--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "head:29400"]
+    argv, _ = hwdist.launch_command("train.py", ["x"], kind="cpu", nproc_per_node=2, torchrun_args=extra)
+    assert argv == [*TORCHRUN, "--nproc-per-node=2", *extra, "train.py", "x"]
+    with pytest.raises(hwdist.LaunchError, match="repeat --nproc-per-node"):
+        hwdist.launch_command("train.py", kind="cpu", torchrun_args=["--nproc_per_node=2"])
+
+
+def test_bad_kind_and_nproc_are_rejected():
+    with pytest.raises(hwdist.LaunchError, match="not an accelerator kind"):
+        hwdist.launch_command("train.py", kind="tpu")
+    with pytest.raises(hwdist.LaunchError, match="positive integer"):
+        hwdist.launch_command("train.py", kind="cpu", nproc_per_node=0)
+    with pytest.raises(hwdist.LaunchError, match="needs a script"):
+        hwdist.launch_command("", kind="cpu")
+
+
+def test_dry_run_prints_command_and_env(fake_xpu, capsys):
+    fake_xpu(count=4)
+    code = main(["launch", "--dry-run", "--devices", "1,3", "--nnodes", "2", "--node_rank", "0",
+                 "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29400", "--max-restarts", "3",
+                 "train.py", "--epochs", "1"])
+    assert code == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["argv"] == [*TORCHRUN, "--nproc-per-node=2", "--nnodes", "2", "--node-rank", "0",
+                             "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29400", "--max-restarts", "3",
+                             "train.py", "--epochs", "1"]
+    assert shown["env"] == {"ZE_AFFINITY_MASK": "1,3", "ZE_ENABLE_PCI_ID_DEVICE_ORDER": "1"}
+    assert shown["command"].endswith("train.py --epochs 1")
+
+
+def test_cli_error_is_one_line_exit_2(fake_gaudi, capsys):
+    fake_gaudi(8)
+    assert main(["launch", "--dry-run", "--devices", "0,3", "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hwdist launch: error:") and err.count("\n") == 1
+
+
+def test_module_flag_runs_python_dash_m(capsys):
+    assert main(["launch", "--dry-run", "--kind", "cpu", "--nproc-per-node", "2", "-m", "hwdist", "bench"]) == 0
+    argv = json.loads(capsys.readouterr().out)["argv"]
+    assert argv[-3:] == ["-m", "hwdist", "bench"]
+
+
+@pytest.mark.facts("G6")
+def test_child_environment_drops_conflicting_gaudi_indices():
+    env = child_environment({"HABANA_VISIBLE_MODULES": "0,1"}, {"HABANA_VISIBLE_DEVICES": "3", "PATH": "/bin"})
+    assert env == {"HABANA_VISIBLE_MODULES": "0,1", "PATH": "/bin"}
+
+
+# ---- real runs through torchrun ----------------------------------------------------------
+
+def _wait_all(procs: list[subprocess.Popen], deadline: float) -> list[str]:
+    end = time.monotonic() + deadline
+    outputs = []
+    for proc in procs:
+        try:
+            outputs.append(proc.communicate(timeout=max(end - time.monotonic(), 1))[0])
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail("hwdist launch did not finish in time:\n" + "\n".join(o or "" for o in outputs))
+    return outputs
+
+
+def _results(out: Path, world_size: int, logs: list[str]) -> dict[int, dict]:
+    results = {}
+    for rank in range(world_size):
+        path = out / f"rank{rank}.json"
+        assert path.exists(), f"no result from rank {rank}:\n" + "\n".join(logs)
+        results[rank] = json.loads(path.read_text())
+        assert "crash" not in results[rank], results[rank]["crash"]
+    return results
+
+
+@pytest.mark.facts("X18", "G16")
+@pytest.mark.slow
+def test_launch_runs_two_processes_end_to_end(tmp_path):
+    command = [sys.executable, "-m", "hwdist", "launch", "--kind", "cpu", "--nproc-per-node", "2",
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+               str(WORKER), "launch", str(tmp_path), "--flag", "value"]
+    proc = subprocess.Popen(command, env=clean_env(HWDIST_TEST_MARK="child-only"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    logs = _wait_all([proc], 60)
+    assert proc.returncode == 0, logs[0]
+    results = _results(tmp_path, 2, logs)
+    for rank, result in results.items():
+        assert result["sum"] == [3.0]
+        assert result["objects"] == [[0, 0, 2], [1, 1, 2]]
+        assert result["env"]["RANK"] == str(rank) and result["env"]["WORLD_SIZE"] == "2"
+        assert result["env"]["HWDIST_TEST_MARK"] == "child-only"
+        assert result["argv"] == ["--flag", "value"]
+
+
+@pytest.mark.slow
+def test_two_nodes_on_loopback_with_c10d_rendezvous(tmp_path):
+    endpoint = f"127.0.0.1:{free_port()}"
+    procs = []
+    for node in range(2):
+        command = [sys.executable, "-m", "hwdist", "launch", "--kind", "cpu", "--nproc-per-node", "1",
+                   "--nnodes", "2", "--node-rank", str(node), "--rdzv-backend", "c10d",
+                   "--rdzv-endpoint", endpoint, "--rdzv-id", "hwdist-test", str(WORKER), "launch", str(tmp_path)]
+        procs.append(subprocess.Popen(command, env=clean_env(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    logs = _wait_all(procs, 80)
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
+    results = _results(tmp_path, 2, logs)
+    for result in results.values():
+        assert result["sum"] == [3.0]  # 1 + 2 across the two nodes
+        assert result["objects"] == [[0, 0, 2], [1, 0, 2]]  # one local rank 0 on each node
+        assert result["env"]["LOCAL_WORLD_SIZE"] == "1" and result["env"]["WORLD_SIZE"] == "2"
