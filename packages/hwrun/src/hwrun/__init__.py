@@ -1,3 +1,40 @@
-"""hwrun: see README.md."""
+"""hwrun: plan, load and run Transformers models on Intel GPU (XPU), Intel Gaudi (HPU), CUDA and CPU,
+with every decision explained (see README.md).
+
+Importing hwrun imports neither torch nor transformers; `train` and `training_arguments` come from
+the training half (`hwrun.training`) on first use.
+"""
+
+from .batching import BatchingChoice, choose_batching
+from .errors import (
+    FastDecodeError,
+    GenerateError,
+    HwrunError,
+    ModelSourceError,
+    PlanError,
+    QuantizationError,
+)
+from .generate import GenerationResult, generate
+from .load import from_pretrained_kwargs, load
+from .pipeline import pipeline
+from .plan import RunPlan, plan
+from .source import DEFAULT_MODEL
 
 __version__ = "0.1.0"
+
+_TRAINING = ("train", "training_arguments")
+
+__all__ = [
+    "BatchingChoice", "DEFAULT_MODEL", "FastDecodeError", "GenerateError", "GenerationResult", "HwrunError",
+    "ModelSourceError", "PlanError", "QuantizationError", "RunPlan", "choose_batching", "from_pretrained_kwargs",
+    "generate", "load", "pipeline", "plan", "train", "training_arguments", "__version__",
+]
+
+
+def __getattr__(name: str):
+    """`hwrun.train` / `hwrun.training_arguments`, imported lazily from `hwrun.training`."""
+    if name in _TRAINING:
+        from . import training
+
+        return getattr(training, name)
+    raise AttributeError(f"module 'hwrun' has no attribute {name!r}")

@@ -1,0 +1,90 @@
+"""Which batching a `generate()` call uses, and why; the `ContinuousBatchingConfig` for continuous batching.
+
+Continuous batching is Transformers' own (`model.generate_batch`, generation/continuous_batching/):
+a paged KV cache where finished requests free their pages for waiting ones (X11). Static batching
+is `model.generate` over one left-padded batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .errors import GenerateError
+
+if TYPE_CHECKING:
+    from .plan import RunPlan
+
+BATCHING = ("auto", "static", "continuous")
+#: Device kinds where Transformers' continuous batching runs (its graph support covers cuda and xpu;
+#: on CPU it runs eagerly). Gaudi is not among its supported device types.
+CONTINUOUS_DEVICES = ("cuda", "xpu", "cpu")
+#: Page size (tokens) hwrun uses for the paged cache off CUDA/XPU, where Transformers' memory-based
+#: sizing would reserve most of host RAM.
+HOST_PAGE_SIZE = 16
+
+
+@dataclass(frozen=True)
+class BatchingChoice:
+    """`mode` ("static" | "continuous") and the `reason` for it."""
+
+    mode: str
+    reason: str
+
+
+def choose_batching(plan: RunPlan, n_prompts: int, requested: str = "auto", *, stream: bool = False) -> BatchingChoice:
+    """Pick static or continuous batching for `n_prompts` prompts on `plan` (validating `requested`)."""
+    if requested not in BATCHING:
+        raise GenerateError(f"batching={requested!r} is not a batching mode; use one of {', '.join(BATCHING)}.")
+    kind = plan.accelerator.kind
+    blockers = []
+    if kind not in CONTINUOUS_DEVICES:
+        blockers.append(f"Transformers' continuous batching does not support {kind}")
+    if plan.device_map == "auto":
+        blockers.append("the model is split across devices (device_map='auto'); the paged cache needs one device")
+    if plan.quantization:
+        blockers.append(f"{plan.quantization} bitsandbytes weights are not supported by the paged-cache runner")
+    if stream:
+        blockers.append("streaming output needs model.generate (generate_batch has no streamer)")
+    if requested == "continuous":
+        if blockers:
+            raise GenerateError(f"batching='continuous' cannot run here: {'; '.join(blockers)}. Use batching='static'.")
+        return BatchingChoice("continuous", "given: Transformers' continuous batching (generate_batch, X11)")
+    if requested == "static":
+        return BatchingChoice("static", "given: one left-padded batch through model.generate")
+    if n_prompts == 1:
+        return BatchingChoice("static", "one prompt: nothing to schedule, model.generate is the shortest path")
+    if blockers:
+        return BatchingChoice("static", f"{n_prompts} prompts, but {'; '.join(blockers)}: one left-padded batch")
+    return BatchingChoice(
+        "continuous",
+        f"{n_prompts} prompts: continuous batching (X11) frees a finished prompt's KV pages for the next one "
+        "instead of padding every prompt to the longest",
+    )
+
+
+def continuous_config(plan: RunPlan, prompt_lengths: list[int], max_new_tokens: int) -> Any:
+    """A `ContinuousBatchingConfig` for this workload.
+
+    On CUDA/XPU Transformers sizes the cache from free device memory and decides graphs itself
+    (X11). On CPU hwrun sizes it from the workload (pages for every prompt plus its new tokens),
+    because the memory-based sizing would take most of host RAM. `auto_switch_to_flash=False`
+    keeps the attention the plan chose (and never fetches a Hub kernel behind the user's back).
+    """
+    from transformers import ContinuousBatchingConfig
+
+    if plan.accelerator.kind in ("cuda", "xpu"):
+        return ContinuousBatchingConfig(auto_switch_to_flash=False)
+    longest = max(prompt_lengths) + max_new_tokens
+    pages_per_request = math.ceil(longest / HOST_PAGE_SIZE)
+    num_blocks = pages_per_request * len(prompt_lengths) + 4
+    return ContinuousBatchingConfig(
+        page_size=HOST_PAGE_SIZE,
+        num_blocks=num_blocks,
+        max_batch_tokens=min(4096, sum(prompt_lengths) + len(prompt_lengths)),
+        max_memory_percent=None,
+        use_cuda_graph=False,
+        use_async_batching=False,
+        auto_switch_to_flash=False,
+    )

@@ -1,0 +1,271 @@
+"""`generate()`: text for one prompt or many, with static or continuous batching, tokens/s and why.
+
+Static batching left-pads the prompts and calls `model.generate` (X10); continuous batching hands
+token ids to Transformers' `model.generate_batch` (X11). Greedy decoding gives the same tokens
+both ways (tested). On CUDA, `decode="graphs"` (or `auto` with `plan.compile`) runs the
+static-cache CUDA-graph decode loop of `hwrun.fastdecode`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .batching import choose_batching, continuous_config
+from .errors import GenerateError
+
+if TYPE_CHECKING:
+    from .plan import RunPlan
+
+logger = logging.getLogger(__name__)
+
+DECODE = ("auto", "generate", "graphs")
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """What `generate()` returns: texts, token ids and counts, timing, and the decisions taken."""
+
+    texts: list[str]
+    token_ids: list[list[int]]
+    prompt_tokens: list[int]
+    new_tokens: list[int]
+    seconds: float
+    batching: str
+    batching_reason: str
+    decode: str = "generate"
+    decode_reason: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_new_tokens(self) -> int:
+        """Generated tokens summed over all prompts."""
+        return sum(self.new_tokens)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens per second of wall time (all prompts together)."""
+        return self.total_new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def text(self) -> str:
+        """The first (or only) prompt's text."""
+        return self.texts[0]
+
+
+def _check_inputs(prompts: Any, max_new_tokens: Any) -> list[str]:
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if not isinstance(prompts, Sequence) or isinstance(prompts, (bytes, bytearray)):
+        raise GenerateError(f"prompts={prompts!r} must be a string or a list of strings.")
+    prompts = list(prompts)
+    if not prompts:
+        raise GenerateError("prompts=[] is empty: pass at least one prompt string.")
+    for index, prompt in enumerate(prompts):
+        if not isinstance(prompt, str):
+            raise GenerateError(f"prompts[{index}]={prompt!r} is not a string; every prompt must be text.")
+        if not prompt.strip():
+            raise GenerateError(f"prompts[{index}]={prompt!r} is empty: every prompt needs at least one token of text.")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+        raise GenerateError(f"max_new_tokens={max_new_tokens!r} must be a positive integer (e.g. 50).")
+    return prompts
+
+
+def _sampling_kwargs(do_sample: bool, temperature: float, top_p: float, top_k: int | None) -> dict[str, Any]:
+    if do_sample:
+        if temperature <= 0:
+            raise GenerateError(f"temperature={temperature!r} must be > 0 when sampling; use do_sample=False for greedy.")
+        if not 0 < top_p <= 1:
+            raise GenerateError(f"top_p={top_p!r} must be in (0, 1].")
+        kwargs: dict[str, Any] = {"do_sample": True, "temperature": temperature, "top_p": top_p}
+        if top_k is not None:
+            kwargs["top_k"] = top_k
+        return kwargs
+    return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+
+
+def _truncate(tokens: list[int], eos: set[int]) -> list[int]:
+    """Tokens up to and including the first EOS."""
+    for index, token in enumerate(tokens):
+        if token in eos:
+            return tokens[: index + 1]
+    return tokens
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return set()
+    return set(eos) if isinstance(eos, (list, tuple)) else {int(eos)}
+
+
+def choose_decode(plan: RunPlan, requested: str, batching: str, do_sample: bool) -> tuple[str, str]:
+    """("generate" | "graphs", reason) for the static path."""
+    if requested not in DECODE:
+        raise GenerateError(f"decode={requested!r} is not a decode mode; use one of {', '.join(DECODE)}.")
+    blockers = []
+    if batching != "static":
+        blockers.append("continuous batching runs its own decode loop")
+    if do_sample:
+        blockers.append("the graph loop is greedy only")
+    if plan.quantization:
+        blockers.append("bitsandbytes weights")
+    if plan.device_map == "auto":
+        blockers.append("the model is split across devices")
+    if requested == "generate":
+        return "generate", "given: model.generate"
+    if requested == "graphs":
+        if blockers:
+            raise GenerateError(f"decode='graphs' cannot run: {'; '.join(blockers)}. Use decode='generate'.")
+        if plan.accelerator.kind != "cuda":
+            logger.warning("decode='graphs' on %s: no CUDA graphs there, the static-cache step loop runs eagerly",
+                           plan.accelerator.kind)
+            return "graphs", f"given; {plan.accelerator.kind} has no CUDA graphs, so the same step loop runs eagerly"
+        return "graphs", "given: static cache + CUDA graph replay per token (hwrun.fastdecode)"
+    if plan.accelerator.kind == "cuda" and plan.compile is not None and not blockers:
+        return "graphs", "CUDA with compile on: static cache + CUDA graph replay per token, no host work per token"
+    if plan.accelerator.kind == "cuda" and plan.compile is not None:
+        logger.info("graph decode not used: %s; falling back to model.generate", "; ".join(blockers))
+        return "generate", f"model.generate ({'; '.join(blockers)})"
+    return "generate", "model.generate (graph decode needs CUDA and compile=True)"
+
+
+def generate(
+    plan: RunPlan | None,
+    prompts: str | Sequence[str],
+    max_new_tokens: int = 50,
+    *,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int | None = None,
+    seed: int | None = None,
+    batching: str = "auto",
+    decode: str = "auto",
+    stream: bool = False,
+    progress: bool = False,
+    model: Any = None,
+    tokenizer: Any = None,
+) -> GenerationResult:
+    """Generate up to `max_new_tokens` for each prompt; `plan=None` plans the shipped model here.
+
+    Pass `model`/`tokenizer` from `load(plan)` to reuse them across calls. Bad input (no prompts,
+    an empty prompt, max_new_tokens <= 0) raises `GenerateError` before anything loads.
+    """
+    prompts = _check_inputs(prompts, max_new_tokens)
+    sampling = _sampling_kwargs(do_sample, temperature, top_p, top_k)
+    if plan is None:
+        from .plan import plan as make_plan
+
+        plan = make_plan()
+    if decode == "graphs" and batching == "auto":
+        batching = "static"  # the graph loop is a static-batch decoder
+    choice = choose_batching(plan, len(prompts), batching, stream=stream)
+    decode_mode, decode_reason = choose_decode(plan, decode, choice.mode, do_sample)
+    if stream and len(prompts) > 1:
+        raise GenerateError(f"stream=True streams one prompt; got {len(prompts)} prompts. Stream them one at a time.")
+    if (model is None) != (tokenizer is None):
+        raise GenerateError("pass both model= and tokenizer= (from hwrun.load(plan)), or neither.")
+    if model is None:
+        from .load import load
+
+        model, tokenizer = load(plan)
+    import torch
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    eos = _eos_ids(model, tokenizer)
+    logger.info("batching: %s (%s); decode: %s (%s)", choice.mode, choice.reason, decode_mode, decode_reason)
+    with torch.inference_mode():
+        if choice.mode == "continuous":
+            ids, prompt_lens, seconds = _continuous(plan, model, tokenizer, prompts, max_new_tokens, sampling, progress)
+        elif decode_mode == "graphs":
+            ids, prompt_lens, seconds = _graphs(plan, model, tokenizer, prompts, max_new_tokens, stream)
+        else:
+            ids, prompt_lens, seconds = _static(model, tokenizer, prompts, max_new_tokens, sampling, stream, progress)
+    ids = [_truncate(row, eos) for row in ids]
+    texts = [tokenizer.decode(row, skip_special_tokens=True) for row in ids]
+    return GenerationResult(
+        texts=texts, token_ids=ids, prompt_tokens=prompt_lens, new_tokens=[len(r) for r in ids], seconds=seconds,
+        batching=choice.mode, batching_reason=choice.reason, decode=decode_mode, decode_reason=decode_reason,
+    )
+
+
+def _static(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int, sampling: dict,
+            stream: bool, progress: bool) -> tuple[list[list[int]], list[int], float]:
+    """One left-padded batch through `model.generate` (X10)."""
+    tokenizer.padding_side = "left"
+    inputs = tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
+    streamer = None
+    if stream:
+        from transformers import TextStreamer
+
+        streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    start = time.perf_counter()
+    out = model.generate(
+        **inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, streamer=streamer, **sampling
+    )
+    rows = out[:, inputs["input_ids"].shape[1]:].tolist()
+    seconds = time.perf_counter() - start
+    prompt_lens = inputs["attention_mask"].sum(dim=1).tolist()
+    return rows, [int(n) for n in prompt_lens], seconds
+
+
+def _continuous(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int,
+                sampling: dict, progress: bool) -> tuple[list[list[int]], list[int], float]:
+    """Transformers' continuous batching: `model.generate_batch` over token-id lists (X11)."""
+    from transformers import GenerationConfig
+
+    encoded = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens, eos_token_id=eos if eos is not None else -1,
+        pad_token_id=tokenizer.pad_token_id, **{k: v for k, v in sampling.items() if v is not None},
+    )
+    cb_config = continuous_config(plan, [len(e) for e in encoded], max_new_tokens)
+    warmup = plan.accelerator.kind in ("cuda", "xpu")
+    start = time.perf_counter()
+    outputs = model.generate_batch(encoded, generation_config=config, continuous_batching_config=cb_config,
+                                   progress_bar=progress, warmup=warmup)
+    seconds = time.perf_counter() - start
+    results = list(outputs.values())
+    if len(results) != len(encoded):
+        raise GenerateError(f"continuous batching returned {len(results)} results for {len(encoded)} prompts; "
+                            "see the transformers log above, or use batching='static'.")
+    failed = [r for r in results if r.error is not None]
+    if failed:
+        raise GenerateError(f"continuous batching failed for {len(failed)} prompt(s): {failed[0].error}; "
+                            "use batching='static'.")
+    return [list(r.generated_tokens) for r in results], [len(e) for e in encoded], seconds
+
+
+def _graphs(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int,
+            stream: bool) -> tuple[list[list[int]], list[int], float]:
+    """Greedy decode through `hwrun.fastdecode` (one prompt at a time unless all have the same length)."""
+    import torch
+
+    from .fastdecode import GraphDecoder
+
+    encoded = [tokenizer(p, return_tensors="pt")["input_ids"] for p in prompts]
+    lengths = {e.shape[1] for e in encoded}
+    batches = [torch.cat(encoded)] if len(lengths) == 1 else encoded
+    use_graphs = plan.accelerator.kind == "cuda"
+    compile_backend = plan.compile.backend if plan.compile is not None else None
+    rows: list[list[int]] = []
+    start = time.perf_counter()
+    for batch in batches:
+        decoder = GraphDecoder(model, batch_size=batch.shape[0], max_cache_len=batch.shape[1] + max_new_tokens,
+                               use_graphs=use_graphs, compile_backend=compile_backend)
+        out = decoder.generate(batch.to(model.device), max_new_tokens)
+        rows.extend(out.tolist())
+    seconds = time.perf_counter() - start
+    if stream:
+        print(tokenizer.decode(rows[0], skip_special_tokens=True), flush=True)
+    return rows, [e.shape[1] for e in encoded], seconds

@@ -1,0 +1,106 @@
+"""`load(plan)`: model and tokenizer through `from_pretrained`, safetensors only, as the plan says.
+
+`from_pretrained_kwargs(plan)` is exactly what `load()` passes, so training can add to it (QLoRA).
+Local folders load with `local_files_only=True` (nothing asks the Hub); a Hub id loads from the
+cache when `HF_HUB_OFFLINE=1` and says so clearly when it is neither cached nor reachable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from .errors import ModelSourceError
+from .source import resolve_source
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from .plan import RunPlan
+
+logger = logging.getLogger(__name__)
+
+_OFFLINE_VALUES = {"1", "ON", "YES", "TRUE"}
+
+
+def hub_offline(environ: Any = None) -> bool:
+    """True when `HF_HUB_OFFLINE` (or the older `TRANSFORMERS_OFFLINE`) is set to a true value."""
+    env = os.environ if environ is None else environ
+    return any(env.get(name, "").upper() in _OFFLINE_VALUES for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def from_pretrained_kwargs(plan: RunPlan) -> dict[str, Any]:
+    """The keyword arguments `load()` passes to `AutoModelForCausalLM.from_pretrained` for `plan`."""
+    import hwattn
+
+    kwargs: dict[str, Any] = {
+        "dtype": plan.torch_dtype(),
+        "use_safetensors": True,
+        "trust_remote_code": plan.trust_remote_code,
+    }
+    kwargs.update(hwattn.load_kwargs(plan.accelerator, plan.attention.requested, plan.use_kernels,
+                                     fallback=plan.attention.fallback))
+    if plan.device_map is not None:
+        kwargs["device_map"] = plan.device_map
+    if plan.quantization:
+        from .quantization import bnb_config
+
+        kwargs["quantization_config"] = bnb_config(plan.quantization, plan.dtype)
+    source = resolve_source(plan.model)
+    if source.local or hub_offline():
+        kwargs["local_files_only"] = True
+    return kwargs
+
+
+def apply_env(plan: RunPlan) -> dict[str, str]:
+    """Set the plan's variables (e.g. PT_ENABLE_INT64_SUPPORT=1 on Gaudi, G4) that are not set yet; returns those set."""
+    changed = {}
+    for name, value in plan.env.items():
+        if os.environ.get(name) != value:
+            if name in os.environ:
+                logger.warning("%s=%s is set; the plan needs %s=%s, leaving the user's value", name,
+                               os.environ[name], name, value)
+                continue
+            os.environ[name] = value
+            changed[name] = value
+            logger.info("set %s=%s for this process (%s)", name, value, plan.reasons.get("env", ""))
+    return changed
+
+
+def load(plan: RunPlan) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load the plan's model and tokenizer (eval mode). Raises ModelSourceError when the model cannot be read."""
+    source = resolve_source(plan.model)
+    apply_env(plan)
+    kwargs = from_pretrained_kwargs(plan)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            plan.model, trust_remote_code=plan.trust_remote_code,
+            **({"local_files_only": True} if kwargs.get("local_files_only") else {}),
+        )
+        model = AutoModelForCausalLM.from_pretrained(plan.model, **kwargs)
+    except OSError as exc:
+        if source.local:
+            raise ModelSourceError(f"model={plan.model!r} could not be loaded: {exc}") from exc
+        if hub_offline():
+            raise ModelSourceError(
+                f"model={plan.model!r} is a Hub id, HF_HUB_OFFLINE is set and it is not in the local Hub cache "
+                f"({exc.__class__.__name__}). Download it on a machine with network "
+                "(`huggingface-cli download ...`), or pass a local folder."
+            ) from exc
+        raise ModelSourceError(
+            f"model={plan.model!r} is a Hub id that is neither in the local Hub cache nor reachable "
+            f"({exc.__class__.__name__}: {str(exc).splitlines()[0][:200]}). Check the network or the id, set "
+            "HF_HUB_OFFLINE=1 to use the cache only, or pass a local folder."
+        ) from exc
+    if tokenizer.pad_token_id is None:
+        # Left-padded batches need a pad id; the EOS token is the usual stand-in and is never attended to.
+        tokenizer.pad_token = tokenizer.eos_token
+        logger.info("tokenizer has no pad token: using the EOS token %r for padding", tokenizer.eos_token)
+    tokenizer.padding_side = "left"
+    model.eval()
+    if plan.device_map is None:
+        model.to(plan.device)
+    return model, tokenizer

@@ -1,0 +1,310 @@
+"""`plan()`: every decision for running a model here (device, dtype, device_map, attention, compile,
+collectives, env), each with its reason, made before anything loads; `RunPlan` holds them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+from .errors import PlanError
+from .quantization import check_quantization
+from .source import DEFAULT_MODEL, ModelSource, resolve_source, weight_bytes
+
+if TYPE_CHECKING:
+    import hwattn
+    import hwcompile
+    import hwdist
+    import hwenv
+    import torch
+
+logger = logging.getLogger(__name__)
+
+#: Device kinds `plan(device=...)` accepts besides "auto".
+DEVICES = ("cpu", "cuda", "xpu", "hpu", "mps")
+#: dtype spellings accepted, mapped to the torch attribute name.
+DTYPES = {
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "fp16": "float16", "half": "float16",
+    "float32": "float32", "fp32": "float32", "float": "float32",
+}
+#: Fraction of one device's memory the weights may take and still count as "fits" (the rest is
+#: left for the KV cache and activations).
+FIT_FRACTION = 0.85
+#: Gaudi needs int64 enabled because Transformers' token ids are int64 (G4).
+GAUDI_INT64 = {"PT_ENABLE_INT64_SUPPORT": "1"}
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Every decision for one run, with `reasons[field]` saying why; build with `plan()`."""
+
+    model: str
+    accelerator: hwenv.Accelerator
+    device: str
+    device_map: str | dict | None
+    dtype: str
+    attention: hwattn.AttentionChoice
+    use_kernels: bool
+    compile: hwcompile.CompileDecision | None
+    quantization: str | None
+    env: dict[str, str]
+    trust_remote_code: bool
+    dist_backend: hwdist.BackendChoice
+    weight_bytes: int | None = None
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def torch_dtype(self) -> torch.dtype:
+        """The torch dtype object for `dtype`."""
+        import torch
+
+        return getattr(torch, self.dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: every field's value (nested choices as dicts) plus `reasons`."""
+        compile_backend = None
+        if self.compile is not None:
+            backend = self.compile.backend
+            compile_backend = backend if isinstance(backend, str) else getattr(backend, "__name__", repr(backend))
+        return {
+            "model": self.model,
+            "accelerator": self.accelerator.to_dict(),
+            "device": self.device,
+            "device_map": self.device_map,
+            "dtype": self.dtype,
+            "attention": {
+                "implementation": self.attention.implementation,
+                "requested": self.attention.requested,
+                "gqa_native": self.attention.gqa_native,
+                "kernel_repo": self.attention.kernel_repo,
+                "fallback": self.attention.fallback,
+                "reason": self.attention.reason,
+            },
+            "use_kernels": self.use_kernels,
+            "compile": None if self.compile is None else {
+                "backend": compile_backend, "requested": _jsonable(self.compile.requested),
+                "warned": self.compile.warned, "reason": self.compile.reason,
+            },
+            "quantization": self.quantization,
+            "env": dict(self.env),
+            "trust_remote_code": self.trust_remote_code,
+            "dist_backend": {
+                "name": self.dist_backend.name, "ddp_backend": self.dist_backend.ddp_backend,
+                "reason": self.dist_backend.reason,
+            },
+            "weight_bytes": self.weight_bytes,
+            "reasons": dict(self.reasons),
+        }
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(field, value, reason) rows in display order, as `render()` and `hwrun plan` show them."""
+        data = self.to_dict()
+        compile_value = "off" if self.compile is None else str(data["compile"]["backend"])
+        values = {
+            "model": self.model,
+            "device": f"{self.device} ({self.accelerator.count} x {self.accelerator.kind})",
+            "dtype": self.dtype,
+            "device_map": str(self.device_map),
+            "attention": self.attention.implementation,
+            "use_kernels": str(self.use_kernels),
+            "compile": compile_value,
+            "quantization": str(self.quantization),
+            "dist_backend": self.dist_backend.name,
+            "env": " ".join(f"{k}={v}" for k, v in self.env.items()) or "(none)",
+            "trust_remote_code": str(self.trust_remote_code),
+        }
+        return [(name, values[name], self.reasons.get(name, "")) for name in values]
+
+    def render(self) -> str:
+        """A plain-text table of every decision and its reason."""
+        rows = self.rows()
+        width_f = max(len(r[0]) for r in rows)
+        width_v = min(40, max(len(r[1]) for r in rows))
+        lines = [f"{'field'.ljust(width_f)}  {'value'.ljust(width_v)}  reason",
+                 f"{'-' * width_f}  {'-' * width_v}  {'-' * 6}"]
+        for name, value, reason in rows:
+            lines.append(f"{name.ljust(width_f)}  {value.ljust(width_v)}  {reason}")
+        return "\n".join(lines)
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return getattr(value, "__name__", repr(value))
+
+
+def resolve_accelerator(device: Any) -> hwenv.Accelerator:
+    """The accelerator for `device`: "auto" detects (hwenv), a kind is probed and must be usable here,
+    an `hwenv.Accelerator` is used as given (to plan for another machine)."""
+    import hwenv
+
+    if isinstance(device, hwenv.Accelerator):
+        return device
+    if not isinstance(device, str):
+        raise PlanError(f"device={device!r} is not a device; use 'auto' or one of {', '.join(DEVICES)}.")
+    kind = device.strip().lower()
+    if kind == "auto":
+        return hwenv.detect()
+    if kind.split(":")[0] in DEVICES and ":" in kind:
+        raise PlanError(
+            f"device={device!r}: hwrun plans for a device kind, not an index; pass {kind.split(':')[0]!r} and "
+            "choose devices with `hwenv exec --devices N -- ...` (X4)."
+        )
+    if kind not in DEVICES:
+        raise PlanError(f"device={device!r} is not a device kind hwrun knows; use 'auto' or one of {', '.join(DEVICES)}.")
+    detected = hwenv.detect()
+    if detected.kind == kind:
+        return detected
+    result = hwenv.run_probe(kind)
+    if not result.available:
+        raise PlanError(
+            f"device={device!r} is not usable here: {result.reason}. Use device='auto' (detected: "
+            f"{detected.kind}) or install that device's stack."
+        )
+    return hwenv.Accelerator(
+        kind=result.kind, count=result.count, names=result.names, bf16=result.bf16, memory=result.memory,
+        capability=result.capability, torch_version=hwenv.installed_version("torch"),
+        transformers_version=hwenv.installed_version("transformers"),
+        accelerate_version=hwenv.installed_version("accelerate"), source="given", reasons=(),
+    )
+
+
+def choose_dtype(accel: hwenv.Accelerator, dtype: str) -> tuple[str, str]:
+    """(dtype, reason): bf16 where the accelerator has it, fp32 on CPU; an explicit bf16 without support is an error."""
+    if not isinstance(dtype, str) or (dtype != "auto" and dtype.lower() not in DTYPES):
+        raise PlanError(f"dtype={dtype!r} is not a dtype hwrun loads; use 'auto', 'bfloat16', 'float16' or 'float32'.")
+    if dtype == "auto":
+        if accel.kind == "cpu":
+            return "float32", ("CPU: float32 is the reference precision and fast everywhere; bf16 matmuls on CPU "
+                               "are slow without AMX (pass dtype='bfloat16' to force)")
+        if accel.bf16:
+            fact = {"xpu": "X10, X17", "hpu": "G12", "cuda": "compute capability >= 8"}.get(accel.kind, "")
+            return "bfloat16", f"{accel.kind} supports bf16 ({fact}): half the memory of fp32, same range"
+        return "float32", (f"{accel.kind} reports no bf16 support (X17), so float32; pass dtype='float16' "
+                           "for half precision")
+    name = DTYPES[dtype.lower()]
+    if name == "bfloat16" and accel.kind != "cpu" and not accel.bf16:
+        raise PlanError(
+            f"dtype={dtype!r} but {accel.name} ({', '.join(accel.names) or accel.kind}) does not support bfloat16 "
+            "(torch reports is_bf16_supported() False, X17); use dtype='float16' or 'float32', or dtype='auto'."
+        )
+    return name, "given"
+
+
+def choose_device_map(accel: hwenv.Accelerator, nbytes: int | None, how: str) -> tuple[str, str]:
+    """(device_map, reason): one device when the weights fit it, "auto" to split across devices when not (X9)."""
+    if accel.kind == "cpu":
+        return "cpu", f"CPU run; weights {_size(nbytes)} ({how})"
+    per_device = accel.memory_per_device
+    one = accel.kind
+    fact = {"xpu": "X9", "hpu": "G9"}.get(accel.kind, "X9")
+    if nbytes is None or per_device is None:
+        unknown = "weight size" if nbytes is None else "device memory"
+        return one, f"one {accel.kind} device ({fact}); {unknown} unknown, so no split ({how})"
+    budget = int(per_device * FIT_FRACTION)
+    if nbytes <= budget:
+        return one, (f"weights {_size(nbytes)} fit one {accel.kind} ({_size(per_device)}, {FIT_FRACTION:.0%} "
+                     f"budget) so device_map={one!r} ({fact}; {how})")
+    if accel.count > 1:
+        return "auto", (f"weights {_size(nbytes)} exceed one {accel.kind}'s budget ({_size(budget)}): "
+                        f"split across the {accel.count} selected devices ({fact}; {how})")
+    logger.warning("weights %s exceed the only %s device's budget %s: device_map='auto' offloads to CPU",
+                   _size(nbytes), accel.kind, _size(budget))
+    return "auto", (f"weights {_size(nbytes)} exceed the only {accel.kind} device ({_size(budget)} budget): "
+                    "accelerate offloads the rest to CPU memory (slow)")
+
+
+def _size(nbytes: int | None) -> str:
+    if nbytes is None:
+        return "unknown"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def _model_config(source: ModelSource) -> Any:
+    """The config.json fields hwattn reads (heads, KV heads, head dim) as attributes, or None.
+
+    A plain namespace, not `AutoConfig`: planning stays fast and runs no model code.
+    """
+    if not source.config:
+        return None
+    return SimpleNamespace(**source.config.get("text_config", source.config))
+
+
+def plan(
+    model: str | None = None,
+    device: Any = "auto",
+    dtype: str = "auto",
+    attention: str = "auto",
+    use_kernels: bool = False,
+    compile: bool | str = False,
+    quantization: str | None = None,
+    trust_remote_code: bool = False,
+) -> RunPlan:
+    """Decide how to run `model` (default: the shipped tiny model) here; nothing loads. Raises PlanError."""
+    import hwattn
+    import hwcompile
+    import hwdist
+
+    if not isinstance(use_kernels, bool):
+        raise PlanError(f"use_kernels={use_kernels!r} must be True or False.")
+    if not isinstance(trust_remote_code, bool):
+        raise PlanError(f"trust_remote_code={trust_remote_code!r} must be True or False.")
+    if not (isinstance(compile, bool) or (isinstance(compile, str) and compile)):
+        raise PlanError(f"compile={compile!r} must be True, False, or a torch.compile backend name such as 'inductor'.")
+    reference = DEFAULT_MODEL if model is None else model
+    source = resolve_source(reference)
+    accel = resolve_accelerator(device)
+    reasons: dict[str, str] = {}
+    reasons["model"] = ("the tiny model shipped in hwrun" if model is None
+                        else ("local folder" if source.local else "Hub id (loaded from the cache or the Hub)"))
+    reasons["device"] = (f"{accel.source}: {accel.name}" if not isinstance(device, str) or device == "auto"
+                         else f"given: device={device!r}")
+    dtype_name, reasons["dtype"] = choose_dtype(accel, dtype)
+    reasons["quantization"] = check_quantization(quantization, accel)
+    nbytes, how = weight_bytes(source, dtype_name, quantization)
+    device_map, reasons["device_map"] = choose_device_map(accel, nbytes, how)
+
+    config = _model_config(source)
+    try:
+        choice = hwattn.resolve_attention(accel, attention, model_config=config)
+    except ValueError as exc:
+        raise PlanError(f"attention={attention!r}: {exc}") from exc
+    reasons["attention"] = choice.reason
+    reasons["use_kernels"] = (
+        "from_pretrained(use_kernels=True) swaps supported layers for Hub kernels (X12, X13)" if use_kernels
+        else "off: the model's own layers (pass use_kernels=True for Hub kernels, X12)"
+    )
+    if compile is False:
+        decision = None
+        reasons["compile"] = "off (pass compile=True to compile the decode step)"
+    else:
+        decision = hwcompile.route_backend(accel, None if compile is True else compile)
+        reasons["compile"] = decision.reason
+    dist = hwdist.backend_for(accel)
+    reasons["dist_backend"] = dist.reason
+    env = dict(GAUDI_INT64) if accel.kind == "hpu" else {}
+    reasons["env"] = ("PT_ENABLE_INT64_SUPPORT=1: token ids are int64 (G4)" if env
+                      else "no variables needed on this device")
+    reasons["trust_remote_code"] = ("given: the model's own Python code will run" if trust_remote_code
+                                    else "off: only Transformers' built-in model code runs")
+    return RunPlan(
+        model=str(source.path) if source.local else source.reference,
+        accelerator=accel,
+        device=accel.device,
+        device_map=device_map,
+        dtype=dtype_name,
+        attention=choice,
+        use_kernels=use_kernels,
+        compile=decision,
+        quantization=quantization,
+        env=env,
+        trust_remote_code=trust_remote_code,
+        dist_backend=dist,
+        weight_bytes=nbytes,
+        reasons=reasons,
+    )
