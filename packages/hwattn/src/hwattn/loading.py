@@ -62,12 +62,35 @@ def load_kwargs(
     kwargs["use_kernels"] = True
     if mapping is not None:
         config = mapping if isinstance(mapping, KernelConfig) else kernel_mapping(mapping)
-        entries = config.kernel_mapping.values()
-        if not any(not isinstance(v, dict) or accel.kind in v for v in entries):
-            logger.warning("kernel mapping has no entry for %r; only Transformers' default kernels apply there",
-                           accel.kind)
-        kwargs["kernel_config"] = config
+        projected = for_device(config, accel.kind)
+        if projected is not None:
+            kwargs["kernel_config"] = projected
     return kwargs
+
+
+def for_device(config: Any, kind: str) -> Any:
+    """The `KernelConfig` with only `kind`'s entry per layer, or None when no layer has one.
+
+    `from_pretrained` (transformers 5.22, `register_kernel_replacements_and_fusions`) accepts
+    exactly one repo per layer, so a multi-device mapping must be narrowed to the device loaded on.
+    """
+    from transformers import KernelConfig
+
+    narrowed, dropped = {}, []
+    for layer, kernel in config.kernel_mapping.items():
+        if not isinstance(kernel, dict):
+            narrowed[layer] = kernel
+        elif kind in kernel:
+            narrowed[layer] = {kind: kernel[kind]}
+        else:
+            dropped.append(layer)
+    if dropped:
+        logger.warning("kernel mapping has no %r entry for %s; those layers keep Transformers' default kernels "
+                       "or their PyTorch forward", kind, ", ".join(dropped))
+    if not narrowed:
+        return None
+    return KernelConfig(kernel_mapping=narrowed, use_local_kernel=config.use_local_kernel,
+                        inherit_mapping=config.inherit_mapping)
 
 
 def local_kernel_hint(repo_id: str, layer: str = "Layer") -> str:

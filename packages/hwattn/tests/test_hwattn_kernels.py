@@ -1,0 +1,235 @@
+"""kernel_mapping, kernel_plan, load_kwargs and the offline kernel error (X12, X13), with the real kernels/KernelConfig."""
+
+from __future__ import annotations
+
+import logging
+
+import hwattn
+import pytest
+from hwattn import (
+    KernelMappingError,
+    KernelsUnsupportedError,
+    KernelUnavailableError,
+    kernel_mapping,
+    kernel_plan,
+    load_kwargs,
+)
+from hwenv import Accelerator
+
+XPU = Accelerator("xpu", torch_version="2.8.0")
+H200 = Accelerator("cuda", capability=(9, 0))
+HPU = Accelerator("hpu")
+CPU = Accelerator("cpu")
+RMS = {"RMSNorm": {"xpu": "kernels-community/rmsnorm:RMSNorm", "cuda": "kernels-community/liger-kernels:LigerRMSNorm"}}
+
+
+@pytest.fixture(scope="module")
+def model(make_config):
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM(make_config()).eval()
+
+
+@pytest.mark.facts("X13")
+def test_kernel_mapping_returns_a_real_kernel_config(model):
+    from transformers import KernelConfig
+
+    config = kernel_mapping(RMS, model=model)
+    assert isinstance(config, KernelConfig)
+    assert config.kernel_mapping == RMS and config.use_local_kernel is False and config.inherit_mapping is True
+    assert set(config.registered_layer_names.values()) == {"RMSNorm", "SiLU", "rotary_pos_emb"}
+
+
+def test_layer_defaults_to_mapping_name_and_tuples_are_kept():
+    config = kernel_mapping({"RMSNorm": {"xpu": "kernels-community/rmsnorm"},
+                             "SiLU": {"cuda": ("kernels-community/activation:Silu", {"version": 1})}})
+    assert config.kernel_mapping["RMSNorm"] == {"xpu": "kernels-community/rmsnorm:RMSNorm"}
+    assert config.kernel_mapping["SiLU"]["cuda"] == ("kernels-community/activation:Silu", {"version": 1})
+
+
+def test_device_keys_are_read_from_transformers():
+    from transformers.utils.kernel_config import KERNELS_SUPPORTED_DEVICE_TYPES
+
+    assert hwattn.device_keys() == tuple(KERNELS_SUPPORTED_DEVICE_TYPES)
+    assert "xpu" in hwattn.device_keys() and "cpu" not in hwattn.device_keys()
+
+
+@pytest.mark.parametrize("mapping, pattern", [
+    ({"RMSNorm": {"gpu": "kernels-community/rmsnorm:RMSNorm"}}, r"'gpu'.*'cuda' \(NVIDIA\) or 'xpu'"),
+    ({"RMSNorm": {"cpu": "kernels-community/rmsnorm:RMSNorm"}}, r"'cpu'.*no CPU key"),
+    ({"RMSNorm": {"hpu": "kernels-community/rmsnorm:RMSNorm"}}, r"'hpu'.*Gaudi"),
+    ({"RMSNorm": {"xpu": "flash-attn2"}}, r"'flash-attn2' is not 'org/name'.*'kernels-community/flash-attn2:RMSNorm'"),
+    ({"RMSNorm": {"xpu": "kernels-community/rmsnorm:bad-name"}}, r"not an identifier"),
+    ({"RMSNorm": {"xpu": ("kernels-community/rmsnorm:RMSNorm", {"version": 1, "revision": "main"})}}, "exactly one"),
+    ({"RMSNorm": {"xpu": ("kernels-community/rmsnorm:RMSNorm", {"tag": 1})}}, "unknown keys"),
+    ({"RMSNorm": {"xpu": 3}}, "must be a string"),
+    ({"RMSNorm": {}}, "empty dict"),
+    ({}, "non-empty dict"),
+    ([("RMSNorm", "x")], "non-empty dict"),
+])
+def test_bad_mappings(mapping, pattern):
+    with pytest.raises(KernelMappingError, match=pattern) as info:
+        kernel_mapping(mapping)
+    assert isinstance(info.value, ValueError)
+
+
+def test_layer_the_model_does_not_have(model):
+    with pytest.raises(KernelMappingError, match=r"'LayerNorm' is not in the model LlamaForCausalLM.*RMSNorm, SiLU"):
+        kernel_mapping({"LayerNorm": {"xpu": "kernels-community/layer_norm:LayerNorm"}}, model=model)
+
+
+def test_local_kernel_paths(tmp_path):
+    config = kernel_mapping({"RMSNorm": {"xpu": f"{tmp_path}:RMSNorm"}}, use_local_kernel=True)
+    assert config.use_local_kernel is True
+    with pytest.raises(KernelMappingError, match="absolute path"):
+        kernel_mapping({"RMSNorm": {"xpu": "relative/dir:RMSNorm"}}, use_local_kernel=True)
+
+
+@pytest.mark.facts("X12")
+def test_plan_on_xpu_uses_transformers_defaults(model):
+    plan = kernel_plan(model, XPU)
+    replaced = {k.layer: (k.repo, k.repo_layer, k.source) for k in plan.replaced}
+    assert plan.used and plan.device == "xpu" and plan.mode == "inference"
+    assert replaced == {"RMSNorm": ("kernels-community/rmsnorm", "RMSNorm", "transformers"),
+                        "SiLU": ("kernels-community/activation", "Silu", "transformers"),
+                        "rotary_pos_emb": ("kernels-community/rotary", "apply_rotary_transformers", "transformers")}
+    assert len(plan.replaced) == 2 * 2 + 1 + 2 + 2  # 5 RMSNorms, 2 SiLUs, 2 rotary functions
+    assert "RMSNorm" in plan.summary()
+
+
+@pytest.mark.facts("X12", "X13")
+def test_plan_with_user_mapping_and_training_mode(model):
+    mapping = {"RMSNorm": {"xpu": "myorg/fast-norm:FastRMSNorm"}}
+    plan = kernel_plan(model, XPU, mapping)
+    norms = [k for k in plan.replaced if k.layer == "RMSNorm"]
+    assert norms and all((k.repo, k.repo_layer, k.source) == ("myorg/fast-norm", "FastRMSNorm", "mapping") for k in norms)
+    model.train()
+    try:
+        training = kernel_plan(model, XPU)
+    finally:
+        model.eval()
+    # Transformers' defaults register XPU rotary and RMSNorm kernels for inference only (X13: the mode matters).
+    assert training.mode == "training"
+    assert {k.layer for k in training.unchanged} >= {"RMSNorm", "rotary_pos_emb"}
+    assert all("training" in k.reason for k in training.unchanged if k.layer == "RMSNorm")
+
+
+def test_plan_with_kernel_config_without_inheritance(model):
+    config = kernel_mapping({"RMSNorm": {"cuda": "myorg/fast-norm:FastRMSNorm"}}, inherit_mapping=False)
+    plan = kernel_plan(model, H200, config)
+    assert {k.layer for k in plan.replaced} == {"RMSNorm"}
+    assert {k.layer for k in plan.unchanged} == {"SiLU", "rotary_pos_emb"}
+
+
+@pytest.mark.facts("G1")
+def test_plan_on_gaudi_and_cpu_says_not_used(model):
+    gaudi = kernel_plan(model, HPU)
+    assert not gaudi.used and not gaudi.replaced and "Gaudi" in gaudi.reason and "hpu" in gaudi.reason
+    assert len(gaudi.unchanged) == 9
+    cpu = kernel_plan(model, CPU)
+    assert not cpu.used and not cpu.replaced and "not used on CPU" in cpu.reason and "'cpu'" in cpu.reason
+
+
+def test_plan_rejects_bad_mapping_for_model(model):
+    with pytest.raises(KernelMappingError, match="not in the model"):
+        kernel_plan(model, XPU, {"Nope": {"xpu": "a/b:C"}})
+    with pytest.raises(KernelMappingError):
+        kernel_plan(model, XPU, "RMSNorm")
+
+
+def test_plan_loads_nothing(model, monkeypatch):
+    import kernels
+
+    def boom(*args, **kwargs):
+        raise AssertionError("kernel_plan must not load kernels")
+
+    monkeypatch.setattr(kernels, "get_kernel", boom)
+    monkeypatch.setattr(kernels.LayerRepository, "load", boom)
+    assert kernel_plan(model, XPU).used
+
+
+@pytest.mark.facts("X12")
+def test_load_kwargs():
+    assert load_kwargs(CPU) == {"attn_implementation": "sdpa"}
+    assert load_kwargs(XPU, "flash_attention_2") == {"attn_implementation": "kernels-community/flash-attn2"}
+    assert load_kwargs(XPU, use_kernels=True) == {"attn_implementation": "sdpa", "use_kernels": True}
+
+
+@pytest.mark.facts("X13")
+def test_load_kwargs_narrows_the_mapping_to_the_device(caplog):
+    with_map = load_kwargs(XPU, "sdpa", mapping=RMS)
+    assert with_map["use_kernels"] is True
+    assert with_map["kernel_config"].kernel_mapping == {"RMSNorm": {"xpu": "kernels-community/rmsnorm:RMSNorm"}}
+    config = kernel_mapping(RMS, inherit_mapping=False)
+    cuda = load_kwargs(H200, mapping=config)["kernel_config"]
+    assert cuda.kernel_mapping == {"RMSNorm": {"cuda": "kernels-community/liger-kernels:LigerRMSNorm"}}
+    assert cuda.inherit_mapping is False
+    caplog.set_level(logging.WARNING, logger="hwattn.loading")
+    mps = load_kwargs(Accelerator("mps"), mapping=RMS)
+    assert "kernel_config" not in mps and mps["use_kernels"] is True
+    assert any("no 'mps' entry for RMSNorm" in r.getMessage() for r in caplog.records)
+
+
+def test_load_kwargs_on_gaudi(caplog):
+    with pytest.raises(KernelsUnsupportedError, match="Gaudi.*fallback=True"):
+        load_kwargs(HPU, use_kernels=True)
+    caplog.set_level(logging.WARNING, logger="hwattn.loading")
+    assert load_kwargs(HPU, use_kernels=True, fallback=True) == {"attn_implementation": "sdpa"}
+    assert any("hub kernels dropped" in r.getMessage() for r in caplog.records)
+
+
+def test_load_kwargs_without_kernels(monkeypatch):
+    import hwattn.environment
+
+    monkeypatch.setattr(hwattn.environment, "kernels_available", lambda: False)
+    with pytest.raises(hwattn.KernelsMissingError, match=r'pip install "hwattn\[kernels\]"'):
+        load_kwargs(XPU, use_kernels=True)
+    with pytest.raises(hwattn.KernelsMissingError):
+        load_kwargs(XPU, "flash_attention_2")
+
+
+def test_load_kwargs_bad_inputs():
+    with pytest.raises(hwattn.UnknownAttentionError):
+        load_kwargs(XPU, "flash-attention-2")
+    with pytest.raises(KernelMappingError, match="'gpu'"):
+        load_kwargs(XPU, mapping={"RMSNorm": {"gpu": "a/b:C"}})
+
+
+@pytest.fixture
+def offline_hub(monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("LOCAL_KERNELS", raising=False)
+    return tmp_path
+
+
+def test_offline_hub_kernel_load_says_how_to_use_a_local_checkout(offline_hub):
+    with pytest.raises(KernelUnavailableError) as info:
+        hwattn.load_kernel("kernels-community/flash-attn2")
+    message = str(info.value)
+    assert "offline mode (HF_HUB_OFFLINE=1)" in message and "'kernels-community/flash-attn2'" in message
+    for how in ('LOCAL_KERNELS="kernels-community/flash-attn2=/path/to/flash-attn2"', "use_local_kernel=True",
+                "LocalLayerRepository", "git clone https://huggingface.co/kernels-community/flash-attn2"):
+        assert how in message
+    assert isinstance(info.value.__cause__, Exception)
+
+
+def test_from_pretrained_needs_one_repo_per_layer(offline_hub, make_config):
+    """Transformers' from_pretrained loads mapped kernels before init and takes one repo per layer:
+    the raw multi-device mapping fails there, the narrowed one from load_kwargs gets as far as the
+    (offline) kernel download."""
+    from transformers import LlamaForCausalLM
+
+    LlamaForCausalLM(make_config()).save_pretrained(offline_hub / "model")
+    with pytest.raises(ValueError, match="exactly one kernel repo"):
+        LlamaForCausalLM.from_pretrained(offline_hub / "model", use_kernels=True, kernel_config=kernel_mapping(RMS))
+    with pytest.raises(ValueError, match="offline mode"):
+        LlamaForCausalLM.from_pretrained(offline_hub / "model", **load_kwargs(XPU, mapping=RMS))
+
+
+def test_local_path_must_exist(offline_hub):
+    with pytest.raises(KernelUnavailableError, match="not a directory.*LOCAL_KERNELS"):
+        hwattn.load_kernel("kernels-community/flash-attn2", local_path=offline_hub / "missing")
