@@ -6,7 +6,6 @@ import json
 import logging
 
 import pytest
-
 from hwrun.training.checkpoints import (
     MANIFEST_NAME,
     check_checkpoint,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from hwrun.training.data import build_dataset, pack_token_ids, read_documents
 from hwrun.training.errors import TrainingDataError
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from hwrun.training.fused_loss import apply_fused_loss, fused_loss_support, linear_cross_entropy
 
 

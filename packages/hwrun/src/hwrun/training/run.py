@@ -181,6 +181,9 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
             model = prepare_model_for_kbit_training(
                 model, use_gradient_checkpointing=True,
                 gradient_checkpointing_kwargs={"use_reentrant": False})
+        from transformers import set_seed
+
+        set_seed(seed)  # LoRA A matrices are random: same seed, same adapter init, same run
         model = get_peft_model(model, lora_config(model.config, settings))
         reasons["lora"] = f"r={settings.r} on {','.join(sorted(model.peft_config['default'].target_modules))}"
 
@@ -189,7 +192,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     stopper = GracefulStop()
     trainer = HwTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                         data_collator=default_data_collator,
-                        callbacks=[stopper, LossLog(echo), *callbacks])
+                        callbacks=[*callbacks, stopper, LossLog(echo)])
     installed = stopper.install()
     try:
         output = trainer.train(resume_from_checkpoint=resume_from)
