@@ -108,14 +108,35 @@ def compile_with(row: dict, model, accel: hwenv.Accelerator):
     return model
 
 
-def bench_model(sizes: dict, device: str, dtype: torch.dtype, accel, backend, smoke: bool) -> list[dict]:
+def fresh_caches(root: Path, name: str) -> None:
+    """Point inductor's and Triton's on-disk caches at an empty folder, so no variant reuses another's."""
+    folder = root / "".join(c if c.isalnum() else "_" for c in name)
+    for variable, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+        os.environ[variable] = str(folder / sub)
+
+
+def warm_up_process(device: str, backend: str | None, smoke: bool) -> None:
+    """Pay one-time import/initialisation costs (dynamo, inductor, CUDA graphs) before timing anything."""
+    x = torch.randn(8, device=device)
+    for mode in ([None] if smoke else [None, "reduce-overhead"]):
+        kwargs = {k: v for k, v in (("backend", backend), ("mode", mode)) if v is not None}
+        torch.compile(lambda t: torch.relu(t) * 2, **kwargs)(x)
+    torch._dynamo.reset()
+
+
+def bench_model(sizes: dict, device: str, dtype: torch.dtype, accel, backend, smoke: bool,
+                cache_root: Path) -> list[dict]:
     timer = Timer(device)
     ids = torch.randint(0, sizes["vocab_size"], (sizes["batch"], sizes["seq"]), device=device)
     reference = None
     results = []
+    fresh_caches(cache_root, "warm-up")
+    warm_up_process(device, backend, smoke)
     for row in variants(smoke, backend):
         torch._dynamo.reset()
         gc.collect()
+        fresh_caches(cache_root, row["name"])
         model = build_model(sizes, device, dtype)
         before = torch.compiler.cudagraph_mark_step_begin if row["mode"] == "reduce-overhead" else None
         with torch.no_grad():
@@ -236,7 +257,8 @@ def markdown(meta: dict, rows: list[dict], overhead: dict) -> str:
         f"vocab {meta['sizes']['vocab_size']}, {meta['dtype']}, input {meta['sizes']['batch']}x{meta['sizes']['seq']} "
         f"tokens, forward without cache. Backend: {meta['backend'] or 'inductor (default)'}. "
         f"torch {meta['torch']}, transformers {meta['transformers']}. Median of {meta['sizes']['repeats']} "
-        f"after {meta['sizes']['warmup']} warm-up; inductor caches disabled.",
+        f"after {meta['sizes']['warmup']} warm-up; inductor caches disabled and fresh inductor/Triton cache "
+        f"folders per variant, after one untimed warm-up compile, so every first call is a full compile.",
         "",
         "| variant | first call (s) | latency (ms) | speedup vs eager | latency vs torch.compile | "
         "first call vs torch.compile | max abs diff vs eager |",
@@ -318,7 +340,10 @@ def main(argv: list[str] | None = None) -> int:
                 dtype=str(dtype).replace("torch.", ""), sizes=sizes, torch=torch.__version__,
                 transformers=__import__("transformers").__version__, python=sys.version.split()[0])
     print(f"device {meta['device_name']} ({device}), backend {backend or 'inductor'}, smoke={args.smoke}", flush=True)
-    results = bench_model(sizes, device, dtype, accel, backend, args.smoke)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="hwcompile-bench-caches-") as cache_root:
+        results = bench_model(sizes, device, dtype, accel, backend, args.smoke, Path(cache_root))
     overhead = bench_overhead(sizes, device, accel, backend)
     rows = ratios(results)
     args.out.mkdir(parents=True, exist_ok=True)
