@@ -1,6 +1,6 @@
 """The decision tables in README.md, generated from `resolve_attention` so the docs cannot drift.
 
-`python -m hwattn.table` prints them; a test checks README.md contains exactly this output.
+`python -m hwattn` prints them; a test checks README.md contains exactly this output.
 """
 
 from __future__ import annotations
@@ -82,7 +82,34 @@ def software_table() -> str:
     return "\n".join([header, rule, *rows])
 
 
-if __name__ == "__main__":  # pragma: no cover - prints the tables for README.md
-    print(decision_table())
-    print()
-    print(software_table())
+def readme_blocks() -> dict[str, str]:
+    """{marker name: generated markdown} for the README blocks `<!-- name:start -->` ... `<!-- name:end -->`."""
+    return {"decision-table": decision_table(), "software-table": software_table()}
+
+
+def update_readme(text: str) -> str:
+    """`text` with every generated block replaced by the current tables."""
+    for name, table in readme_blocks().items():
+        start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+        head, _, rest = text.partition(start)
+        _, found, tail = rest.partition(end)
+        if not found:
+            raise ValueError(f"README has no {start} ... {end} block")
+        text = f"{head}{start}\n{table}\n{end}{tail}"
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hwattn` prints the tables; `--update README.md` rewrites its generated blocks."""
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog="python -m hwattn", description=main.__doc__)
+    parser.add_argument("--update", metavar="README", help="rewrite the generated blocks of this file")
+    args = parser.parse_args(argv)
+    if args.update:
+        path = Path(args.update)
+        path.write_text(update_readme(path.read_text()))
+    else:
+        print(decision_table(), software_table(), sep="\n\n")
+    return 0
