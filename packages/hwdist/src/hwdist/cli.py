@@ -101,6 +101,8 @@ def _bench(args: argparse.Namespace) -> int:
     from .sizes import parse_sizes
 
     ops = list(OPS) if args.op == "all" else [args.op]
+    if args.sizes:
+        parse_sizes(args.sizes, args.step_factor)  # bad input is rejected before any group starts
     ctx = init(timeout=args.timeout)
     try:
         sizes = parse_sizes(args.sizes or ("8B..16M" if ctx.device == "cpu" else "8B..1G"), args.step_factor)
