@@ -136,3 +136,23 @@ def test_ddp_backend_is_accepted_by_transformers_argument_parser(accel, tmp_path
     assert parser.parse_args(["--output_dir", str(tmp_path), "--ddp_backend", value]).ddp_backend == value
     with pytest.raises(SystemExit):
         parser.parse_args(["--output_dir", str(tmp_path), "--ddp_backend", "ccl"])  # gone from Transformers 5
+
+
+def test_readme_backend_table_is_generated_from_the_code():
+    from pathlib import Path
+
+    from hwdist.backend import backend_table
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert backend_table() in readme, "README's backend table is stale: paste hwdist.backend.backend_table()"
+
+
+def test_layer_rule_no_direct_torch_xpu_or_hpu():
+    from pathlib import Path
+
+    source = Path(__file__).parents[1] / "src" / "hwdist"
+    for path in source.glob("*.py"):
+        text = path.read_text()
+        assert "torch.xpu" not in text and "torch.hpu" not in text, path
+        if "habana_frameworks" in text:
+            assert path.name == "backend.py", f"{path.name} may not touch habana_frameworks (only the hccl import)"

@@ -58,7 +58,7 @@ def _oneccl_installed() -> bool:
     return importlib.util.find_spec(ONECCL_MODULE) is not None
 
 
-def _xpu_backend(accel: hwenv.Accelerator) -> tuple[str, str]:
+def _xpu_backend(accel: hwenv.Accelerator, oneccl: bool | None = None) -> tuple[str, str]:
     version = _torch_version(accel)
     if version is not None and hwenv.at_least(version, XCCL_MIN_TORCH):
         here = hwenv.installed_version("torch")
@@ -70,7 +70,7 @@ def _xpu_backend(accel: hwenv.Accelerator) -> tuple[str, str]:
                 f"(is_xccl_available() is False); install torch's XPU build (X1) before init()"
             )
         return "xccl", f"XPU: torch {version} (>= 2.7) has XCCL built in (X18)"
-    if _oneccl_installed():
+    if _oneccl_installed() if oneccl is None else oneccl:
         return "ccl", (
             f"XPU: torch {version} is older than 2.7 (no XCCL), so oneCCL's `ccl` backend from "
             f"{ONECCL_MODULE} is used; upgrade torch to >= 2.7 for xccl"
@@ -175,3 +175,22 @@ def ensure_available(name: str, device_type: str) -> None:
             raise BackendUnavailableError(
                 f"backend 'ccl' needs {ONECCL_MODULE} ({error}); with torch >= 2.7 use 'xccl' instead."
             ) from error
+
+
+def backend_table() -> str:
+    """The README's backend table, generated from the decisions above (a test keeps them equal)."""
+    cases = [
+        ("Intel GPU (`xpu`), torch >= 2.7", _xpu_backend(hwenv.Accelerator("xpu", torch_version="2.8.0"))),
+        ("Intel GPU, torch < 2.7 with oneCCL bindings",
+         _xpu_backend(hwenv.Accelerator("xpu", torch_version="2.6.0"), oneccl=True)),
+        ("Intel Gaudi (`hpu`)", choose_backend(hwenv.Accelerator("hpu"))),
+        ("NVIDIA GPU (`cuda`)", choose_backend(hwenv.Accelerator("cuda"))),
+        ("CPU", choose_backend(hwenv.Accelerator("cpu"))),
+        ("Apple GPU (`mps`)", choose_backend(hwenv.Accelerator("mps"))),
+    ]
+    lines = ["| device | backend | `ddp_backend` (TrainingArguments) | why |", "|---|---|---|---|"]
+    for device, (name, reason) in cases:
+        ddp, note = _ddp_value(name)
+        why = reason + (f"; {note}" if note else "")
+        lines.append(f"| {device} | `{name}` | {f'`{ddp}`' if ddp else 'unset (Transformers decides)'} | {why} |")
+    return "\n".join(lines)
