@@ -1,0 +1,189 @@
+"""`hwrun plan|generate` (and `hwrun train` from the training half): the command line over plan/load/generate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+from .errors import HwrunError
+
+logger = logging.getLogger(__name__)
+
+#: Prompts per `model.generate` call when a batch file runs with static batching (one progress step each).
+STATIC_CHUNK = 16
+
+
+def _add_plan_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="auto", help="auto (detect) or cpu, cuda, xpu, hpu, mps")
+    parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
+    parser.add_argument("--attention", default="auto", help="auto, sdpa, eager, flash_attention_2, ...")
+    parser.add_argument("--use-kernels", action="store_true", help="replace supported layers with Hub kernels (X12)")
+    parser.add_argument("--compile", nargs="?", const=True, default=False, metavar="BACKEND",
+                        help="compile the decode step (optionally with this torch.compile backend)")
+    parser.add_argument("--quantization", choices=("4bit", "8bit"), default=None, help="bitsandbytes 4/8-bit (X14)")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code")
+
+
+def _plan_from(args: argparse.Namespace, model: str | None):
+    from .plan import plan
+
+    return plan(model, device=args.device, dtype=args.dtype, attention=args.attention, use_kernels=args.use_kernels,
+                compile=args.compile, quantization=args.quantization, trust_remote_code=args.trust_remote_code)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `hwrun` argument parser (subcommands plan, generate, and train when the training half is present)."""
+    parser = argparse.ArgumentParser(prog="hwrun", description="Plan, load and run Transformers models on XPU, "
+                                     "Gaudi, CUDA and CPU, with every decision explained.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every decision and fallback")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p_plan = sub.add_parser("plan", help="print every decision for running MODEL here, with reasons")
+    p_plan.add_argument("model", nargs="?", default=None, help="local folder or Hub id (default: the shipped tiny model)")
+    p_plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    _add_plan_options(p_plan)
+    p_plan.set_defaults(func=_cmd_plan)
+
+    p_gen = sub.add_parser("generate", help="generate text for PROMPT(s) or a --batch-file, printing tokens/s")
+    p_gen.add_argument("prompts", nargs="*", metavar="PROMPT")
+    p_gen.add_argument("--model", default=None, help="local folder or Hub id (default: the shipped tiny model)")
+    _add_plan_options(p_gen)
+    p_gen.add_argument("--max-new-tokens", type=int, default=50)
+    p_gen.add_argument("--batch-file", default=None, help="a text file with one prompt per line")
+    p_gen.add_argument("--batching", choices=("auto", "static", "continuous"), default="auto")
+    p_gen.add_argument("--decode", choices=("auto", "generate", "graphs"), default="auto",
+                       help="graphs: static cache + CUDA graph replay per token (greedy)")
+    p_gen.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    p_gen.add_argument("--temperature", type=float, default=1.0)
+    p_gen.add_argument("--top-p", type=float, default=1.0)
+    p_gen.add_argument("--top-k", type=int, default=None)
+    p_gen.add_argument("--seed", type=int, default=None)
+    p_gen.add_argument("--no-stream", action="store_true", help="print the text at the end instead of streaming")
+    p_gen.add_argument("--json", action="store_true", help="print the result as JSON (no streaming)")
+    p_gen.set_defaults(func=_cmd_generate)
+
+    try:
+        from . import cli_train
+    except ImportError as exc:  # the training half is optional
+        logger.debug("hwrun train not available: %s", exc)
+    else:
+        cli_train.add_parser(sub)
+    return parser
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    run_plan = _plan_from(args, args.model)
+    if args.json:
+        print(json.dumps(run_plan.to_dict(), indent=2, default=str))
+    else:
+        print(run_plan.render())
+    return 0
+
+
+def read_batch_file(path: str) -> list[str]:
+    """Prompts from a file, one per non-empty line (raises GenerateError when none)."""
+    from .errors import GenerateError
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            prompts = [line.rstrip("\n") for line in handle if line.strip()]
+    except OSError as exc:
+        raise GenerateError(f"--batch-file {path!r} cannot be read ({exc}); pass a text file, one prompt per line.") from exc
+    if not prompts:
+        raise GenerateError(f"--batch-file {path!r} has no prompts; write one prompt per line.")
+    return prompts
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from .errors import GenerateError
+    from .generate import GenerationResult, _check_inputs, generate
+    from .load import load
+
+    prompts = list(args.prompts)
+    if args.batch_file:
+        prompts += read_batch_file(args.batch_file)
+    if not prompts:
+        raise GenerateError("no prompt given: pass PROMPT... or --batch-file FILE (e.g. hwrun generate \"The king said\").")
+    _check_inputs(prompts, args.max_new_tokens)
+    run_plan = _plan_from(args, args.model)
+    model, tokenizer = load(run_plan)
+    options = dict(do_sample=args.sample, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                   seed=args.seed, decode=args.decode, model=model, tokenizer=tokenizer)
+    single = len(prompts) == 1
+    stream = single and not args.no_stream and not args.json and args.decode != "graphs"
+    if stream:
+        print(prompts[0], end="", flush=True)
+        result = generate(run_plan, prompts, args.max_new_tokens, batching=args.batching, stream=True, **options)
+        print()
+    else:
+        result = _generate_with_progress(run_plan, prompts, args, options, generate, GenerationResult)
+        if not args.json:
+            for prompt, text in zip(prompts, result.texts, strict=True):
+                print(f"{prompt}{text}")
+                if not single:
+                    print("---")
+    if args.json:
+        print(json.dumps({"texts": result.texts, "token_ids": result.token_ids, "new_tokens": result.new_tokens,
+                          "seconds": result.seconds, "tokens_per_second": result.tokens_per_second,
+                          "batching": result.batching, "batching_reason": result.batching_reason,
+                          "decode": result.decode, "decode_reason": result.decode_reason}, indent=2))
+    print(f"[{result.total_new_tokens} new tokens in {result.seconds:.2f}s: {result.tokens_per_second:.1f} tokens/s; "
+          f"{run_plan.device} {run_plan.dtype} {run_plan.attention.implementation}; batching: {result.batching} "
+          f"({result.batching_reason}); decode: {result.decode}]", file=sys.stderr)
+    return 0
+
+
+def _generate_with_progress(run_plan, prompts, args, options, generate, result_type):
+    """Many prompts: continuous batching shows its own per-request bar; static batching runs in chunks under a bar."""
+    from .batching import choose_batching
+
+    batching = "static" if args.decode == "graphs" and args.batching == "auto" else args.batching
+    choice = choose_batching(run_plan, len(prompts), batching)
+    show = bool(args.batch_file) and not args.json
+    if choice.mode == "continuous" or len(prompts) <= STATIC_CHUNK:
+        return generate(run_plan, prompts, args.max_new_tokens, batching=batching, progress=show, **options)
+    from tqdm.auto import tqdm
+
+    parts = []
+    with tqdm(total=len(prompts), unit="prompt", desc="generating", disable=not show, file=sys.stderr) as bar:
+        for start in range(0, len(prompts), STATIC_CHUNK):
+            chunk = prompts[start:start + STATIC_CHUNK]
+            parts.append(generate(run_plan, chunk, args.max_new_tokens, batching="static", **options))
+            bar.update(len(chunk))
+    return result_type(
+        texts=[t for p in parts for t in p.texts], token_ids=[t for p in parts for t in p.token_ids],
+        prompt_tokens=[t for p in parts for t in p.prompt_tokens], new_tokens=[t for p in parts for t in p.new_tokens],
+        seconds=sum(p.seconds for p in parts), batching="static",
+        batching_reason=f"{parts[0].batching_reason}; in chunks of {STATIC_CHUNK} prompts", decode=parts[0].decode,
+        decode_reason=parts[0].decode_reason,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `hwrun` command; errors print one line with the fix and exit 2."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        # bitsandbytes (imported by peft when TrainingArguments is) warns about an optional CPU Hub kernel.
+        logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+        try:
+            import transformers
+
+            transformers.logging.set_verbosity_error()
+            transformers.utils.logging.disable_progress_bar()
+        except ImportError:  # pragma: no cover
+            pass
+    try:
+        return int(args.func(args) or 0)
+    except HwrunError as exc:
+        print(f"hwrun: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

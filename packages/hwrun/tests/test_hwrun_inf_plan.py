@@ -1,0 +1,176 @@
+"""plan(): every decision and its reason on CPU for real, and on XPU / Gaudi / CUDA through hwenv's fakes."""
+
+from __future__ import annotations
+
+import json
+
+import hwenv
+import hwrun
+import pytest
+from hwrun.errors import ModelSourceError, PlanError, QuantizationError
+from hwrun.source import config_parameters, resolve_source, weight_bytes
+from hwrun.testing import build_tiny_model
+
+GiB = 2**30
+
+#: config.json of a Llama-3-70B-shaped model (about 70.6e9 parameters), for size estimates only.
+LLAMA_70B = {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
+             "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+def test_cpu_plan_decisions(tiny):
+    plan = hwrun.plan(tiny, device="cpu")
+    assert plan.accelerator.kind == "cpu" and plan.device == "cpu"
+    assert plan.dtype == "float32" and "CPU" in plan.reasons["dtype"]
+    assert plan.device_map == "cpu"
+    assert plan.attention.implementation == "sdpa"
+    assert plan.compile is None and plan.quantization is None and plan.env == {}
+    assert plan.dist_backend.name == "gloo"
+    assert plan.trust_remote_code is False
+    assert plan.weight_bytes == 4 * sum(p.numel() for p in _params(tiny))
+    for name, _value, reason in plan.rows():
+        assert reason, f"{name} has no reason"
+
+
+def _params(path):
+    from transformers import AutoModelForCausalLM
+
+    return list(AutoModelForCausalLM.from_pretrained(path, local_files_only=True).parameters())
+
+
+def test_plan_render_and_json(tiny):
+    plan = hwrun.plan(tiny, device="cpu", compile=True)
+    data = json.loads(json.dumps(plan.to_dict()))
+    assert data["dtype"] == "float32" and data["device_map"] == "cpu"
+    assert data["compile"]["backend"] == "inductor"
+    assert set(data["reasons"]) >= {"device", "dtype", "device_map", "attention", "compile", "dist_backend", "env"}
+    table = plan.render()
+    for field in ("device", "dtype", "device_map", "attention", "compile", "dist_backend", "env"):
+        assert field in table
+
+
+def test_explicit_dtype_on_cpu(tiny):
+    assert hwrun.plan(tiny, device="cpu", dtype="bf16").dtype == "bfloat16"
+    assert hwrun.plan(tiny, device="cpu", dtype="float16").torch_dtype().itemsize == 2
+
+
+@pytest.mark.facts("X9", "X17")
+def test_fake_xpu_bf16_and_single_device_map(fake_xpu, tiny):
+    fake_xpu(count=4, bf16=True)
+    plan = hwrun.plan(tiny)
+    assert plan.device == "xpu:0" and plan.dtype == "bfloat16"
+    assert plan.device_map == "xpu"
+    assert plan.dist_backend.name in ("xccl", "ccl")
+
+
+@pytest.mark.facts("X9")
+def test_fake_four_xpus_split_a_model_larger_than_one(fake_xpu, tiny):
+    fake_xpu(count=4, memory=256 * 1024)  # smaller than the tiny model's bf16 weights (~225 KiB at 85%)
+    plan = hwrun.plan(tiny)
+    assert plan.device_map == "auto"
+    assert "4 selected devices" in plan.reasons["device_map"]
+
+
+@pytest.mark.facts("X9")
+def test_config_only_estimate_of_a_70b_model_splits_on_four_xpus():
+    params = config_parameters(LLAMA_70B)
+    assert 70e9 < params < 71.5e9
+    source = hwrun.source.ModelSource("meta/llama-70b", False, None, LLAMA_70B)
+    nbytes, how = weight_bytes(source, "bfloat16")
+    assert nbytes == 2 * params and "config.json" in how
+    accel = hwenv.Accelerator("xpu", 4, memory=(64 * GiB,) * 4)
+    from hwrun.plan import choose_device_map
+
+    assert choose_device_map(accel, nbytes, how)[0] == "auto"
+    assert choose_device_map(hwenv.Accelerator("xpu", 4, memory=(192 * GiB,) * 4), nbytes, how)[0] == "xpu"
+    assert choose_device_map(accel, weight_bytes(source, "bfloat16", "4bit")[0], how)[0] == "xpu"
+
+
+def test_one_device_too_small_offloads_with_a_warning(fake_cuda, tiny, caplog):
+    fake_cuda(count=1, memory=128 * 1024)
+    plan = hwrun.plan(tiny)
+    assert plan.device_map == "auto" and "offloads" in plan.reasons["device_map"]
+    assert any("offloads to CPU" in r.message for r in caplog.records)
+
+
+@pytest.mark.facts("X17")
+def test_bf16_on_xpu_without_it_is_an_error(fake_xpu, tiny):
+    fake_xpu(count=1, bf16=False)
+    with pytest.raises(PlanError, match="does not support bfloat16") as info:
+        hwrun.plan(tiny, dtype="bfloat16")
+    assert isinstance(info.value, ValueError) and "xpu" in str(info.value).lower()
+    auto = hwrun.plan(tiny)
+    assert auto.dtype == "float32" and "no bf16" in auto.reasons["dtype"]
+
+
+@pytest.mark.facts("G4", "G9", "G12", "G15")
+def test_fake_gaudi_plan(fake_gaudi, tiny):
+    fake_gaudi(8)
+    plan = hwrun.plan(tiny)
+    assert plan.device == "hpu" and plan.device_map == "hpu" and plan.dtype == "bfloat16"
+    assert plan.env == {"PT_ENABLE_INT64_SUPPORT": "1"} and "G4" in plan.reasons["env"]
+    assert plan.dist_backend.name == "hccl"
+
+
+@pytest.mark.facts("G13")
+def test_fake_gaudi_compile_routes_to_hpu_backend(fake_gaudi, tiny):
+    fake_gaudi(8)
+    plan = hwrun.plan(tiny, compile="inductor")
+    assert plan.compile.backend == "hpu_backend"
+
+
+def test_fake_cuda_plan(fake_cuda, tiny):
+    fake_cuda(count=2, capability=(9, 0))
+    plan = hwrun.plan(tiny, compile=True)
+    assert plan.device == "cuda:0" and plan.device_map == "cuda" and plan.dtype == "bfloat16"
+    assert plan.dist_backend.name == "nccl" and plan.compile.backend == "inductor"
+
+
+@pytest.mark.facts("X14", "G10")
+def test_quantization_rules(fake_gaudi, tiny):
+    with pytest.raises(QuantizationError, match="'3bit'"):
+        hwrun.plan(tiny, device="cpu", quantization="3bit")
+    cpu = hwrun.plan(tiny, device="cpu", quantization="8bit")
+    assert cpu.quantization == "8bit" and "bitsandbytes" in cpu.reasons["quantization"]
+    assert cpu.weight_bytes < hwrun.plan(tiny, device="cpu").weight_bytes
+    with pytest.raises(QuantizationError, match="Gaudi 2"):
+        hwrun.plan(tiny, device=hwenv.Accelerator("hpu", 1, names=("GAUDI",)), quantization="4bit")
+    with pytest.raises(QuantizationError, match="mps"):
+        hwrun.plan(tiny, device=hwenv.Accelerator("mps", 1), quantization="4bit")
+    fake_gaudi(8, name="GAUDI3")
+    assert "G10" in hwrun.plan(tiny, quantization="4bit").reasons["quantization"]
+
+
+def test_bad_inputs_are_rejected_before_loading(tmp_path, tiny):
+    with pytest.raises(ModelSourceError, match="does not exist"):
+        hwrun.plan(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    (tmp_path / "empty" / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(ModelSourceError, match="no \\*.safetensors") as info:
+        hwrun.plan(str(tmp_path / "empty"))
+    assert "pytorch_model.bin" in str(info.value) and isinstance(info.value, OSError)
+    with pytest.raises(PlanError, match="not a device kind"):
+        hwrun.plan(tiny, device="tpu")
+    with pytest.raises(PlanError, match="not an index"):
+        hwrun.plan(tiny, device="cuda:1")
+    with pytest.raises(PlanError, match="not usable here"):
+        hwrun.plan(tiny, device="xpu")
+    with pytest.raises(PlanError, match="not a dtype"):
+        hwrun.plan(tiny, device="cpu", dtype="int4")
+    with pytest.raises(PlanError, match="attention"):
+        hwrun.plan(tiny, device="cpu", attention="nonsense_attention")
+    with pytest.raises(PlanError, match="compile"):
+        hwrun.plan(tiny, device="cpu", compile="")
+
+
+def test_hub_id_is_planned_without_network(tiny):
+    source = resolve_source("someorg/some-model")
+    assert not source.local and source.path is None
+    plan = hwrun.plan("someorg/some-model", device="cpu")
+    assert plan.model == "someorg/some-model" and plan.weight_bytes is None
