@@ -16,7 +16,7 @@ import traceback
 import hwdist
 import torch
 
-TIMEOUT_S = float(os.environ.get("HWDIST_TEST_TIMEOUT", "10"))
+TIMEOUT_S = 10.0  # set from HWDIST_TEST_TIMEOUT in main() (forked ranks share this module)
 
 
 def _error(fn):
@@ -83,6 +83,17 @@ def early_exit(results: dict, ctx: hwdist.DistContext, out_dir: str) -> None:
     results["early_exit_seconds"] = time.perf_counter() - start
 
 
+def stuck(results: dict, ctx: hwdist.DistContext, out_dir: str) -> None:
+    """The last rank stays alive but never calls; the others must fail after the timeout."""
+    if ctx.rank == ctx.world_size - 1:
+        write(results, out_dir, ctx.rank)
+        time.sleep(TIMEOUT_S + 1.5)  # alive past the others' timeout, then gone
+        os._exit(0)
+    start = time.perf_counter()
+    results["stuck"] = _error(lambda: hwdist.all_reduce(torch.ones(4), check=False))
+    results["stuck_seconds"] = time.perf_counter() - start
+
+
 def launch(results: dict, ctx: hwdist.DistContext) -> None:
     results["sum"] = hwdist.all_reduce(torch.tensor([ctx.rank + 1.0])).tolist()
     results["objects"] = hwdist.all_gather_object([ctx.rank, ctx.local_rank, ctx.world_size])
@@ -99,6 +110,8 @@ def write(results: dict, out_dir: str, rank: int) -> None:
 
 
 def main() -> None:
+    global TIMEOUT_S
+    TIMEOUT_S = float(os.environ.get("HWDIST_TEST_TIMEOUT", "10"))
     scenario, out_dir = sys.argv[1], sys.argv[2]
     results: dict = {"scenario": scenario}
     rank = int(os.environ.get("RANK", "0"))
@@ -111,6 +124,10 @@ def main() -> None:
             early_exit(results, ctx, out_dir)
             write(results, out_dir, rank)
             os._exit(0)  # peers are gone: skip destroying the group
+        if scenario == "stuck":
+            stuck(results, ctx, out_dir)
+            write(results, out_dir, rank)
+            os._exit(0)
         if scenario == "launch":
             launch(results, ctx)
         hwdist.shutdown()

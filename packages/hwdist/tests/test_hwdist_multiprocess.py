@@ -48,7 +48,8 @@ def _forked_rank(worker, env: dict[str, str], scenario: str, out: str) -> None:
     worker.main()
 
 
-def run_ranks(world_size: int, scenario: str, out: Path, deadline: float = 60.0) -> dict[int, dict]:
+def run_ranks(world_size: int, scenario: str, out: Path, deadline: float = 60.0,
+              timeout_s: int = 10) -> dict[int, dict]:
     """Start `world_size` real processes with torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE,
     MASTER_*). They are forked from this (torch-importing) process, so no rank pays for a fresh
     torch import; each then builds its own gloo group over loopback."""
@@ -62,7 +63,8 @@ def run_ranks(world_size: int, scenario: str, out: Path, deadline: float = 60.0)
     procs = []
     for rank in range(world_size):
         env = worker_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                         LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+                         LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                         HWDIST_TEST_TIMEOUT=str(timeout_s))
         proc = context.Process(target=_forked_rank, args=(worker, env, scenario, str(out)), daemon=True)
         proc.start()
         procs.append(proc)
@@ -204,3 +206,11 @@ def test_bench_rows_are_correct_and_follow_nccl_tests_formulas(ranks):
     assert ("all_reduce", 4096) in sizes and ("all_gather", 4096) in sizes
     assert all(r["size"] % (2 * n) == 0 for r in rows if r["op"] in ("all_gather", "reduce_scatter"))
     assert [r["op"] for r in ranks[1]["bench"]] == [r["op"] for r in rows]  # every rank ran the same rows
+
+
+def test_rank_that_never_calls_fails_the_others_after_the_timeout(tmp_path):
+    results = run_ranks(2, "stuck", tmp_path, timeout_s=2)
+    error = results[0]["stuck"]
+    assert error is not None and error["type"] == "CollectiveError"
+    assert "timeout 2 s" in error["message"]
+    assert 1.5 < results[0]["stuck_seconds"] < 2 + 4  # the timeout, not a hang
