@@ -18,7 +18,7 @@ from typing import Any
 from .routing import HPU_BACKEND
 
 
-@dataclass
+@dataclass(eq=False)  # hashable by identity: torch 2.11 keeps backends in a set
 class RecordingBackend:
     """A torch.compile backend that records each graph (and the keywords it got) and runs it eagerly."""
 
