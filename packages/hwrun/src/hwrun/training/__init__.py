@@ -14,7 +14,7 @@ from .errors import (
 )
 from .fused_loss import apply_fused_loss, linear_cross_entropy
 from .lora import TARGET_MODULES, LoraSettings, lora_config, target_modules_for
-from .run import TrainResult, train
+from .run import TrainResult, train, train_plan
 
 __all__ = [
     "CheckpointError", "LoraSettings", "PackedDataset", "QLoRAUnsupportedError", "TARGET_MODULES",
@@ -22,5 +22,5 @@ __all__ = [
     "build_dataset", "check_checkpoint", "is_adapter_folder", "latest_complete_checkpoint",
     "linear_cross_entropy", "load_adapter_model", "lora_config", "pack_token_ids", "read_documents",
     "resolve_resume", "save_adapter", "save_merged", "target_modules_for", "train", "training_arguments",
-    "training_keywords",
+    "training_keywords", "train_plan",
 ]

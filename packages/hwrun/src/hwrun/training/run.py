@@ -42,6 +42,24 @@ class TrainResult:
     reasons: Mapping[str, str] = field(default_factory=dict)
 
 
+def train_plan(model: str | None = None, device: Any = "auto", dtype: str = "auto", attention: str = "auto",
+               compile: bool | str | None = None, quantization: str | None = None,
+               trust_remote_code: bool = False) -> RunPlan:
+    """`hwrun.plan` for training: like plan(), but `compile=None` means on for an accelerator
+    (a training run has many identical steps, so compiling pays off) and off on CPU (where the
+    compile time dominates short runs). bf16 comes from plan()'s dtype choice (X17, G12)."""
+    import hwrun
+
+    base = hwrun.plan(model, device=device, dtype=dtype, attention=attention, compile=False,
+                      quantization=quantization, trust_remote_code=trust_remote_code)
+    if compile is None:
+        compile = base.accelerator.kind not in ("cpu", "mps")
+    if not compile:
+        return base
+    return hwrun.plan(model, device=base.accelerator, dtype=base.dtype, attention=attention, compile=compile,
+                      quantization=quantization, trust_remote_code=trust_remote_code)
+
+
 def _lora_settings(lora: Any, qlora: bool) -> LoraSettings | None:
     if lora is None or lora is False:
         if qlora:

@@ -1,0 +1,85 @@
+"""`hwrun train`: fine-tune a model on a text/JSONL file or a folder of .txt files from the command
+line (LoRA, QLoRA or full), with a progress bar, loss logging, checkpoints and a loss-curve PNG."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the `train` subcommand on `hwrun`'s subparsers (called by hwrun.cli)."""
+    p = subparsers.add_parser(
+        "train", help="fine-tune MODEL on --data (LoRA, 4-bit QLoRA or full) with resumable checkpoints",
+        description="Fine-tune with Transformers' Trainer on this device (bf16 and torch.compile where the "
+                    "device has them). Checkpoints go to OUTPUT/checkpoint-N (written atomically), the final "
+                    "adapter or model to OUTPUT itself, so `hwrun generate --model OUTPUT` loads it. SIGTERM or "
+                    "Ctrl-C saves a checkpoint and stops; --resume continues from the newest complete one.")
+    p.add_argument("--data", required=True, help="text file, JSONL file with a \"text\" field, or folder of .txt")
+    p.add_argument("--model", default=None, help="base model folder or Hub id (default: the shipped tiny model)")
+    p.add_argument("--output", default="hwrun-train", help="output folder (default: hwrun-train)")
+    p.add_argument("--lora", action="store_true", help="train LoRA adapters (PEFT) instead of every weight")
+    p.add_argument("--qlora", action="store_true", help="LoRA on a 4-bit bitsandbytes base (X15, G11)")
+    p.add_argument("--merge", action="store_true", help="save LoRA merged into the base weights")
+    p.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default 16)")
+    p.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha (default 32)")
+    p.add_argument("--lora-targets", default=None, help="comma-separated module names (default: per architecture)")
+    p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps (default: --epochs over the data)")
+    p.add_argument("--epochs", type=float, default=1.0, help="passes over the data when --max-steps is not given")
+    p.add_argument("--lr", type=float, default=2e-4, help="learning rate (default 2e-4)")
+    p.add_argument("--batch-size", type=int, default=8, help="blocks per device per step (default 8)")
+    p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps (default 1)")
+    p.add_argument("--block-size", type=int, default=512, help="tokens per packed block (default 512)")
+    p.add_argument("--save-steps", type=int, default=100, help="checkpoint every N steps (default 100)")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest complete checkpoint in --output (start fresh if none)")
+    p.add_argument("--device", default="auto", help="auto (detect) or cpu, cuda, xpu, hpu, mps")
+    p.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
+    p.add_argument("--attention", default="auto", help="auto, sdpa, eager, flash_attention_2, ...")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the model (default: on for accelerators, off on CPU)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (loss lines only)")
+    p.set_defaults(func=run_train)
+    return p
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Carry out `hwrun train` for parsed `args`; returns the exit status."""
+    from .training import LoraSettings, train, train_plan
+    from .training.checkpoints import latest_complete_checkpoint
+
+    run_plan = train_plan(args.model, device=args.device, dtype=args.dtype, attention=args.attention,
+                          compile=args.compile, trust_remote_code=args.trust_remote_code)
+    print(run_plan.render())
+    lora = None
+    if args.lora or args.qlora:
+        targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()) if args.lora_targets else None
+        lora = LoraSettings(r=args.lora_r, alpha=args.lora_alpha, target_modules=targets)
+    if not args.resume and latest_complete_checkpoint(args.output) is not None:
+        print(f"note: {args.output} holds checkpoints from an earlier run; starting fresh "
+              "(pass --resume to continue from the newest one)")
+    result = train(
+        run_plan, args.data, lora=lora, qlora=args.qlora, epochs=args.epochs, max_steps=args.max_steps,
+        lr=args.lr, batch_size=args.batch_size, grad_accum=args.grad_accum, seed=args.seed,
+        output_dir=args.output, resume="auto" if args.resume else False, block_size=args.block_size,
+        merge=args.merge, save_steps=args.save_steps, disable_tqdm=args.no_progress,
+        echo=print if args.no_progress else None,
+    )
+    if result.resumed_from:
+        print(f"resumed from {result.resumed_from}")
+    last = f"{result.losses[-1][1]:.4f}" if result.losses else "n/a"
+    if result.interrupted:
+        print(f"stopped by {result.interrupted} at step {result.global_step} (loss {last}); checkpoint saved in "
+              f"{result.output_dir}. Continue with: hwrun train --data {args.data} --output {args.output} --resume ...")
+        return 0
+    kind = "merged model" if result.merged else ("LoRA adapter" if result.lora else "model")
+    print(f"done: {result.global_step} steps, final loss {last}; {kind} saved in {result.output_dir}")
+    if result.loss_plot:
+        print(f"loss curve: {result.loss_plot}")
+    print(f'generate with: hwrun generate --model {result.output_dir} "Once upon a time"')
+    return 0

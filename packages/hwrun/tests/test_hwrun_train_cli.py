@@ -1,0 +1,55 @@
+"""`hwrun train` on the command line (in-process): trains, logs losses, writes the loss-curve PNG,
+resumes with --resume, and reports bad input as one line with exit status 2."""
+
+from __future__ import annotations
+
+import pytest
+from hwrun.cli import main
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    from hwrun.testing import build_tiny_model
+
+    root = tmp_path_factory.mktemp("cli")
+    model = build_tiny_model(root / "model")
+    data = root / "data.jsonl"
+    data.write_text("".join(f'{{"text": "The king said to the queen, line {i}."}}\n' for i in range(60)),
+                    encoding="utf-8")
+    return model, data
+
+
+def test_train_cli_lora_logs_plots_and_resumes(files, tmp_path, capsys):
+    model, data = files
+    out = tmp_path / "out"
+    common = ["train", "--data", str(data), "--model", str(model), "--lora", "--batch-size", "4",
+              "--block-size", "32", "--output", str(out), "--save-steps", "2", "--no-progress", "--device", "cpu"]
+    assert main([*common, "--max-steps", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "dtype" in printed and "float32" in printed  # the plan is shown first
+    assert "step 1/2  loss" in printed and "step 2/2  loss" in printed
+    assert "LoRA adapter saved in" in printed and "hwrun generate --model" in printed
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "adapter_model.safetensors").is_file()
+
+    assert main([*common, "--max-steps", "4", "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert f"resumed from {out / 'checkpoint-2'}" in printed
+    assert "step 3/4  loss" in printed and "step 1/4" not in printed
+    assert (out / "checkpoint-4").is_dir()
+
+
+def test_train_cli_bad_data_is_one_line_and_exit_2(files, tmp_path, capsys):
+    model, _ = files
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n", encoding="utf-8")
+    assert main(["train", "--data", str(empty), "--model", str(model), "--device", "cpu",
+                 "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hwrun: error: ") and "empty" in err and str(empty) in err
+
+
+def test_train_cli_needs_data():
+    with pytest.raises(SystemExit) as info:
+        main(["train"])
+    assert info.value.code == 2
