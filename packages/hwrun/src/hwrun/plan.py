@@ -257,8 +257,8 @@ def plan(
     if not (isinstance(compile, bool) or (isinstance(compile, str) and compile)):
         raise PlanError(f"compile={compile!r} must be True, False, or a torch.compile backend name such as 'inductor'.")
     reference = DEFAULT_MODEL if model is None else model
-    source = resolve_source(reference)
     accel = resolve_accelerator(device)
+    source = resolve_source(reference)
     reasons: dict[str, str] = {}
     reasons["model"] = ("the tiny model shipped in hwrun" if model is None
                         else ("local folder" if source.local else "Hub id (loaded from the cache or the Hub)"))

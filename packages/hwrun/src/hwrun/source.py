@@ -95,6 +95,11 @@ def resolve_source(reference: str) -> ModelSource:
         except (OSError, ValueError) as exc:
             raise ModelSourceError(f"model={text!r}: config.json is not readable JSON ({exc}); re-save the model.") from exc
         return ModelSource(text, True, path.resolve(), config, files)
+    if path == Path(DEFAULT_MODEL):
+        raise ModelSourceError(
+            f"the shipped tiny model is missing from this install ({text}); reinstall hwrun "
+            "(`uv sync` / `pip install --force-reinstall hwrun`) or pass --model PATH."
+        )
     if _looks_like_hub_id(text):
         return ModelSource(text, False, None, _cached_hub_config(text), ())
     raise ModelSourceError(

@@ -1,0 +1,169 @@
+"""generate(): greedy tokens agree across attention (sdpa/eager), batching (static/continuous) and the
+graph-decode step loop; bad inputs fail before loading; results carry counts, timing and reasons."""
+
+from __future__ import annotations
+
+import hwrun
+import pytest
+from hwrun.errors import GenerateError
+from hwrun.testing import build_tiny_model
+
+PROMPTS = ["The king said", "Once upon a time there was a little house", "It was"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny-gen")))
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny):
+    plan = hwrun.plan(tiny, device="cpu")
+    model, tokenizer = hwrun.load(plan)
+    return plan, model, tokenizer
+
+
+def _reference(model, tokenizer, prompt, n):
+    """Plain Transformers greedy decoding of one unpadded prompt."""
+    import torch
+
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    row = out[0, ids.shape[1]:].tolist()
+    eos = tokenizer.eos_token_id
+    return row[: row.index(eos) + 1] if eos in row else row
+
+
+@pytest.mark.facts("X10")
+def test_one_prompt_result(loaded):
+    plan, model, tokenizer = loaded
+    result = hwrun.generate(plan, "The king said", 8, model=model, tokenizer=tokenizer)
+    assert result.batching == "static" and "one prompt" in result.batching_reason
+    assert result.token_ids[0] == _reference(model, tokenizer, "The king said", 8)
+    assert result.new_tokens == [len(result.token_ids[0])] and 0 < result.new_tokens[0] <= 8
+    assert result.text == tokenizer.decode(result.token_ids[0], skip_special_tokens=True)
+    assert result.seconds > 0 and result.tokens_per_second == pytest.approx(result.total_new_tokens / result.seconds)
+
+
+@pytest.mark.facts("X6")
+def test_sdpa_and_eager_give_the_same_greedy_tokens(tiny):
+    outputs = {}
+    for attention in ("sdpa", "eager"):
+        plan = hwrun.plan(tiny, device="cpu", attention=attention)
+        assert plan.attention.implementation == attention
+        model, tokenizer = hwrun.load(plan)
+        assert model.config._attn_implementation == attention
+        outputs[attention] = hwrun.generate(plan, PROMPTS, 12, batching="static", model=model,
+                                            tokenizer=tokenizer).token_ids
+    assert outputs["sdpa"] == outputs["eager"]
+
+
+@pytest.mark.facts("X11")
+def test_continuous_and_static_batching_agree(loaded):
+    plan, model, tokenizer = loaded
+    static = hwrun.generate(plan, PROMPTS, 12, batching="static", model=model, tokenizer=tokenizer)
+    auto = hwrun.generate(plan, PROMPTS, 12, model=model, tokenizer=tokenizer)
+    assert static.batching == "static"
+    assert auto.batching == "continuous" and "3 prompts" in auto.batching_reason
+    assert auto.token_ids == static.token_ids
+    assert static.token_ids == [_reference(model, tokenizer, p, 12) for p in PROMPTS]
+    assert static.prompt_tokens == auto.prompt_tokens == [len(tokenizer(p)["input_ids"]) for p in PROMPTS]
+
+
+def test_graph_decode_step_loop_equals_model_generate(loaded, caplog):
+    plan, model, tokenizer = loaded
+    result = hwrun.generate(plan, PROMPTS, 12, decode="graphs", model=model, tokenizer=tokenizer)
+    assert result.decode == "graphs" and result.batching == "static"
+    assert result.token_ids == [_reference(model, tokenizer, p, 12) for p in PROMPTS]
+    assert any("runs eagerly" in r.message for r in caplog.records)
+
+
+def test_graph_decoder_direct_and_reused(loaded):
+    import torch
+    from hwrun.errors import FastDecodeError
+    from hwrun.fastdecode import GraphDecoder
+
+    _, model, tokenizer = loaded
+    decoder = GraphDecoder(model, batch_size=1, max_cache_len=40)
+    for prompt in PROMPTS:  # one decoder, several prompt lengths
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        out = decoder.generate(ids, 20, eos_token_id=None)
+        with torch.no_grad():
+            ref = model.generate(ids, max_new_tokens=20, min_new_tokens=20, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id)
+        assert out[0].tolist() == ref[0, ids.shape[1]:].tolist()
+    with pytest.raises(FastDecodeError, match="exceeds max_cache_len"):
+        decoder.generate(ids, 40)
+    with pytest.raises(FastDecodeError, match="CUDA"):
+        GraphDecoder(model, max_cache_len=8, use_graphs=True)
+
+
+def test_streaming_prints_the_continuation(loaded, capsys):
+    plan, model, tokenizer = loaded
+    result = hwrun.generate(plan, "The king said", 6, stream=True, model=model, tokenizer=tokenizer)
+    assert result.batching == "static"
+    printed = capsys.readouterr().out
+    assert printed.strip() and printed.strip() in result.text.strip() + "\n"
+
+
+def test_sampling_with_seed_is_reproducible(loaded):
+    plan, model, tokenizer = loaded
+    kwargs = dict(do_sample=True, temperature=0.9, top_p=0.95, seed=3, model=model, tokenizer=tokenizer)
+    first = hwrun.generate(plan, "The king said", 8, **kwargs)
+    again = hwrun.generate(plan, "The king said", 8, **kwargs)
+    assert first.token_ids == again.token_ids and first.decode == "generate"
+
+
+@pytest.mark.parametrize("prompts, n, match", [
+    ("The king", 0, "max_new_tokens=0"),
+    ("The king", -3, "max_new_tokens=-3"),
+    ("The king", 2.5, "max_new_tokens=2.5"),
+    ([], 5, "empty"),
+    ([""], 5, "empty"),
+    (["ok", "   "], 5, "prompts\\[1\\]"),
+    ([3], 5, "not a string"),
+])
+def test_bad_generate_inputs_fail_before_loading(prompts, n, match):
+    # plan=None would load the default model: raising first proves the check runs before anything loads.
+    with pytest.raises(GenerateError, match=match) as info:
+        hwrun.generate(None, prompts, n)
+    assert isinstance(info.value, ValueError)
+
+
+def test_bad_modes_are_rejected(loaded):
+    plan, model, tokenizer = loaded
+    with pytest.raises(GenerateError, match="batching='fast'"):
+        hwrun.generate(plan, "hi", 2, batching="fast", model=model, tokenizer=tokenizer)
+    with pytest.raises(GenerateError, match="decode="):
+        hwrun.generate(plan, "hi", 2, decode="turbo", model=model, tokenizer=tokenizer)
+    with pytest.raises(GenerateError, match="greedy only"):
+        hwrun.generate(plan, "hi", 2, decode="graphs", do_sample=True, model=model, tokenizer=tokenizer)
+    with pytest.raises(GenerateError, match="streams one prompt"):
+        hwrun.generate(plan, ["a", "b"], 2, stream=True, batching="static", model=model, tokenizer=tokenizer)
+    with pytest.raises(GenerateError, match="streaming"):
+        hwrun.generate(plan, ["a", "b"], 2, stream=True, batching="continuous", model=model, tokenizer=tokenizer)
+    with pytest.raises(GenerateError, match="both model"):
+        hwrun.generate(plan, "hi", 2, model=model)
+    with pytest.raises(GenerateError, match="temperature"):
+        hwrun.generate(plan, "hi", 2, do_sample=True, temperature=0, model=model, tokenizer=tokenizer)
+
+
+@pytest.mark.facts("G9")
+def test_batching_choice_on_other_devices(fake_gaudi, tiny):
+    fake_gaudi(8)
+    plan = hwrun.plan(tiny)
+    choice = hwrun.choose_batching(plan, 8)
+    assert choice.mode == "static" and "hpu" in choice.reason
+    with pytest.raises(GenerateError, match="cannot run here"):
+        hwrun.choose_batching(plan, 8, "continuous")
+
+
+def test_pipeline_places_the_model_by_the_plan(loaded):
+    plan, _, _ = loaded
+    pipe = hwrun.pipeline("text-generation", plan)
+    assert pipe.model.device.type == "cpu" and str(pipe.model.dtype) == "torch.float32"
+    out = pipe("The king said", max_new_tokens=4, do_sample=False)
+    assert out[0]["generated_text"].startswith("The king said")
+    with pytest.raises(hwrun.PlanError, match="device"):
+        hwrun.pipeline("text-generation", plan, device="cpu")
