@@ -13,7 +13,6 @@ from typing import Any
 
 from .errors import CompileArgumentError
 from .routing import (
-    HPU_BACKEND,
     AcceleratorLike,
     Backend,
     resolve_accelerator,
@@ -80,11 +79,11 @@ def compile(obj: Any = None, backend: Backend | None = None, *, accel: Accelerat
         from .gaudi import check_eager_mode, ensure_hpu_backend, translate_kwargs
 
         check_eager_mode()
+        if backend != "eager":  # everything but eager runs on hpu_backend: make sure it exists first
+            ensure_hpu_backend()
     decision = route_backend(acc, backend)
     call_kwargs = dict(kwargs)
     if acc.kind == "hpu":
-        if decision.backend == HPU_BACKEND:
-            ensure_hpu_backend()
         call_kwargs = translate_kwargs(decision.backend, call_kwargs)
     if backend is not None or acc.kind == "hpu":
         call_kwargs["backend"] = decision.backend
