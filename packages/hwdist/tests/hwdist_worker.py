@@ -118,6 +118,7 @@ def main() -> None:
     try:
         ctx = hwdist.init(timeout=TIMEOUT_S)
         results["context"] = ctx.to_dict()
+        torch.set_default_device(ctx.device)  # the same checks on a GPU (nccl) as on CPU (gloo)
         if scenario in ("collectives", "collectives+exit"):
             collectives(results, ctx)
         if scenario in ("exit", "collectives+exit"):

@@ -62,11 +62,20 @@ def _fail(ctx: DistContext, name: str, error: BaseException) -> CollectiveError:
 
 
 def _wait(ctx: DistContext, name: str, start: Callable[[], Any]) -> None:
-    """Run an async collective and wait for it under the context's timeout."""
+    """Run an async collective and wait for it under the context's timeout.
+
+    CPU groups (gloo) wait on the host with the timeout. Device groups (nccl, xccl, hccl) only
+    order the current stream after the collective (`Work.wait()` without a timeout): with a
+    timeout, NCCL's `wait` would block the host in a polling loop. Their timeout is the
+    process-group timeout `init()` sets, enforced by torch's watchdog.
+    """
     try:
         work = start()
         if work is not None:
-            work.wait(ctx.timeout)
+            if ctx.device == "cpu":
+                work.wait(ctx.timeout)
+            else:
+                work.wait()
     except RuntimeError as error:  # DistBackendError, gloo timeouts and closed connections
         raise _fail(ctx, name, error) from error
 
