@@ -1,0 +1,325 @@
+"""Benchmark LoRA fine-tuning throughput: plain Transformers `Trainer` vs `hwrun train`, side by side.
+
+One ~1.24B-parameter Llama built from a config (hidden 2048, 16 layers, 32/8 heads, intermediate
+8192, vocab 128256, tied embeddings), random weights saved once, LoRA r=16 on q/k/v/o, sequence
+1024, batch 8, random token ids (the same blocks for every configuration):
+
+  plain_fp32          Trainer defaults, model in float32
+  plain_bf16          model loaded in bfloat16, bf16=True
+  plain_bf16_compile  as plain_bf16 plus torch_compile=True
+  hwrun               hwrun.training.train_plan(model) + hwrun.train: hwrun picks bf16 + compile
+                      itself and adds its own training path (packed blocks, fused chunked loss)
+  hwrun_qlora         hwrun.train(qlora=True): 4-bit NF4 base (bitsandbytes), for peak memory
+
+Each configuration runs in its own process (clean CUDA memory, compile caches and accelerate
+state): `--warmup` untimed steps, then `--steps` timed steps; CUDA events at every step end
+(no extra synchronisation inside the window), median step time -> tokens/s; peak memory is
+torch.cuda.max_memory_allocated for the whole run. Ratios: hwrun / best plain tokens/s, and
+QLoRA peak / hwrun LoRA peak.
+
+    python tools/bench/train.py --out DIR            # H200: DIR/train.{json,md,png}
+    python tools/bench/train.py --out DIR --smoke    # tiny model on CPU (compile via aot_eager)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+FULL = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+            num_key_value_heads=8, vocab_size=128256, seq=1024, batch=8, warmup=5, steps=10)
+SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=512, seq=64, batch=4, warmup=2, steps=3)
+CONFIGS = ("plain_fp32", "plain_bf16", "plain_bf16_compile", "hwrun", "hwrun_qlora")
+PLAIN = ("plain_fp32", "plain_bf16", "plain_bf16_compile")
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def build_model_dir(sizes: dict, path: Path, device: str) -> Path:
+    """Save a random Llama (bf16 safetensors) and a byte-level tokenizer into `path`."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    path.mkdir(parents=True, exist_ok=True)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    vocab["</s>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>").save_pretrained(path)
+    config = LlamaConfig(**{k: sizes[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                  "num_attention_heads", "num_key_value_heads", "vocab_size")},
+                         max_position_embeddings=max(2048, sizes["seq"]), tie_word_embeddings=True,
+                         rope_theta=500000.0, eos_token_id=vocab["</s>"], use_cache=False)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(path, safe_serialization=True)
+    (path / "bench_params.json").write_text(json.dumps({"parameters": params}))
+    del model
+    return path
+
+
+def make_dataset(sizes: dict, blocks: int):
+    """Random token blocks as hwrun's PackedDataset (fixed length, no padding) — identical per config."""
+    import torch
+    from hwrun.training.data import PackedDataset
+
+    generator = torch.Generator().manual_seed(1234)
+    ids = torch.randint(0, sizes["vocab_size"] - 1, (blocks, sizes["seq"]), generator=generator)
+    return PackedDataset(ids, ["random"])
+
+
+class StepTimer:
+    """Trainer callback: an event (CUDA) or perf_counter (CPU) at the start and at every step end."""
+
+    def __init__(self, cuda: bool) -> None:
+        import torch
+        from transformers import TrainerCallback
+
+        outer = self
+        self.cuda = cuda
+        self.marks: list = []
+
+        def mark():
+            if outer.cuda:
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                outer.marks.append(event)
+            else:
+                outer.marks.append(time.perf_counter())
+
+        class _Callback(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                mark()
+
+            def on_step_end(self, args, state, control, **kwargs):
+                mark()
+
+        self.callback = _Callback()
+
+    def step_seconds(self) -> list[float]:
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) / 1000.0 for a, b in zip(self.marks, self.marks[1:], strict=False)]
+        return [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
+
+
+def run_one(name: str, model_dir: str, sizes: dict, smoke: bool) -> dict:
+    """Run configuration `name` in this process and return its measurements."""
+    import torch
+
+    cuda = torch.cuda.is_available() and not smoke
+    device = "cuda" if cuda else "cpu"
+    total = sizes["warmup"] + sizes["steps"]
+    dataset = make_dataset(sizes, total * sizes["batch"])
+    timer = StepTimer(cuda)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    out = tempfile.mkdtemp(prefix=f"bench-train-{name}-")
+    backend = "aot_eager" if smoke else None  # CPU smoke: same code path, no C++ compile
+    started = time.perf_counter()
+    decisions = {}
+    if name in PLAIN:
+        from peft import LoraConfig, get_peft_model
+        from transformers import (
+            AutoModelForCausalLM,
+            Trainer,
+            TrainingArguments,
+            default_data_collator,
+        )
+
+        dtype = torch.float32 if name == "plain_fp32" else torch.bfloat16
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device)
+        model.config.use_cache = False
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=list(LORA_TARGETS),
+                                                 task_type="CAUSAL_LM"))
+        compile_kw = {}
+        if name == "plain_bf16_compile":
+            compile_kw = {"torch_compile": True, **({"torch_compile_backend": backend} if backend else {})}
+        args = TrainingArguments(output_dir=out, per_device_train_batch_size=sizes["batch"], max_steps=total,
+                                 save_strategy="no", report_to="none", logging_steps=10_000,
+                                 bf16=name != "plain_fp32", use_cpu=not cuda, remove_unused_columns=False,
+                                 disable_tqdm=True, **compile_kw)
+        trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=default_data_collator,
+                          callbacks=[timer.callback])
+        trainer.train()
+        decisions = {"bf16": args.bf16, "torch_compile": args.torch_compile, "optim": str(args.optim)}
+    else:
+        import hwrun
+        from hwrun.training import LoraSettings, train_plan
+
+        qlora = name == "hwrun_qlora"
+        if smoke:
+            plan = train_plan(model_dir, device="cpu", dtype="bfloat16", compile=False if qlora else backend)
+        else:
+            # QLoRA is measured for memory; its 4-bit layers and gradient checkpointing run eager
+            plan = train_plan(model_dir, compile=False if qlora else None)
+        result = hwrun.train(plan, dataset, lora=LoraSettings(r=16, alpha=32, target_modules=LORA_TARGETS),
+                             qlora=qlora, max_steps=total, batch_size=sizes["batch"], output_dir=out,
+                             save_steps=10**9, plot=False, callbacks=[timer.callback], disable_tqdm=True,
+                             logging_steps=10_000, resume=False)
+        decisions = {"device": plan.device, "dtype": plan.dtype,
+                     "compile": None if plan.compile is None else str(plan.compile.backend),
+                     **dict(result.reasons)}
+    wall = time.perf_counter() - started
+    steps = timer.step_seconds()
+    timed = steps[sizes["warmup"]:]
+    median = statistics.median(timed)
+    peak = torch.cuda.max_memory_allocated() if cuda else None
+    return {"config": name, "tokens_per_s": sizes["batch"] * sizes["seq"] / median, "median_step_s": median,
+            "step_s": steps, "peak_bytes": peak, "wall_s": wall, "decisions": decisions}
+
+
+def child(args: argparse.Namespace) -> int:
+    sizes = SMOKE if args.smoke else FULL
+    result = run_one(args.one, args.model_dir, sizes, args.smoke)
+    Path(args.result).write_text(json.dumps(result, default=str))
+    return 0
+
+
+def gib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / 2**30:.1f}"
+
+
+def write_outputs(out: Path, results: list[dict], meta: dict) -> str:
+    ok = {r["config"]: r for r in results if "tokens_per_s" in r}
+    plain_best = max((ok[c] for c in PLAIN if c in ok), key=lambda r: r["tokens_per_s"], default=None)
+    ratios = {}
+    if plain_best and "hwrun" in ok:
+        ratios["hwrun_vs_best_plain"] = ok["hwrun"]["tokens_per_s"] / plain_best["tokens_per_s"]
+        ratios["best_plain"] = plain_best["config"]
+    if "hwrun" in ok and "hwrun_qlora" in ok and ok["hwrun"]["peak_bytes"] and ok["hwrun_qlora"]["peak_bytes"]:
+        ratios["qlora_peak_vs_lora_peak"] = ok["hwrun_qlora"]["peak_bytes"] / ok["hwrun"]["peak_bytes"]
+    lines = [f"LoRA fine-tuning, {meta['parameters'] / 1e9:.2f}B-parameter Llama from config, seq "
+             f"{meta['sizes']['seq']}, batch {meta['sizes']['batch']}, r=16 on q/k/v/o; "
+             f"{meta['sizes']['warmup']} warm-up + {meta['sizes']['steps']} timed steps, median step. "
+             f"Device: {meta['device']}.", "",
+             "| configuration | tokens/s | vs best plain | median step (ms) | peak memory (GiB) | notes |",
+             "|---|---:|---:|---:|---:|---|"]
+    for r in results:
+        if "tokens_per_s" not in r:
+            lines.append(f"| {r['config']} | failed | | | | {r.get('error', '')[:120]} |")
+            continue
+        vs = f"{r['tokens_per_s'] / plain_best['tokens_per_s']:.2f}x" if plain_best else ""
+        d = r["decisions"]
+        note = ", ".join(f"{k}={v}" for k, v in d.items() if k in ("dtype", "compile", "bf16", "torch_compile"))
+        if "loss" in d:
+            note += f"; loss: {d['loss']}"
+        lines.append(f"| {r['config']} | {r['tokens_per_s']:,.0f} | {vs} | {r['median_step_s'] * 1000:.1f} | "
+                     f"{gib(r['peak_bytes'])} | {note} |")
+    lines.append("")
+    if "hwrun_vs_best_plain" in ratios:
+        lines.append(f"hwrun / best plain ({ratios['best_plain']}): **{ratios['hwrun_vs_best_plain']:.2f}x** "
+                     "(goal >= 1.2x)")
+    if "qlora_peak_vs_lora_peak" in ratios:
+        lines.append(f"QLoRA peak / LoRA peak: **{ratios['qlora_peak_vs_lora_peak']:.0%}** (goal <= 40%)")
+    table = "\n".join(lines) + "\n"
+    (out / "train.md").write_text(table)
+    (out / "train.json").write_text(json.dumps({"meta": meta, "results": results, "ratios": ratios},
+                                               indent=2, default=str))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["config"] for r in results if "tokens_per_s" in r]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4), dpi=110)
+    left.bar(names, [ok[n]["tokens_per_s"] for n in names],
+             color=["#d62728" if n.startswith("hwrun") else "#7f7f7f" for n in names])
+    left.set_ylabel("tokens/s (higher is better)")
+    left.set_title("LoRA fine-tuning throughput")
+    left.tick_params(axis="x", rotation=30)
+    peaks = [ok[n]["peak_bytes"] or 0 for n in names]
+    right.bar(names, [p / 2**30 for p in peaks],
+              color=["#d62728" if n.startswith("hwrun") else "#7f7f7f" for n in names])
+    right.set_ylabel("peak memory (GiB)")
+    right.set_title("peak memory (CUDA only)")
+    right.tick_params(axis="x", rotation=30)
+    figure.tight_layout()
+    figure.savefig(out / "train.png")
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="output folder for train.json / train.md / train.png")
+    parser.add_argument("--smoke", action="store_true", help="tiny model on CPU, to check the script")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per configuration")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        return child(args)
+    if args.out is None:
+        parser.error("--out is required")
+    import torch
+
+    sizes = SMOKE if args.smoke else FULL
+    cuda = torch.cuda.is_available() and not args.smoke
+    if not cuda and not args.smoke:
+        print("No CUDA device: run on the H200, or pass --smoke to check the script on CPU.", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = sorted(set(configs) - set(CONFIGS))
+    if unknown:
+        parser.error(f"unknown configs {unknown}; choose from {','.join(CONFIGS)}")
+    work = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    model_dir = build_model_dir(sizes, work / "model", "cuda" if cuda else "cpu")
+    params = json.loads((model_dir / "bench_params.json").read_text())["parameters"]
+    if cuda:
+        torch.cuda.empty_cache()
+    meta = {"sizes": sizes, "parameters": params, "device": torch.cuda.get_device_name(0) if cuda else "cpu (smoke)",
+            "torch": torch.__version__, "python": platform.python_version()}
+    try:
+        import peft
+        import transformers
+
+        meta.update(transformers=transformers.__version__, peft=peft.__version__)
+    except ImportError:
+        pass
+    results = []
+    for name in configs:
+        result_file = work / f"{name}.json"
+        argv_child = [sys.executable, os.path.abspath(__file__), "--one", name, "--model-dir", str(model_dir),
+                      "--result", str(result_file), *(["--smoke"] if args.smoke else [])]
+        print(f"--- {name}", flush=True)
+        try:
+            done = subprocess.run(argv_child, timeout=args.timeout, capture_output=True, text=True)
+        except subprocess.TimeoutExpired:
+            results.append({"config": name, "error": f"timed out after {args.timeout}s"})
+            continue
+        if done.returncode != 0 or not result_file.exists():
+            tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+            results.append({"config": name, "error": " | ".join(tail)})
+            print("\n".join(tail), file=sys.stderr)
+            continue
+        result = json.loads(result_file.read_text())
+        results.append(result)
+        print(f"{name}: {result['tokens_per_s']:,.0f} tokens/s, peak {gib(result['peak_bytes'])} GiB, "
+              f"wall {result['wall_s']:.0f}s", flush=True)
+    print(write_outputs(args.out, results, meta))
+    return 0 if all("tokens_per_s" in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
