@@ -42,6 +42,14 @@ def test_single_process_gets_a_world_size_one_group():
     assert dist.is_initialized() and dist.get_world_size() == 1
 
 
+def test_rank_zero_of_one_without_master_uses_the_in_memory_store(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    ctx = hwdist.init()
+    assert ctx.launched and ctx.world_size == 1
+    assert hwdist.all_reduce(torch.ones(2)).tolist() == [1.0, 1.0]
+
+
 def test_init_is_idempotent_and_refuses_another_backend():
     ctx = hwdist.init()
     assert hwdist.init() is ctx

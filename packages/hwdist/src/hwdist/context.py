@@ -169,11 +169,11 @@ def init(
     ensure_available(name, device.split(":")[0])
     _bind(device)
     kwargs: dict[str, Any] = {"backend": name, "timeout": limit}
-    if launch.launched:
+    if launch.launched and (launch.world_size > 1 or (launch.master_addr and launch.master_port)):
         kwargs.update(init_method="env://", rank=launch.rank, world_size=launch.world_size)
     else:
         kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
-        logger.info("no launcher variables: a world-size-1 %s group with an in-memory store", name)
+        logger.info("one process (no launcher rendezvous): a world-size-1 %s group with an in-memory store", name)
     if name == "nccl":
         import torch
 
