@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -246,12 +247,28 @@ def _continuous(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], m
     return [list(r.generated_tokens) for r in results], [len(e) for e in encoded], seconds
 
 
+#: Graph decoders kept per model, keyed by (batch, cache length bucket, graphs, backend), so repeated
+#: calls replay an already captured graph instead of capturing (and compiling) again.
+_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+CACHE_BUCKET = 256
+
+
+def _decoder(model: Any, batch: int, needed: int, use_graphs: bool, backend: Any) -> Any:
+    from .fastdecode import GraphDecoder
+
+    length = -(-needed // CACHE_BUCKET) * CACHE_BUCKET
+    per_model = _DECODERS.setdefault(model, {})
+    key = (batch, length, use_graphs, backend if isinstance(backend, str) or backend is None else id(backend))
+    if key not in per_model:
+        per_model[key] = GraphDecoder(model, batch_size=batch, max_cache_len=length, use_graphs=use_graphs,
+                                      compile_backend=backend)
+    return per_model[key]
+
+
 def _graphs(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int,
             stream: bool) -> tuple[list[list[int]], list[int], float]:
     """Greedy decode through `hwrun.fastdecode` (one prompt at a time unless all have the same length)."""
     import torch
-
-    from .fastdecode import GraphDecoder
 
     encoded = [tokenizer(p, return_tensors="pt")["input_ids"] for p in prompts]
     lengths = {e.shape[1] for e in encoded}
@@ -261,8 +278,7 @@ def _graphs(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], max_n
     rows: list[list[int]] = []
     start = time.perf_counter()
     for batch in batches:
-        decoder = GraphDecoder(model, batch_size=batch.shape[0], max_cache_len=batch.shape[1] + max_new_tokens,
-                               use_graphs=use_graphs, compile_backend=compile_backend)
+        decoder = _decoder(model, batch.shape[0], batch.shape[1] + max_new_tokens, use_graphs, compile_backend)
         out = decoder.generate(batch.to(model.device), max_new_tokens)
         rows.extend(out.tolist())
     seconds = time.perf_counter() - start

@@ -1,0 +1,279 @@
+"""Decode benchmark: plain Transformers vs hwrun's graph decode at batch 1 (with the memory roofline),
+and total tokens/s at 1, 8, 32, 64 concurrent prompts for static vs continuous batching.
+
+    python tools/bench/decode.py --out DIR            # H200: ~1.2B Llama from a config, random bf16 weights
+    python tools/bench/decode.py --out DIR --smoke    # tiny model, runs on CPU
+
+Writes DIR/decode.json, DIR/decode.md and DIR/decode.png; prints the table. Each section is
+saved as soon as it finishes, so a run cut short keeps what it measured.
+Roofline: at batch 1 every token reads all weights once, so tokens/s <= copy bandwidth / weight
+bytes; the device copy bandwidth is measured in the same run (2 x bytes per copy / time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path[:0] = [str(p) for p in sorted((Path(__file__).resolve().parents[2] / "packages").glob("*/src"))]
+
+FULL = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+            num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, max_position_embeddings=4096)
+SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=256, tie_word_embeddings=True, max_position_embeddings=512)
+
+
+def sync(device):
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device, repeats):
+    """Median seconds of `repeats` calls after one warm-up call."""
+    fn()
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def copy_bandwidth(device, nbytes, repeats=10):
+    """Device-to-device copy bandwidth in bytes/s (read + write counted, as in STREAM copy)."""
+    import torch
+
+    src = torch.empty(nbytes // 2, dtype=torch.float16, device=device)
+    dst = torch.empty_like(src)
+    seconds = timed(lambda: dst.copy_(src), device, repeats)
+    return 2 * src.numel() * src.element_size() / seconds
+
+
+def build_model(sizes, device, dtype):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**sizes, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, runs on CPU")
+    parser.add_argument("--prompt-len", type=int, default=None)
+    parser.add_argument("--new-tokens", type=int, default=None)
+    parser.add_argument("--batches", default=None, help="comma-separated concurrency levels")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-hf-compile", action="store_true",
+                        help="skip Transformers' static cache + automatic compile row (slow to compile)")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    sizes = SMOKE if args.smoke else FULL
+    prompt_len = args.prompt_len or (16 if args.smoke else 128)
+    new_tokens = args.new_tokens or (16 if args.smoke else 256)
+    batches = [int(b) for b in (args.batches or ("1,2,4" if args.smoke else "1,8,32,64")).split(",")]
+    if device.type != "cuda" and not args.smoke:
+        print("no CUDA device: run with --smoke on CPU", file=sys.stderr)
+        return 2
+
+    import transformers
+
+    from hwrun.fastdecode import GraphDecoder
+
+    model = build_model(sizes, device, dtype)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    bandwidth = copy_bandwidth(device, min(2**30, 8 * weight_bytes))
+    roofline = bandwidth / weight_bytes
+    results = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "transformers": transformers.__version__, "dtype": str(dtype),
+        "parameters": sum(p.numel() for p in model.parameters()), "weight_bytes": weight_bytes,
+        "copy_bandwidth_bytes_per_s": bandwidth, "roofline_tokens_per_s": roofline,
+        "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": args.repeats, "batch1": [], "batching": [],
+    }
+
+    def save():
+        (out / "decode.json").write_text(json.dumps(results, indent=2))
+
+    save()
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(1, sizes["vocab_size"], (1, prompt_len), generator=gen).to(device)
+
+    def add_batch1(name, seconds, extra=None):
+        tps = new_tokens / seconds
+        results["batch1"].append({"name": name, "seconds": seconds, "tokens_per_s": tps,
+                                  "fraction_of_roofline": tps / roofline, **(extra or {})})
+        print(f"batch 1  {name:45s} {tps:10.1f} tokens/s  {tps / roofline:6.1%} of roofline", flush=True)
+        save()
+
+    # --- batch 1 -------------------------------------------------------------------------------
+    with torch.inference_mode():
+        ref = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False)[0, prompt_len:]
+        add_batch1("transformers generate (defaults)", timed(
+            lambda: model.generate(prompt, max_new_tokens=new_tokens, do_sample=False), device, args.repeats))
+        if not args.skip_hf_compile and device.type == "cuda":
+            start = time.perf_counter()
+            model.generate(prompt, max_new_tokens=new_tokens, do_sample=False, cache_implementation="static")
+            warm = time.perf_counter() - start
+            add_batch1("transformers static cache + auto compile", timed(
+                lambda: model.generate(prompt, max_new_tokens=new_tokens, do_sample=False,
+                                       cache_implementation="static"), device, args.repeats), {"warmup_s": warm})
+        for label, backend in (("hwrun graph decode (static cache, CUDA graph)", None),
+                               ("hwrun graph decode + compile (inductor)", "inductor")):
+            if backend and device.type != "cuda":
+                continue
+            try:
+                start = time.perf_counter()
+                decoder = GraphDecoder(model, batch_size=1, max_cache_len=prompt_len + new_tokens,
+                                       compile_backend=backend)
+                first = decoder.generate(prompt, new_tokens, eos_token_id=None)[0]
+                warm = time.perf_counter() - start
+                same = bool(torch.equal(first, ref))
+                seconds = timed(lambda d=decoder: d.generate(prompt, new_tokens, eos_token_id=None), device,
+                                args.repeats)
+                add_batch1(label, seconds, {"warmup_s": warm, "graphs": decoder.use_graphs,
+                                            "tokens_equal_generate": same})
+            except Exception as exc:  # noqa: BLE001 - record and keep measuring the rest
+                results["batch1"].append({"name": label, "error": f"{type(exc).__name__}: {exc}"})
+                print(f"batch 1  {label}: FAILED {type(exc).__name__}: {exc}", flush=True)
+                save()
+        if device.type == "cuda":
+            torch._dynamo.reset()
+
+    # --- concurrency ---------------------------------------------------------------------------
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    for batch in batches:
+        prompts = torch.randint(1, sizes["vocab_size"], (batch, prompt_len), generator=gen).to(device)
+        row = {"batch": batch}
+        with torch.inference_mode():
+            seconds = timed(lambda p=prompts: model.generate(p, max_new_tokens=new_tokens, do_sample=False,
+                                                             attention_mask=torch.ones_like(p)), device, 1)
+            row["static_tokens_per_s"] = batch * new_tokens / seconds
+            try:
+                decoder = GraphDecoder(model, batch_size=batch, max_cache_len=prompt_len + new_tokens)
+                decoder.generate(prompts, new_tokens, eos_token_id=None)
+                seconds = timed(lambda d=decoder, p=prompts: d.generate(p, new_tokens, eos_token_id=None), device, 1)
+                row["hwrun_graphs_tokens_per_s"] = batch * new_tokens / seconds
+                del decoder
+            except Exception as exc:  # noqa: BLE001
+                row["hwrun_graphs_error"] = f"{type(exc).__name__}: {exc}"
+        ids = prompts.tolist()
+        config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
+        if device.type == "cuda":
+            cb = ContinuousBatchingConfig(auto_switch_to_flash=False)
+        else:
+            cb = ContinuousBatchingConfig(page_size=16, num_blocks=batch * ((prompt_len + new_tokens) // 16 + 2),
+                                          max_batch_tokens=batch * prompt_len, use_cuda_graph=False,
+                                          use_async_batching=False, auto_switch_to_flash=False)
+        try:
+            def run(i=ids, c=cb):
+                outputs = model.generate_batch(i, generation_config=config, continuous_batching_config=c,
+                                               warmup=device.type == "cuda")
+                assert len(outputs) == len(i) and all(len(o.generated_tokens) == new_tokens for o in outputs.values())
+            seconds = timed(run, device, 1)
+            row["continuous_tokens_per_s"] = batch * new_tokens / seconds
+            row["continuous_over_static"] = row["continuous_tokens_per_s"] / row["static_tokens_per_s"]
+        except Exception as exc:  # noqa: BLE001
+            row["continuous_error"] = f"{type(exc).__name__}: {exc}"
+        results["batching"].append(row)
+        print(f"batch {batch:3d} " + "  ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+                                             for k, v in row.items() if k != "batch"), flush=True)
+        save()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    write_report(results, out)
+    return 0
+
+
+def write_report(results, out):
+    """decode.md (tables) and decode.png (two panels) from the results dict."""
+    lines = [
+        f"Device: {results['device']}; torch {results['torch']}, transformers {results['transformers']}; "
+        f"{results['parameters'] / 1e9:.2f}B parameters ({results['weight_bytes'] / 1e9:.2f} GB, {results['dtype']}); "
+        f"prompt {results['prompt_len']} tokens, {results['new_tokens']} new tokens, median of {results['repeats']}.",
+        "",
+        f"Measured copy bandwidth {results['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s -> batch-1 roofline "
+        f"{results['roofline_tokens_per_s']:,.0f} tokens/s.",
+        "",
+        "| batch 1 | tokens/s | fraction of roofline | vs transformers defaults | warm-up s | tokens equal generate |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    base = next((r["tokens_per_s"] for r in results["batch1"] if "tokens_per_s" in r), None)
+    for r in results["batch1"]:
+        if "error" in r:
+            lines.append(f"| {r['name']} | failed: {r['error'][:80]} | | | | |")
+            continue
+        lines.append(f"| {r['name']} | {r['tokens_per_s']:,.1f} | {r['fraction_of_roofline']:.1%} | "
+                     f"{r['tokens_per_s'] / base:.2f}x | {r.get('warmup_s', 0):.1f} | "
+                     f"{r.get('tokens_equal_generate', '')} |")
+    lines += ["", "| concurrent prompts | static generate tokens/s | hwrun graphs (static) tokens/s | "
+              "continuous batching tokens/s | continuous / static |", "|---:|---:|---:|---:|---:|"]
+    for r in results["batching"]:
+        def cell(key, r=r):
+            return f"{r[key]:,.0f}" if key in r else ("failed" if key.replace("tokens_per_s", "error") in r else "")
+        ratio = f"{r['continuous_over_static']:.2f}x" if "continuous_over_static" in r else ""
+        lines.append(f"| {r['batch']} | {cell('static_tokens_per_s')} | {cell('hwrun_graphs_tokens_per_s')} | "
+                     f"{cell('continuous_tokens_per_s')} | {ratio} |")
+    errors = [f"- batch {r['batch']}: {k}: {v}" for r in results["batching"] for k, v in r.items() if k.endswith("error")]
+    if errors:
+        lines += ["", "Errors:", *errors]
+    text = "\n".join(lines) + "\n"
+    (out / "decode.md").write_text(text)
+    print(text)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no decode.png", file=sys.stderr)
+        return
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    ok = [r for r in results["batch1"] if "tokens_per_s" in r]
+    left.barh([r["name"] for r in ok], [r["tokens_per_s"] for r in ok], color="tab:blue")
+    left.axvline(results["roofline_tokens_per_s"], color="red", linestyle="--", label="roofline")
+    left.axvline(0.5 * results["roofline_tokens_per_s"], color="orange", linestyle=":", label="50% roofline")
+    left.set_xlabel("tokens/s (batch 1)")
+    left.legend()
+    left.set_title("batch-1 decode")
+    for key, label in (("static_tokens_per_s", "static generate"), ("hwrun_graphs_tokens_per_s", "hwrun graphs"),
+                       ("continuous_tokens_per_s", "continuous batching")):
+        pts = [(r["batch"], r[key]) for r in results["batching"] if key in r]
+        if pts:
+            right.plot(*zip(*pts, strict=True), marker="o", label=label)
+    right.set_xscale("log", base=2)
+    right.set_yscale("log")
+    right.set_xlabel("concurrent prompts")
+    right.set_ylabel("total tokens/s")
+    right.legend()
+    right.set_title("throughput")
+    fig.tight_layout()
+    fig.savefig(out / "decode.png", dpi=120)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())
