@@ -190,11 +190,16 @@ def bench_overhead(sizes: dict, device: str, accel, backend: str | None) -> dict
             fn(x)
     calls, rounds = sizes["overhead_calls"], sizes["overhead_rounds"]
     plain_us, ours_us = [], []
-    for _ in range(rounds):  # interleaved rounds, so drift hits both equally
-        plain_us.append(_per_call_us(plain, x, calls, timer.sync))
-        ours_us.append(_per_call_us(ours, x, calls, timer.sync))
-    per_call = dict(torch_compile_us=statistics.median(plain_us), hwcompile_us=statistics.median(ours_us))
+    for index in range(rounds):  # interleaved rounds, alternating who goes first, so drift hits both
+        order = [(plain, plain_us), (ours, ours_us)]
+        for fn, sink in (order if index % 2 == 0 else order[::-1]):
+            sink.append(_per_call_us(fn, x, calls, timer.sync))
+    # timeit's advice: the minimum over rounds is the cost itself; the median is shown too.
+    per_call = dict(torch_compile_us=min(plain_us), hwcompile_us=min(ours_us),
+                    torch_compile_median_us=statistics.median(plain_us),
+                    hwcompile_median_us=statistics.median(ours_us))
     per_call["ratio"] = per_call["hwcompile_us"] / per_call["torch_compile_us"]
+    per_call["median_ratio"] = per_call["hwcompile_median_us"] / per_call["torch_compile_median_us"]
     per_call["same_type"] = type(plain) is type(ours)
 
     def construct(make, n):
@@ -217,8 +222,12 @@ def bench_overhead(sizes: dict, device: str, accel, backend: str | None) -> dict
     from hwcompile.testing import stand_in_hpu_backend
 
     unpatched = statistics.median(construct(lambda: torch.compile(f, backend="eager"), n) for _ in range(rounds))
-    with stand_in_hpu_backend(), hwcompile.patch_torch_compile(hwenv.Accelerator("hpu")):
-        patched = statistics.median(construct(lambda: torch.compile(f, backend="eager"), n) for _ in range(rounds))
+    try:
+        with stand_in_hpu_backend(), hwcompile.patch_torch_compile(hwenv.Accelerator("hpu")):
+            patched = statistics.median(construct(lambda: torch.compile(f, backend="eager"), n) for _ in range(rounds))
+    except Exception as error:  # reported in the table, not hidden: the model results above still count
+        print(f"patched torch.compile measurement failed: {error!r}", flush=True)
+        patched = float("nan")
     torch._dynamo.reset()
     return dict(
         per_compiled_call=per_call,
@@ -279,8 +288,10 @@ def markdown(meta: dict, rows: list[dict], overhead: dict) -> str:
         "| what | torch.compile | hwcompile | ratio |",
         "|---|---|---|---|",
         f"| per compiled call, same function and backend ({meta['sizes']['overhead_calls']} calls x "
-        f"{meta['sizes']['overhead_rounds']} rounds) | {per_call['torch_compile_us']:.2f} µs | "
+        f"{meta['sizes']['overhead_rounds']} rounds, best round) | {per_call['torch_compile_us']:.2f} µs | "
         f"{per_call['hwcompile_us']:.2f} µs | {per_call['ratio']:.4f} ({verdict}) |",
+        f"| per compiled call, median round | {per_call['torch_compile_median_us']:.2f} µs | "
+        f"{per_call['hwcompile_median_us']:.2f} µs | {per_call['median_ratio']:.4f} |",
         f"| one compile call (builds the compiled callable; accel given) | {construct['torch_compile_us']:.1f} µs | "
         f"{construct['hwcompile_us']:.1f} µs | {construct['ratio']:.2f} |",
         f"| one compile call with accel=None (hwenv.detect() each time) | {construct['torch_compile_us']:.1f} µs | "

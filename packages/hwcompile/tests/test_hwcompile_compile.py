@@ -174,3 +174,23 @@ def test_bad_arguments_are_rejected_before_compiling(hpu_backend, kwargs, match)
 def test_bad_backend_type_is_rejected():
     with pytest.raises(hwcompile.CompileArgumentError, match="not a torch.compile backend"):
         hwcompile.compile(_f, 12, accel="cpu")
+
+
+@pytest.mark.facts("G2")
+def test_compile_and_hwenv_doctor_agree_on_the_mode(fake_gaudi):
+    fake_gaudi(8, lazy_mode="1")
+    report = hwenv.diagnose()
+    assert "lazy-mode-blocks-compile" in [problem.code for problem in report.problems]
+    assert hwcompile.lazy_mode()
+    with pytest.raises(hwcompile.LazyModeError):
+        hwcompile.check_eager_mode()
+    assert not hwcompile.lazy_mode({"PT_HPU_LAZY_MODE": "0"}) and not hwcompile.lazy_mode({})
+
+
+@pytest.mark.facts("G13")
+def test_eager_on_gaudi_needs_no_hpu_backend(dynamo_gaudi, caplog):
+    dynamo_gaudi(8)  # no stand-in registered: eager must not ask for the plugin
+    caplog.set_level(logging.WARNING)
+    x = torch.randn(3)
+    torch.testing.assert_close(hwcompile.compile(_f, "eager", accel=GAUDI)(x), _f(x))
+    assert routing_warnings(caplog.records) == []

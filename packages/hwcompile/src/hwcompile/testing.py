@@ -48,9 +48,8 @@ def stand_in_hpu_backend(name: str = HPU_BACKEND) -> Iterator[RecordingBackend]:
     try:
         yield backend
     finally:
-        registry._COMPILER_FNS.pop(name, None)
-        registry._BACKENDS.pop(name, None)
-        registry._BACKEND_TAGS.pop(name, None)
+        for table in ("_COMPILER_FNS", "_BACKENDS", "_BACKEND_TAGS"):  # _BACKEND_TAGS is newer than 2.8
+            getattr(registry, table, {}).pop(name, None)
         torch._dynamo.reset()
 
 
