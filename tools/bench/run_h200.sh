@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Run hwstack's benchmarks on a lent NVIDIA H200 in one call (see tools/bench/README.md).
+# Usage (on the GPU machine, repo root):  bash tools/bench/run_h200.sh OUTDIR BENCH...
+#   BENCH: attention compile collectives decode train (default: all)
+# Wheels for our pinned transformers (and bitsandbytes) are carried in .whl/ and installed into
+# /tmp/site; our packages are pure Python and come from their src/ folders via PYTHONPATH.
+set -uo pipefail
+out="${1:?output dir}"; shift
+benches=("$@"); [ ${#benches[@]} -eq 0 ] && benches=(attention compile collectives decode train)
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+src=""
+for p in hwenv hwattn hwcompile hwdist hwrun; do src="$src:$PWD/packages/$p/src"; done
+export PYTHONPATH="/tmp/site${src}"
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+    python3 -c "import torch, transformers, accelerate, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'accelerate', accelerate.__version__, 'peft', peft.__version__)"
+    python3 -c "import bitsandbytes; print('bitsandbytes', bitsandbytes.__version__)" 2>&1 | tail -1
+    python3 -m hwenv.cli doctor
+} > "$out/environment.txt" 2>&1
+cat "$out/environment.txt"
+status=0
+for bench in "${benches[@]}"; do
+    echo "=== $bench"
+    start=$(date +%s)
+    limit_var="TIMEOUT_${bench^^}"; limit="${!limit_var:-300}"  # e.g. TIMEOUT_DECODE=240
+    case "$bench" in
+        collectives) timeout "$limit" python3 -m torch.distributed.run --nproc-per-node 1 --master-port 29533 tools/bench/collectives.py --out "$out/$bench" ;;
+        *) timeout "$limit" python3 "tools/bench/$bench.py" --out "$out/$bench" ;;
+    esac
+    rc=$?
+    echo "=== $bench rc=$rc seconds=$(( $(date +%s) - start ))"
+    [ $rc -ne 0 ] && status=1
+done
+exit $status
