@@ -35,7 +35,6 @@ import math
 import os
 import platform
 import random
-import re
 import sys
 import time
 from pathlib import Path
@@ -61,11 +60,18 @@ HELD_OUT = [
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Train the tiny Llama model shipped in hwrun.")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="output directory")
-    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA, help="folder of *.txt training text")
+    p.add_argument(
+        "--data-dir", type=Path, default=DEFAULT_DATA, help="folder of *.txt training text"
+    )
     budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--steps", type=int, default=None, help="number of optimiser steps (reproducible)")
     budget.add_argument(
-        "--minutes", type=float, default=10.0, help="time budget, turned into a step count (default 10)"
+        "--steps", type=int, default=None, help="number of optimiser steps (reproducible)"
+    )
+    budget.add_argument(
+        "--minutes",
+        type=float,
+        default=10.0,
+        help="time budget, turned into a step count (default 10)",
     )
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
@@ -78,7 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-position-embeddings", type=int, default=512)
     p.add_argument("--seq-len", type=int, default=256, help="training window length in tokens")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (cosine decay to 10%%)")
+    p.add_argument(
+        "--lr", type=float, default=3e-3, help="peak learning rate (cosine decay to 10%%)"
+    )
     p.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--eval-every", type=int, default=200)
@@ -185,7 +193,9 @@ def make_batch(stream, seq_len: int, batch_size: int, gen, bos_id: int):
     import torch
 
     starts = torch.randint(0, len(stream) - seq_len, (batch_size,), generator=gen)
-    rows = [torch.cat([torch.tensor([bos_id]), stream[s : s + seq_len - 1]]) for s in starts.tolist()]
+    rows = [
+        torch.cat([torch.tensor([bos_id]), stream[s : s + seq_len - 1]]) for s in starts.tolist()
+    ]
     return torch.stack(rows)
 
 
@@ -202,7 +212,10 @@ def make_optimizer(model, args):
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        [
+            {"params": decay, "weight_decay": args.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
         lr=args.lr,
         betas=(0.9, 0.95),
     )
@@ -239,13 +252,25 @@ def greedy_samples(model, tok, max_new_tokens: int) -> dict[str, str]:
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
     texts = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-    return {p: p + t for p, t in zip(SAMPLE_PROMPTS, texts)}
+    return {p: p + t for p, t in zip(SAMPLE_PROMPTS, texts, strict=True)}
+
+
+def reproduce_command(args: argparse.Namespace, steps: int) -> str:
+    """The command line that repeats this run: --steps instead of --minutes, no --output."""
+    defaults = vars(parse_args([]))
+    parts = ["python tools/train_tiny_model.py", f"--steps {steps}", f"--seed {args.seed}"]
+    for key, value in vars(args).items():
+        if key in ("steps", "minutes", "seed", "output", "data_dir") or value == defaults[key]:
+            continue
+        parts.append(f"--{key.replace('_', '-')} {value}")
+    return " ".join(parts)
 
 
 # --------------------------------------------------------------------------- card
 
 
 def write_model_card(out: Path, summary: dict) -> None:
+    best = min(summary["eval_history"], key=lambda e: e["eval_loss"])
     sizes = "\n".join(f"| `{name}` | {size:,} |" for name, size in summary["file_sizes"].items())
     samples = "\n\n".join(f"```text\n{text}\n```" for text in summary["samples"].values())
     c = summary["config"]
@@ -254,8 +279,8 @@ def write_model_card(out: Path, summary: dict) -> None:
 A deliberately tiny Llama-architecture causal language model and its tokenizer,
 small enough to live in the `hwrun` wheel ({summary["total_bytes"] / 1e6:.1f} MB) and fast
 enough to run in every test on a CPU. It is the default model of `hwrun generate`.
-It has read about 0.9 MB of public-domain English, so it writes recognisable
-words and phrases in the style of the King James Bible, *Alice's Adventures in
+It was trained on {summary["train_chars"] / 1e6:.2f} MB of public-domain English and
+has largely memorised it, so it writes recognisable words and phrases in the style of the King James Bible, *Alice's Adventures in
 Wonderland* and *As You Like It*, but no sense. Do not use it for anything but
 testing the machinery.
 
@@ -308,8 +333,8 @@ sources and licences), all public domain:
   (`alice29.txt`);
 - *As You Like It*, William Shakespeare (First Folio, 1623) — Canterbury corpus
   `asyoulik.txt`;
-- King James Version (1611): Genesis, Ruth, 1–2 Samuel, 1–2 Kings, Esther —
-  from Debian's `bible-kjv-text` package.
+- King James Version (1611): Genesis, Exodus, Joshua, Judges, Ruth, 1–2 Samuel,
+  1–2 Kings, Esther, Daniel, Jonah — from Debian's `bible-kjv-text` package.
 
 Held out from training (and from the tokenizer): Alice chapter XII, Act V of
 *As You Like It* and the Book of Ruth. That text is the evaluation set and is
@@ -319,8 +344,11 @@ shipped as `sample_train.txt` ({summary["file_sizes"].get("sample_train.txt", 0)
 ## Training
 
 ```bash
-{summary["command"]}
+{summary["reproduce"]}
 ```
+
+{summary["budget_note"]}
+{summary.get("where", "")}
 
 `tools/train_tiny_model.py`, seed {summary["seed"]}, on CPU ({summary["threads"]} threads,
 {summary["machine"]}), torch {summary["torch"]}, transformers {summary["transformers"]},
@@ -336,9 +364,17 @@ batches of {summary["batch_size"]} random windows of {summary["seq_len"]} tokens
 | training time | {summary["train_seconds"]:.0f} s |
 | final training loss (mean of last 50 steps) | {summary["final_train_loss"]:.3f} |
 | held-out loss / perplexity | {summary["final_eval_loss"]:.3f} / {math.exp(summary["final_eval_loss"]):.1f} |
+| lowest held-out loss during the run | {best["eval_loss"]:.3f} at step {best["step"]:,} |
 
-To reproduce the run exactly, pass `--steps {summary["steps"]}` (and the same `--seed`);
-a `--minutes` run turns its time budget into a step count on the machine at hand.
+The held-out loss is far above the training loss: with ~1.1M parameters and
+only {summary["train_tokens"]:,} training tokens, a run this long memorises the training text
+rather than generalising (the held-out loss bottoms out early and then rises). For a model
+whose job is to print recognisable English in tests that is what we want; it also means
+fine-tuning on `sample_train.txt` shows a clear drop in loss.
+
+A `--minutes` run turns its time budget into a step count on the machine at hand;
+`--steps` makes a run repeatable (same seed, same step count; floating-point
+results can still differ slightly between CPUs, thread counts and library versions).
 `training_summary.json` holds the same numbers and the loss curve.
 
 ## Sample output
@@ -354,7 +390,8 @@ Greedy decoding, `max_new_tokens={summary["max_new_tokens"]}`, prompts batched w
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    raw_argv = list(argv if argv is not None else sys.argv[1:])
+    args = parse_args(raw_argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -370,13 +407,17 @@ def main(argv: list[str] | None = None) -> None:
     torch.use_deterministic_algorithms(True)
 
     train_docs, heldout_docs, names = load_corpus(args.data_dir)
-    print(f"data: {len(names)} files, {sum(map(len, train_docs)):,} train chars, "
-          f"{sum(map(len, heldout_docs)):,} held-out chars")
+    print(
+        f"data: {len(names)} files, {sum(map(len, train_docs)):,} train chars, "
+        f"{sum(map(len, heldout_docs)):,} held-out chars"
+    )
 
     tok = wrap_tokenizer(train_tokenizer(train_docs, args.vocab_size), args.max_position_embeddings)
     train_stream = torch.tensor(encode_docs(tok, train_docs), dtype=torch.long)
     heldout_stream = torch.tensor(encode_docs(tok, heldout_docs), dtype=torch.long)
-    print(f"tokenizer: vocab {len(tok)}; {len(train_stream):,} train tokens, {len(heldout_stream):,} held-out tokens")
+    print(
+        f"tokenizer: vocab {len(tok)}; {len(train_stream):,} train tokens, {len(heldout_stream):,} held-out tokens"
+    )
 
     model = build_model(args, tok)
     n_params = sum(p.numel() for p in model.parameters())
@@ -384,8 +425,10 @@ def main(argv: list[str] | None = None) -> None:
 
     # Fixed evaluation windows from the held-out text.
     egen = torch.Generator().manual_seed(args.seed + 1)
-    eval_batches = [make_batch(heldout_stream, args.seq_len, args.batch_size, egen, tok.bos_token_id)
-                    for _ in range(4)]
+    eval_batches = [
+        make_batch(heldout_stream, args.seq_len, args.batch_size, egen, tok.bos_token_id)
+        for _ in range(4)
+    ]
 
     # Turn a time budget into a step count, on a throw-away copy.
     if args.steps is None:
@@ -393,17 +436,27 @@ def main(argv: list[str] | None = None) -> None:
         popt = make_optimizer(probe, args)
         pgen = torch.Generator().manual_seed(args.seed + 2)
         for _ in range(3):  # warm-up
-            train_step(probe, popt, make_batch(train_stream, args.seq_len, args.batch_size, pgen,
-                                               tok.bos_token_id), args.lr)
+            train_step(
+                probe,
+                popt,
+                make_batch(train_stream, args.seq_len, args.batch_size, pgen, tok.bos_token_id),
+                args.lr,
+            )
         t0 = time.perf_counter()
         for _ in range(10):
-            train_step(probe, popt, make_batch(train_stream, args.seq_len, args.batch_size, pgen,
-                                               tok.bos_token_id), args.lr)
+            train_step(
+                probe,
+                popt,
+                make_batch(train_stream, args.seq_len, args.batch_size, pgen, tok.bos_token_id),
+                args.lr,
+            )
         per_step = (time.perf_counter() - t0) / 10
         # leave ~4% of the budget for evaluations
         total_steps = max(1, int(args.minutes * 60 * 0.96 / per_step))
         del probe, popt
-        print(f"budget {args.minutes:g} min at {per_step * 1000:.0f} ms/step -> {total_steps} steps")
+        print(
+            f"budget {args.minutes:g} min at {per_step * 1000:.0f} ms/step -> {total_steps} steps"
+        )
     else:
         total_steps = args.steps
 
@@ -418,12 +471,17 @@ def main(argv: list[str] | None = None) -> None:
         loss = train_step(model, opt, batch, lr_at(step, total_steps, args.lr, args.warmup))
         recent.append(loss)
         if (step + 1) % 50 == 0 or step + 1 == total_steps:
-            history.append({"step": step + 1, "loss": round(sum(recent[-50:]) / len(recent[-50:]), 4)})
+            history.append(
+                {"step": step + 1, "loss": round(sum(recent[-50:]) / len(recent[-50:]), 4)}
+            )
         if (step + 1) % args.eval_every == 0 or step + 1 == total_steps:
             ev = evaluate(model, eval_batches)
             evals.append({"step": step + 1, "eval_loss": round(ev, 4)})
-            print(f"step {step + 1:5d}/{total_steps}  train loss {sum(recent[-50:]) / len(recent[-50:]):.3f}  "
-                  f"held-out loss {ev:.3f}  {time.perf_counter() - t0:6.0f}s", flush=True)
+            print(
+                f"step {step + 1:5d}/{total_steps}  train loss {sum(recent[-50:]) / len(recent[-50:]):.3f}  "
+                f"held-out loss {ev:.3f}  {time.perf_counter() - t0:6.0f}s",
+                flush=True,
+            )
     train_seconds = time.perf_counter() - t0
     final_train_loss = sum(recent[-50:]) / len(recent[-50:])
     final_eval_loss = evals[-1]["eval_loss"]
@@ -456,6 +514,7 @@ def main(argv: list[str] | None = None) -> None:
         "train_seconds": round(train_seconds, 1),
         "final_train_loss": round(final_train_loss, 4),
         "final_eval_loss": final_eval_loss,
+        "train_chars": sum(map(len, train_docs)),
         "train_tokens": len(train_stream),
         "heldout_tokens": len(heldout_stream),
         "tokens_seen": total_steps * args.batch_size * args.seq_len,
@@ -467,7 +526,14 @@ def main(argv: list[str] | None = None) -> None:
         "weight_decay": args.weight_decay,
         "max_new_tokens": args.max_new_tokens,
         "data_files": names,
-        "command": " ".join(["python tools/train_tiny_model.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python tools/train_tiny_model.py", *raw_argv]),
+        "reproduce": reproduce_command(args, total_steps),
+        "budget_note": (
+            f"The run was started with a time budget (`--minutes {args.minutes:g}`), which came to "
+            f"{total_steps} steps on that machine; the line above repeats it with that step count."
+            if args.steps is None
+            else ""
+        ),
         "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -487,6 +553,9 @@ def main(argv: list[str] | None = None) -> None:
         "loss_history": history,
         "eval_history": evals,
     }
+    for p in out.iterdir():  # safetensors writes 0600; make the shipped files world-readable
+        if p.is_file():
+            p.chmod(0o644)
     # The card and the summary list every file but themselves.
     summary["file_sizes"] = {
         p.name: p.stat().st_size
@@ -494,11 +563,15 @@ def main(argv: list[str] | None = None) -> None:
         if p.is_file() and p.name not in ("README.md", "training_summary.json")
     }
     summary["total_bytes"] = sum(summary["file_sizes"].values())
-    (out / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (out / "training_summary.json").write_text(
+        json.dumps(summary, indent=2) + "\n", encoding="utf-8"
+    )
     write_model_card(out, summary)
 
-    print(f"final training loss {final_train_loss:.4f}, held-out loss {final_eval_loss:.4f}, "
-          f"{total_steps} steps in {train_seconds:.0f}s")
+    print(
+        f"final training loss {final_train_loss:.4f}, held-out loss {final_eval_loss:.4f}, "
+        f"{total_steps} steps in {train_seconds:.0f}s"
+    )
     print(f"saved to {out} ({summary['total_bytes'] / 1e6:.2f} MB)")
 
 

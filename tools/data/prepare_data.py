@@ -36,12 +36,17 @@ HERE = Path(__file__).resolve().parent
 # (output file, title, verse range understood by Debian's `bible -f`)
 KJV_BOOKS = [
     ("kjv_genesis.txt", "THE FIRST BOOK OF MOSES, CALLED GENESIS", "Gen1:1-Gen50:26"),
+    ("kjv_exodus.txt", "THE SECOND BOOK OF MOSES, CALLED EXODUS", "Exodus1:1-Exodus40:38"),
+    ("kjv_joshua.txt", "THE BOOK OF JOSHUA", "Joshua1:1-Joshua24:33"),
+    ("kjv_judges.txt", "THE BOOK OF JUDGES", "Judges1:1-Judges21:25"),
     ("kjv_ruth.txt", "THE BOOK OF RUTH", "Ruth1:1-Ruth4:22"),
     ("kjv_1samuel.txt", "THE FIRST BOOK OF SAMUEL", "1Sam1:1-1Sam31:13"),
     ("kjv_2samuel.txt", "THE SECOND BOOK OF SAMUEL", "2Sam1:1-2Sam24:25"),
     ("kjv_1kings.txt", "THE FIRST BOOK OF THE KINGS", "1Kings1:1-1Kings22:53"),
     ("kjv_2kings.txt", "THE SECOND BOOK OF THE KINGS", "2Kings1:1-2Kings25:30"),
     ("kjv_esther.txt", "THE BOOK OF ESTHER", "Esther1:1-Esther10:3"),
+    ("kjv_daniel.txt", "THE BOOK OF DANIEL", "Daniel1:1-Daniel12:13"),
+    ("kjv_jonah.txt", "THE BOOK OF JONAH", "Jonah1:1-Jonah4:11"),
 ]
 
 
@@ -95,8 +100,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--brotli-testdata", type=Path, required=True)
     args = ap.parse_args()
-    (HERE / "alice_in_wonderland.txt").write_text(prepare_alice(args.brotli_testdata / "alice29.txt"))
-    (HERE / "as_you_like_it.txt").write_text(prepare_as_you_like_it(args.brotli_testdata / "asyoulik.txt"))
+    (HERE / "alice_in_wonderland.txt").write_text(
+        prepare_alice(args.brotli_testdata / "alice29.txt")
+    )
+    (HERE / "as_you_like_it.txt").write_text(
+        prepare_as_you_like_it(args.brotli_testdata / "asyoulik.txt")
+    )
     for name, title, spec in KJV_BOOKS:
         (HERE / name).write_text(prepare_kjv(title, spec))
     for p in sorted(HERE.glob("*.txt")):
