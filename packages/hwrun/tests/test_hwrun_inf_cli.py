@@ -30,6 +30,14 @@ def test_generate_one_prompt_streams_and_reports_tokens_per_second(tiny, capsys)
     assert "tokens/s" in captured.err and "batching: static" in captured.err
 
 
+def test_first_readme_command_prints_words_from_the_shipped_model(capsys):
+    assert main(["generate", "The king said", "--max-new-tokens", "12"]) == 0
+    captured = capsys.readouterr()
+    continuation = captured.out[len("The king said"):]
+    assert captured.out.startswith("The king said") and sum(ch.isalpha() for ch in continuation) >= 5
+    assert "tokens/s" in captured.err
+
+
 def test_generate_batch_file_json(tiny, tmp_path, capsys):
     batch = tmp_path / "prompts.txt"
     batch.write_text("The king said\n\nOnce upon a time\nIt was\n")

@@ -6,14 +6,14 @@ from __future__ import annotations
 import hwrun
 import pytest
 from hwrun.errors import GenerateError
-from hwrun.testing import build_tiny_model
 
 PROMPTS = ["The king said", "Once upon a time there was a little house", "It was"]
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_model(tmp_path_factory.mktemp("tiny-gen")))
+def tiny():
+    """The model shipped inside hwrun (the default of `hwrun generate`)."""
+    return hwrun.DEFAULT_MODEL
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +38,7 @@ def _reference(model, tokenizer, prompt, n):
 @pytest.mark.facts("X10")
 def test_one_prompt_result(loaded):
     plan, model, tokenizer = loaded
+    assert plan.model == hwrun.DEFAULT_MODEL and plan.reasons["model"].startswith("the tiny model")
     result = hwrun.generate(plan, "The king said", 8, model=model, tokenizer=tokenizer)
     assert result.batching == "static" and "one prompt" in result.batching_reason
     assert result.token_ids[0] == _reference(model, tokenizer, "The king said", 8)

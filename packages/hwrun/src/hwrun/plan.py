@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -260,7 +261,8 @@ def plan(
     accel = resolve_accelerator(device)
     source = resolve_source(reference)
     reasons: dict[str, str] = {}
-    reasons["model"] = ("the tiny model shipped in hwrun" if model is None
+    shipped = source.local and source.path == Path(DEFAULT_MODEL).resolve()
+    reasons["model"] = ("the tiny model shipped in hwrun" if shipped
                         else ("local folder" if source.local else "Hub id (loaded from the cache or the Hub)"))
     reasons["device"] = (f"{accel.source}: {accel.name}" if not isinstance(device, str) or device == "auto"
                          else f"given: device={device!r}")
