@@ -61,21 +61,17 @@ def _fail(ctx: DistContext, name: str, error: BaseException) -> CollectiveError:
     )
 
 
-def _wait(ctx: DistContext, name: str, start: Callable[[], Any]) -> None:
-    """Run an async collective and wait for it under the context's timeout.
+def _call(ctx: DistContext, name: str, run: Callable[[], Any]) -> None:
+    """Run a collective; a backend failure becomes a `CollectiveError`.
 
-    CPU groups (gloo) wait on the host with the timeout. Device groups (nccl, xccl, hccl) only
-    order the current stream after the collective (`Work.wait()` without a timeout): with a
-    timeout, NCCL's `wait` would block the host in a polling loop. Their timeout is the
-    process-group timeout `init()` sets, enforced by torch's watchdog.
+    Calls are synchronous in torch's sense: gloo blocks the host and gives up after the
+    process-group timeout `init()` set; device backends (nccl, xccl, hccl) order the current
+    stream after the collective and their watchdog enforces the same timeout. (An async call
+    plus `Work.wait(timeout)` would cost more on gloo and block the host in a polling loop on
+    NCCL, `ProcessGroupNCCL.cpp` `WorkNCCL::wait`.)
     """
     try:
-        work = start()
-        if work is not None:
-            if ctx.device == "cpu":
-                work.wait(ctx.timeout)
-            else:
-                work.wait()
+        run()
     except RuntimeError as error:  # DistBackendError, gloo timeouts and closed connections
         raise _fail(ctx, name, error) from error
 
@@ -100,7 +96,7 @@ def _exchange(ctx: DistContext, name: str, tensor: torch.Tensor | None, extra: i
         row[_HEADER:_HEADER + min(len(dims), _MAX_DIMS)] = list(dims[:_MAX_DIMS])
     mine = torch.tensor(row, dtype=torch.int64, device=ctx.device)
     gathered = torch.empty(ctx.world_size * DESCRIPTOR_LENGTH, dtype=torch.int64, device=ctx.device)
-    _wait(ctx, name, lambda: dist.all_gather_into_tensor(gathered, mine, async_op=True))
+    _call(ctx, name, lambda: dist.all_gather_into_tensor(gathered, mine))
     rows = gathered.view(ctx.world_size, DESCRIPTOR_LENGTH).cpu().tolist()
     if problem:
         raise CollectiveArgumentError(problem)
@@ -130,7 +126,7 @@ def _prepare(name: str, tensor: Any, ctx: DistContext) -> str | None:
 
     if not isinstance(tensor, torch.Tensor):
         return f"{name} takes a torch.Tensor, got {type(tensor).__name__}; use all_gather_object for objects."
-    wanted = ctx.device.split(":")[0]
+    wanted = ctx.device_type
     if tensor.device.type != wanted:
         return (f"{name}: tensor is on {tensor.device} but the {ctx.backend} group reduces {wanted} tensors; "
                 f"move it first: tensor.to({ctx.device!r}).")
@@ -151,24 +147,34 @@ def _raise_or_exchange(ctx: DistContext, name: str, tensor: Any, problem: str | 
         raise CollectiveArgumentError(problem)
 
 
+_ops: dict[str, Any] = {}
+
+
+def _torch_ops() -> dict[str, Any]:
+    if not _ops:
+        import torch.distributed as dist
+
+        _ops.update(sum=dist.ReduceOp.SUM, max=dist.ReduceOp.MAX, min=dist.ReduceOp.MIN, avg=dist.ReduceOp.AVG)
+    return _ops
+
+
 def _reduce_op(name: str, op: str, tensor: Any, ctx: DistContext) -> tuple[Any, bool, str | None]:
     """(torch ReduceOp, divide-afterwards?, problem) for op name `op`."""
     import torch
-    import torch.distributed as dist
 
     if op not in REDUCE_OPS:
         return None, False, f"{name}(op={op!r}) is not supported; use one of {', '.join(REDUCE_OPS)}."
     if op != "mean":
-        return {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op], False, None
+        return _torch_ops()[op], False, None
     if isinstance(tensor, torch.Tensor) and not (tensor.is_floating_point() or tensor.is_complex()):
         return None, False, (f"{name}(op='mean') needs a floating-point tensor, got {tensor.dtype}; "
                              f"cast first (tensor.float()) or use op='sum'.")
     if ctx.backend in NATIVE_AVG:
-        return dist.ReduceOp.AVG, False, None
+        return _torch_ops()["avg"], False, None
     if ctx.backend not in _logged_mean:
         _logged_mean.add(ctx.backend)
         logger.info("%s: mean is computed as sum / world_size (no ReduceOp.AVG used on %s)", name, ctx.backend)
-    return dist.ReduceOp.SUM, True, None
+    return _torch_ops()["sum"], True, None
 
 
 def all_reduce(tensor: torch.Tensor, op: str = "sum", *, check: bool | None = None) -> torch.Tensor:
@@ -181,7 +187,7 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum", *, check: bool | None = No
     problem = problem or op_problem
     _raise_or_exchange(ctx, "all_reduce", tensor, problem, check, REDUCE_OPS.index(op) if not problem else 0)
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
-    _wait(ctx, "all_reduce", lambda: dist.all_reduce(work, op=reduce, async_op=True))
+    _call(ctx, "all_reduce", lambda: dist.all_reduce(work, op=reduce))
     if divide:
         work.div_(ctx.world_size)
     if work is not tensor:
@@ -199,7 +205,7 @@ def all_gather(tensor: torch.Tensor, *, check: bool | None = None) -> torch.Tens
     _raise_or_exchange(ctx, "all_gather", tensor, problem, check)
     source = tensor.contiguous().view(-1)
     out = torch.empty(ctx.world_size * source.numel(), dtype=tensor.dtype, device=tensor.device)
-    _wait(ctx, "all_gather", lambda: dist.all_gather_into_tensor(out, source, async_op=True))
+    _call(ctx, "all_gather", lambda: dist.all_gather_into_tensor(out, source))
     return out.view(ctx.world_size, *tensor.shape)
 
 
@@ -213,7 +219,7 @@ def broadcast(tensor: torch.Tensor, src: int = 0, *, check: bool | None = None) 
         problem = problem or f"broadcast(src={src!r}) must be a rank in 0..{ctx.world_size - 1}."
     _raise_or_exchange(ctx, "broadcast", tensor, problem, check, src if not problem else 0)
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
-    _wait(ctx, "broadcast", lambda: dist.broadcast(work, src=src, async_op=True))
+    _call(ctx, "broadcast", lambda: dist.broadcast(work, src=src))
     if work is not tensor:
         tensor.copy_(work)
     return tensor
@@ -236,7 +242,7 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, check: bool | None 
     source = tensor.contiguous()
     out = torch.empty((tensor.shape[0] // ctx.world_size, *tensor.shape[1:]), dtype=tensor.dtype,
                       device=tensor.device)
-    _wait(ctx, "reduce_scatter", lambda: dist.reduce_scatter_tensor(out, source, op=reduce, async_op=True))
+    _call(ctx, "reduce_scatter", lambda: dist.reduce_scatter_tensor(out, source, op=reduce))
     if divide:
         out.div_(ctx.world_size)
     return out
@@ -258,7 +264,7 @@ def all_gather_object(obj: Any) -> list[Any]:
     padded = torch.zeros(longest, dtype=torch.uint8, device=ctx.device)
     padded[: payload.numel()] = payload
     out = torch.empty(ctx.world_size * longest, dtype=torch.uint8, device=ctx.device)
-    _wait(ctx, "all_gather_object", lambda: dist.all_gather_into_tensor(out, padded, async_op=True))
+    _call(ctx, "all_gather_object", lambda: dist.all_gather_into_tensor(out, padded))
     rows = out.view(ctx.world_size, longest).cpu()
     return [pickle.loads(bytes(rows[i, : lengths[i]].numpy())) for i in range(ctx.world_size)]
 

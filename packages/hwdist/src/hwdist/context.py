@@ -44,6 +44,11 @@ class DistContext:
     check: bool = True  # exchange a dtype/shape descriptor before each collective
 
     @property
+    def device_type(self) -> str:
+        """`cuda`, `xpu`, `hpu` or `cpu`: the device type of the tensors this group reduces."""
+        return self.device.partition(":")[0]
+
+    @property
     def is_main(self) -> bool:
         """True on global rank 0 (the rank that prints and writes files)."""
         return self.rank == 0
