@@ -282,3 +282,15 @@ def test_transformers_wrapping_after_the_patch_does_not_route_or_warn_twice(gaud
     my_backend, graphs = _recorder()
     torch.testing.assert_close(ours(lambda t: t * 9, backend=my_backend)(x), x * 9)  # called directly
     assert len(graphs) == 1 and len(gaudi.graphs) == 1  # passed through: not routed any more
+
+
+def test_a_reset_behind_the_patch_is_repaired_by_the_next_patch_call(gaudi):
+    original = torch.compile
+    first = hwcompile.patch_torch_compile(GAUDI)
+    wrapper = torch.compile
+    torch.compile = original  # someone else restores torch.compile while our handle is held
+    second = hwcompile.patch_torch_compile(GAUDI)
+    assert torch.compile is wrapper and "re-installed" in second.reason
+    second.undo()
+    first.undo()
+    assert torch.compile is original

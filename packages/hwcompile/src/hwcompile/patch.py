@@ -225,6 +225,11 @@ def patch_torch_compile(accel: AcceleratorLike = None, *,
                         "backend='hpu_backend', so transformers neither reroutes nor warns again)")
         else:
             how = "torch.compile already patched; reusing the same wrapper"
+            if torch.compile is state.original:  # someone put the original back under our feet
+                torch.compile = state.wrapper
+                logger.warning("hwcompile: torch.compile had been reset to the original behind the patch; "
+                               "re-installed the routing wrapper")
+                how += " (re-installed: torch.compile had been reset to the original)"
         handle = CompilePatch(active=True, reason=f"hpu: {how} (G13).", accel=acc,
                               over_transformers=state.over_transformers)
         try:
