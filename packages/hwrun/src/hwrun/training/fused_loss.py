@@ -41,9 +41,10 @@ def _fused_function():
                 picked = logits.gather(1, safe).squeeze(1)
                 total = total + torch.where(valid, lse - picked, torch.zeros_like(lse)).sum()
                 if need_hidden or need_weight:
-                    grad = torch.exp(logits - lse.unsqueeze(1))
+                    # softmax - onehot, scaled, computed in place on the chunk's logits (no copies)
+                    grad = logits.sub_(lse.unsqueeze(1)).exp_()
                     grad.scatter_add_(1, safe, -torch.ones_like(safe, dtype=grad.dtype))
-                    grad = grad * (valid.unsqueeze(1).to(grad.dtype) * scale)
+                    grad.mul_(valid.unsqueeze(1).to(grad.dtype) * scale)
                     grad = grad.to(weight.dtype)
                     if need_hidden:
                         grad_hidden[start:start + chunk_tokens] = grad @ weight
