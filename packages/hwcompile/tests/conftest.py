@@ -28,16 +28,8 @@ def hpu_backend():
 
 @pytest.fixture
 def dynamo_gaudi(fake_gaudi):
-    """`fake_gaudi` whose fake `torch.hpu` also has the `Stream`/`Event` classes torch._dynamo reads
-    while tracing (torch/_dynamo/variables/user_defined.py, `_in_graph_classes`)."""
-
-    def apply(*args, **kwargs):
-        fake = fake_gaudi(*args, **kwargs)
-        fake.hpu.Stream = type("Stream", (), {})
-        fake.hpu.Event = type("Event", (), {})
-        return fake
-
-    return apply
+    """`fake_gaudi` (its fake `torch.hpu` carries the `Stream`/`Event` classes torch._dynamo reads)."""
+    return fake_gaudi
 
 
 @pytest.fixture

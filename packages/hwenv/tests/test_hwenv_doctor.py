@@ -90,6 +90,7 @@ def test_bad_override_is_reported_not_raised(clean_device_env, monkeypatch, caps
     assert "detection-failed" in capsys.readouterr().out
 
 
+@pytest.mark.facts("X1", "X2")
 def test_torch_without_xpu_backend_is_reported(clean_device_env, tmp_path, monkeypatch):
     tool = tmp_path / "xpu-smi"
     tool.write_text("#!/bin/sh\nexit 0\n")

@@ -260,7 +260,9 @@ def fake_gaudi(count: int = 8, *, name: str = "GAUDI2", memory: int = 96 * GiB, 
     patches = _Patches()
     names = [name] * count
     functions = _fake_device_functions(count, names, True, memory)
-    hpu = _package("habana_frameworks.torch.hpu", **functions)
+    # Stream/Event: torch._dynamo reads them from torch.hpu while tracing (_in_graph_classes).
+    hpu = _package("habana_frameworks.torch.hpu", **functions, Stream=type("Stream", (), {}),
+                   Event=type("Event", (), {}))
     core = _package("habana_frameworks.torch.core", mark_step=lambda *args, **kwargs: None)
     hccl = _package("habana_frameworks.torch.distributed.hccl")
     distributed = _package("habana_frameworks.torch.distributed", hccl=hccl)
