@@ -79,6 +79,7 @@ def main(argv=None):
     parser.add_argument("--new-tokens", type=int, default=None)
     parser.add_argument("--batches", default=None, help="comma-separated concurrency levels")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-autotune", action="store_true", help="skip the max-autotune compiled row")
     parser.add_argument("--skip-hf-compile", action="store_true",
                         help="skip Transformers' static cache + automatic compile row (slow to compile)")
     args = parser.parse_args(argv)
@@ -98,7 +99,7 @@ def main(argv=None):
         return 2
 
     import transformers
-
+    from hwrun.batching import cb_config
     from hwrun.fastdecode import GraphDecoder
 
     model = build_model(sizes, device, dtype)
@@ -139,21 +140,32 @@ def main(argv=None):
             add_batch1("transformers static cache + auto compile", timed(
                 lambda: model.generate(prompt, max_new_tokens=new_tokens, do_sample=False,
                                        cache_implementation="static"), device, args.repeats), {"warmup_s": warm})
-        for label, backend in (("hwrun graph decode (static cache, CUDA graph)", None),
-                               ("hwrun graph decode + compile (inductor)", "inductor")):
+        variants = [("hwrun graph decode (static cache, CUDA graph)", None, None),
+                    ("hwrun graph decode + compile (inductor)", "inductor", None)]
+        if not args.skip_autotune:
+            variants.append(("hwrun graph decode + compile (max-autotune-no-cudagraphs)", "inductor",
+                             "max-autotune-no-cudagraphs"))
+        eager_tokens = None
+        for label, backend, mode in variants:
             if backend and device.type != "cuda":
                 continue
             try:
                 start = time.perf_counter()
                 decoder = GraphDecoder(model, batch_size=1, max_cache_len=prompt_len + new_tokens,
-                                       compile_backend=backend)
+                                       compile_backend=backend, compile_mode=mode)
                 first = decoder.generate(prompt, new_tokens, eos_token_id=None)[0]
                 warm = time.perf_counter() - start
                 same = bool(torch.equal(first, ref))
+                if eager_tokens is None:  # the same static-cache step, run eagerly (no graph): same kernels
+                    eager = GraphDecoder(model, batch_size=1, max_cache_len=prompt_len + new_tokens, use_graphs=False)
+                    eager_tokens = eager.generate(prompt, new_tokens, eos_token_id=None)[0]
+                    del eager
+                agree = int((first == ref).int().cumprod(0).sum())
                 seconds = timed(lambda d=decoder: d.generate(prompt, new_tokens, eos_token_id=None), device,
                                 args.repeats)
                 add_batch1(label, seconds, {"warmup_s": warm, "graphs": decoder.use_graphs,
-                                            "tokens_equal_generate": same})
+                                            "tokens_equal_generate": same, "tokens_agreeing_with_generate": agree,
+                                            "tokens_equal_eager_step": bool(torch.equal(first, eager_tokens))})
             except Exception as exc:  # noqa: BLE001 - record and keep measuring the rest
                 results["batch1"].append({"name": label, "error": f"{type(exc).__name__}: {exc}"})
                 print(f"batch 1  {label}: FAILED {type(exc).__name__}: {exc}", flush=True)
@@ -182,14 +194,14 @@ def main(argv=None):
         ids = prompts.tolist()
         config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
         if device.type == "cuda":
-            cb = ContinuousBatchingConfig(auto_switch_to_flash=False)
+            cb = cb_config(ContinuousBatchingConfig, auto_switch_to_flash=False)
         else:
-            cb = ContinuousBatchingConfig(page_size=16, num_blocks=batch * ((prompt_len + new_tokens) // 16 + 2),
+            cb = cb_config(ContinuousBatchingConfig, page_size=16, num_blocks=batch * ((prompt_len + new_tokens) // 16 + 2),
                                           max_batch_tokens=batch * prompt_len, use_cuda_graph=False,
                                           use_async_batching=False, auto_switch_to_flash=False)
         try:
-            def run(i=ids, c=cb):
-                outputs = model.generate_batch(i, generation_config=config, continuous_batching_config=c,
+            def run(i=ids, c=cb, g=config):
+                outputs = model.generate_batch(i, generation_config=g, continuous_batching_config=c,
                                                warmup=device.type == "cuda")
                 assert len(outputs) == len(i) and all(len(o.generated_tokens) == new_tokens for o in outputs.values())
             seconds = timed(run, device, 1)
@@ -218,17 +230,19 @@ def write_report(results, out):
         f"Measured copy bandwidth {results['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s -> batch-1 roofline "
         f"{results['roofline_tokens_per_s']:,.0f} tokens/s.",
         "",
-        "| batch 1 | tokens/s | fraction of roofline | vs transformers defaults | warm-up s | tokens equal generate |",
-        "|---|---:|---:|---:|---:|---|",
+        "| batch 1 | tokens/s | fraction of roofline | vs transformers defaults | warm-up s | tokens equal generate "
+        "(first N agree) | tokens equal eager step |",
+        "|---|---:|---:|---:|---:|---|---|",
     ]
     base = next((r["tokens_per_s"] for r in results["batch1"] if "tokens_per_s" in r), None)
     for r in results["batch1"]:
         if "error" in r:
-            lines.append(f"| {r['name']} | failed: {r['error'][:80]} | | | | |")
+            lines.append(f"| {r['name']} | failed: {r['error'][:80]} | | | | | |")
             continue
         lines.append(f"| {r['name']} | {r['tokens_per_s']:,.1f} | {r['fraction_of_roofline']:.1%} | "
                      f"{r['tokens_per_s'] / base:.2f}x | {r.get('warmup_s', 0):.1f} | "
-                     f"{r.get('tokens_equal_generate', '')} |")
+                     f"{r.get('tokens_equal_generate', '')} ({r.get('tokens_agreeing_with_generate', '')}) | "
+                     f"{r.get('tokens_equal_eager_step', '')} |")
     lines += ["", "| concurrent prompts | static generate tokens/s | hwrun graphs (static) tokens/s | "
               "continuous batching tokens/s | continuous / static |", "|---:|---:|---:|---:|---:|"]
     for r in results["batching"]:

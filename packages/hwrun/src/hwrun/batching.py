@@ -64,6 +64,23 @@ def choose_batching(plan: RunPlan, n_prompts: int, requested: str = "auto", *, s
     )
 
 
+def cb_config(cls: Any, **settings: Any) -> Any:
+    """`cls(**settings)` keeping only the fields this Transformers release has (logged when one is dropped).
+
+    `auto_switch_to_flash` is newer than 5.17, for example; older releases never switch anyway.
+    """
+    import dataclasses
+    import inspect
+    import logging
+
+    names = ({f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls)
+             else set(inspect.signature(cls).parameters))
+    dropped = sorted(set(settings) - names)
+    if dropped:
+        logging.getLogger(__name__).info("ContinuousBatchingConfig here has no %s; left out", ", ".join(dropped))
+    return cls(**{k: v for k, v in settings.items() if k in names})
+
+
 def continuous_config(plan: RunPlan, prompt_lengths: list[int], max_new_tokens: int) -> Any:
     """A `ContinuousBatchingConfig` for this workload.
 
@@ -75,11 +92,12 @@ def continuous_config(plan: RunPlan, prompt_lengths: list[int], max_new_tokens: 
     from transformers import ContinuousBatchingConfig
 
     if plan.accelerator.kind in ("cuda", "xpu"):
-        return ContinuousBatchingConfig(auto_switch_to_flash=False)
+        return cb_config(ContinuousBatchingConfig, auto_switch_to_flash=False)
     longest = max(prompt_lengths) + max_new_tokens
     pages_per_request = math.ceil(longest / HOST_PAGE_SIZE)
     num_blocks = pages_per_request * len(prompt_lengths) + 4
-    return ContinuousBatchingConfig(
+    return cb_config(
+        ContinuousBatchingConfig,
         page_size=HOST_PAGE_SIZE,
         num_blocks=num_blocks,
         max_batch_tokens=min(4096, sum(prompt_lengths) + len(prompt_lengths)),

@@ -30,7 +30,7 @@ class GraphDecoder:
     """
 
     def __init__(self, model: Any, *, batch_size: int = 1, max_cache_len: int, use_graphs: bool | None = None,
-                 compile_backend: Any = None, check_every: int = 32) -> None:
+                 compile_backend: Any = None, compile_mode: str | None = None, check_every: int = 32) -> None:
         import torch
         from transformers import StaticCache
 
@@ -60,7 +60,8 @@ class GraphDecoder:
         self.tokens = torch.zeros((batch_size, max_cache_len + 1), **long)
         self._step_fn = self._step
         if compile_backend is not None:
-            self._step_fn = torch.compile(self._step, backend=compile_backend, fullgraph=False, dynamic=False)
+            self._step_fn = torch.compile(self._step, backend=compile_backend, mode=compile_mode, fullgraph=False,
+                                          dynamic=False)
         self.graph = None
         self.capture_seconds: float | None = None
 
