@@ -43,6 +43,12 @@ def collectives(results: dict, ctx: hwdist.DistContext) -> None:
     results["sum_noncontiguous_same_object"] = returned is view
     results["gather"] = hwdist.all_gather(torch.tensor([r, 10 * r])).tolist()
     results["gather_2d_shape"] = list(hwdist.all_gather(torch.zeros(2, 3)).shape)
+    buffer = torch.empty(n, 2, 2)
+    results["gather_out_reused"] = hwdist.all_gather(torch.full((2, 2), float(r)), out=buffer) is buffer
+    results["gather_out"] = buffer[:, 0, 0].tolist()
+    chunk = torch.empty(1, 3)
+    results["reduce_scatter_out_reused"] = hwdist.reduce_scatter(torch.ones(n, 3) * (r + 1), out=chunk) is chunk
+    results["reduce_scatter_out"] = chunk.tolist()
     results["gather_object"] = hwdist.all_gather_object({"rank": r, "text": "x" * r})
     results["broadcast"] = hwdist.broadcast(torch.full((3,), float(r * 10)), src=n - 1).tolist()
     results["reduce_scatter"] = hwdist.reduce_scatter(torch.arange(2.0 * n) + r).tolist()
@@ -62,6 +68,7 @@ def collectives(results: dict, ctx: hwdist.DistContext) -> None:
     results["bad_op_on_rank0"] = _error(lambda: hwdist.all_reduce(torch.zeros(2), "bogus" if r == 0 else "sum"))
     results["mean_int"] = _error(lambda: hwdist.all_reduce(torch.zeros(2, dtype=torch.int64), "mean"))
     results["reduce_scatter_indivisible"] = _error(lambda: hwdist.reduce_scatter(torch.zeros(n + 1)))
+    results["gather_bad_out"] = _error(lambda: hwdist.all_gather(torch.zeros(2), out=torch.empty(n, 3)))
     results["mismatch_seconds"] = time.perf_counter() - start
     results["after_errors_sum"] = hwdist.all_reduce(torch.ones(1)).tolist()
     from dataclasses import asdict

@@ -136,6 +136,14 @@ def test_all_gather_tensors_and_objects(ranks):
         assert result["gather_object"] == [{"rank": r, "text": "x" * r} for r in range(n)]
 
 
+def test_out_buffers_are_filled_and_returned(ranks):
+    n = len(ranks)
+    for result in ranks.values():
+        assert result["gather_out_reused"] is True and result["gather_out"] == [float(r) for r in range(n)]
+        assert result["reduce_scatter_out_reused"] is True
+        assert result["reduce_scatter_out"] == [[n * (n + 1) / 2] * 3]
+
+
 def test_broadcast_from_last_rank(ranks):
     n = len(ranks)
     for result in ranks.values():
@@ -159,6 +167,7 @@ def test_reduce_scatter_sum_mean_max(ranks):
     ("broadcast_src_mismatch", "CollectiveMismatchError", ["src=0", "src=1"]),
     ("mean_int", "CollectiveArgumentError", ["floating-point", "int64"]),
     ("reduce_scatter_indivisible", "CollectiveArgumentError", ["divisible by the world size"]),
+    ("gather_bad_out", "CollectiveArgumentError", ["all_gather(out=...) must be", "float32"]),
 ])
 def test_mismatch_is_an_error_on_every_rank(ranks, case, kind, words):
     for rank, result in ranks.items():

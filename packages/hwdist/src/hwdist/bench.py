@@ -143,20 +143,22 @@ def _check(op: str, x: Any, ctx: DistContext) -> bool:
 def _raw(op: str, x: Any, out: Any) -> Callable[[], Any]:
     import torch.distributed as dist
 
+    flat = out.view(-1) if out is not None else None  # gloo takes only the flat output form
     return {
         "all_reduce": lambda: dist.all_reduce(x),
         "broadcast": lambda: dist.broadcast(x, 0),
-        "all_gather": lambda: dist.all_gather_into_tensor(out, x),
+        "all_gather": lambda: dist.all_gather_into_tensor(flat, x),
         "reduce_scatter": lambda: dist.reduce_scatter_tensor(out, x),
     }[op]
 
 
-def _ours(op: str, x: Any, check: bool) -> Callable[[], Any]:
+def _ours(op: str, x: Any, out: Any, check: bool) -> Callable[[], Any]:
+    """hwdist's call on the same buffers as the raw one (`out=` reused, as the raw call does)."""
     return {
         "all_reduce": lambda: collectives.all_reduce(x, check=check),
         "broadcast": lambda: collectives.broadcast(x, 0, check=check),
-        "all_gather": lambda: collectives.all_gather(x, check=check),
-        "reduce_scatter": lambda: collectives.reduce_scatter(x, check=check),
+        "all_gather": lambda: collectives.all_gather(x, out=out, check=check),
+        "reduce_scatter": lambda: collectives.reduce_scatter(x, out=out, check=check),
     }[op]
 
 
@@ -189,9 +191,9 @@ def bench_op(op: str, size: int, dtype: str = "fp32", *, iters: int = 20, warmup
     correct = _check(op, x, ctx)
     x.zero_()
     n = ctx.world_size
-    out = (torch.empty(count * n, dtype=torch_dtype, device=ctx.device) if op == "all_gather"
+    out = (torch.empty((n, count), dtype=torch_dtype, device=ctx.device) if op == "all_gather"
            else torch.empty(count // n, dtype=torch_dtype, device=ctx.device) if op == "reduce_scatter" else None)
-    variants = {"raw": _raw(op, x, out), "unchecked": _ours(op, x, False), "checked": _ours(op, x, True)}
+    variants = {"raw": _raw(op, x, out), "unchecked": _ours(op, x, out, False), "checked": _ours(op, x, out, True)}
     for fn in variants.values():
         for _ in range(warmup):
             fn()

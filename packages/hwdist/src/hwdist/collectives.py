@@ -195,18 +195,37 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum", *, check: bool | None = No
     return tensor
 
 
-def all_gather(tensor: torch.Tensor, *, check: bool | None = None) -> torch.Tensor:
-    """Every rank's `tensor`, stacked: a new tensor of shape `(world_size, *tensor.shape)`."""
+def _out_problem(name: str, out: Any, shape: tuple[int, ...], tensor: Any) -> str | None:
+    import torch
+
+    if out is None:
+        return None
+    if not (isinstance(out, torch.Tensor) and tuple(out.shape) == shape and out.dtype == tensor.dtype
+            and out.device == tensor.device and out.is_contiguous()):
+        got = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
+        return (f"{name}(out=...) must be a contiguous {tensor.dtype} tensor of shape {shape} on {tensor.device}, "
+                f"got {got}; pass out=None to get a new tensor.")
+    return None
+
+
+def all_gather(tensor: torch.Tensor, *, out: torch.Tensor | None = None, check: bool | None = None) -> torch.Tensor:
+    """Every rank's `tensor`, stacked: shape `(world_size, *tensor.shape)`, row r from rank r.
+
+    A new tensor, or `out` (that shape, contiguous) reused to avoid an allocation per call."""
     import torch
     import torch.distributed as dist
 
     ctx = current()
     problem = _prepare("all_gather", tensor, ctx)
+    if not problem:
+        problem = _out_problem("all_gather", out, (ctx.world_size, *tensor.shape), tensor)
     _raise_or_exchange(ctx, "all_gather", tensor, problem, check)
     source = tensor.contiguous().view(-1)
-    out = torch.empty(ctx.world_size * source.numel(), dtype=tensor.dtype, device=tensor.device)
-    _call(ctx, "all_gather", lambda: dist.all_gather_into_tensor(out, source))
-    return out.view(ctx.world_size, *tensor.shape)
+    if out is None:
+        out = torch.empty((ctx.world_size, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
+    target = out.view(-1)  # the flat form: gloo rejects the stacked one
+    _call(ctx, "all_gather", lambda: dist.all_gather_into_tensor(target, source))
+    return out
 
 
 def broadcast(tensor: torch.Tensor, src: int = 0, *, check: bool | None = None) -> torch.Tensor:
@@ -225,9 +244,12 @@ def broadcast(tensor: torch.Tensor, src: int = 0, *, check: bool | None = None) 
     return tensor
 
 
-def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, check: bool | None = None) -> torch.Tensor:
+def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, out: torch.Tensor | None = None,
+                   check: bool | None = None) -> torch.Tensor:
     """Reduce `tensor` across ranks and return this rank's chunk of dim 0: shape
-    `(tensor.shape[0] // world_size, *tensor.shape[1:])`; dim 0 must divide by the world size."""
+    `(tensor.shape[0] // world_size, *tensor.shape[1:])`; dim 0 must divide by the world size.
+
+    A new tensor, or `out` (that shape, contiguous) reused to avoid an allocation per call."""
     import torch
     import torch.distributed as dist
 
@@ -238,10 +260,13 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, check: bool | None 
     if not problem and (tensor.dim() == 0 or tensor.shape[0] % ctx.world_size):
         problem = (f"reduce_scatter: dim 0 of shape {tuple(tensor.shape)} must be divisible by the world size "
                    f"{ctx.world_size} (each rank gets one equal chunk); pad or reshape the tensor.")
+    if not problem:
+        problem = _out_problem("reduce_scatter", out, (tensor.shape[0] // ctx.world_size, *tensor.shape[1:]), tensor)
     _raise_or_exchange(ctx, "reduce_scatter", tensor, problem, check, REDUCE_OPS.index(op) if not problem else 0)
     source = tensor.contiguous()
-    out = torch.empty((tensor.shape[0] // ctx.world_size, *tensor.shape[1:]), dtype=tensor.dtype,
-                      device=tensor.device)
+    if out is None:
+        out = torch.empty((tensor.shape[0] // ctx.world_size, *tensor.shape[1:]), dtype=tensor.dtype,
+                          device=tensor.device)
     _call(ctx, "reduce_scatter", lambda: dist.reduce_scatter_tensor(out, source, op=reduce))
     if divide:
         out.div_(ctx.world_size)
