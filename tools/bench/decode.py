@@ -13,6 +13,7 @@ bytes; the device copy bandwidth is measured in the same run (2 x bytes per copy
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -201,8 +202,8 @@ def main(argv=None):
                                           use_async_batching=False, auto_switch_to_flash=False)
         try:
             def run(i=ids, c=cb, g=config):
-                outputs = model.generate_batch(i, generation_config=g, continuous_batching_config=c,
-                                               warmup=device.type == "cuda")
+                extra = {"warmup": True} if "warmup" in inspect.signature(model.generate_batch).parameters else {}
+                outputs = model.generate_batch(i, generation_config=g, continuous_batching_config=c, **extra)
                 assert len(outputs) == len(i) and all(len(o.generated_tokens) == new_tokens for o in outputs.values())
             seconds = timed(run, device, 1)
             row["continuous_tokens_per_s"] = batch * new_tokens / seconds

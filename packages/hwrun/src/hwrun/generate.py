@@ -8,6 +8,7 @@ static-cache CUDA-graph decode loop of `hwrun.fastdecode`.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 import weakref
@@ -233,8 +234,9 @@ def _continuous(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], m
     cb_config = continuous_config(plan, [len(e) for e in encoded], max_new_tokens)
     warmup = plan.accelerator.kind in ("cuda", "xpu")
     start = time.perf_counter()
+    extra = {"warmup": warmup} if "warmup" in inspect.signature(model.generate_batch).parameters else {}
     outputs = model.generate_batch(encoded, generation_config=config, continuous_batching_config=cb_config,
-                                   progress_bar=progress, warmup=warmup)
+                                   progress_bar=progress, **extra)
     seconds = time.perf_counter() - start
     results = list(outputs.values())
     if len(results) != len(encoded):
