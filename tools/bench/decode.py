@@ -80,7 +80,8 @@ def main(argv=None):
     parser.add_argument("--new-tokens", type=int, default=None)
     parser.add_argument("--batches", default=None, help="comma-separated concurrency levels")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--skip-autotune", action="store_true", help="skip the max-autotune compiled row")
+    parser.add_argument("--autotune", action="store_true",
+                        help="add a row compiled with mode='max-autotune-no-cudagraphs' (minutes of autotuning)")
     parser.add_argument("--skip-hf-compile", action="store_true",
                         help="skip Transformers' static cache + automatic compile row (slow to compile)")
     args = parser.parse_args(argv)
@@ -143,7 +144,7 @@ def main(argv=None):
                                        cache_implementation="static"), device, args.repeats), {"warmup_s": warm})
         variants = [("hwrun graph decode (static cache, CUDA graph)", None, None),
                     ("hwrun graph decode + compile (inductor)", "inductor", None)]
-        if not args.skip_autotune:
+        if args.autotune:
             variants.append(("hwrun graph decode + compile (max-autotune-no-cudagraphs)", "inductor",
                              "max-autotune-no-cudagraphs"))
         eager_tokens = None
