@@ -169,14 +169,19 @@ def test_merged_output_is_a_plain_model_equal_to_base_plus_adapter(tiny, cpu_pla
 
     merged, tokenizer = hwrun.load(hwrun.plan(str(merged_out), device="cpu"))
     with_adapter, _ = load_adapter_model(adapter_out, cpu_plan)
+    adapter_plan = hwrun.plan(str(adapter_out), device="cpu")  # what `hwrun generate --model OUT` does
+    assert adapter_plan.adapter == str(adapter_out.resolve()) and "LoRA adapter" in adapter_plan.reasons["model"]
+    planned, _ = hwrun.load(adapter_plan)
     ids = tokenizer("The queen said", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         torch.testing.assert_close(merged(input_ids=ids).logits, with_adapter(input_ids=ids).logits,
                                    rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(merged(input_ids=ids).logits, planned(input_ids=ids).logits,
+                                   rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.facts("X15", "G11")
 def test_qlora_trains_a_4bit_base(tiny, cpu_plan, tmp_path):
-    pytest.importorskip("bitsandbytes")
     result = hwrun.train(cpu_plan, tiny[1], qlora=True, max_steps=2, lr=3e-3, output_dir=tmp_path / "q", **FAST)
     assert result.lora and result.global_step == 2
     assert "4-bit NF4" in result.reasons["model"]

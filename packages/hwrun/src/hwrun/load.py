@@ -75,6 +75,11 @@ def load(plan: RunPlan) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     kwargs = from_pretrained_kwargs(plan)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if plan.adapter is not None:
+        from .training.adapters import load_adapter_model
+
+        model, tokenizer = load_adapter_model(plan.adapter, plan)
+        return _finish(model, tokenizer, plan)
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             plan.model, trust_remote_code=plan.trust_remote_code,
@@ -95,6 +100,11 @@ def load(plan: RunPlan) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
             f"({exc.__class__.__name__}: {str(exc).splitlines()[0][:200]}). Check the network or the id, set "
             "HF_HUB_OFFLINE=1 to use the cache only, or pass a local folder."
         ) from exc
+    return _finish(model, tokenizer, plan)
+
+
+def _finish(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: RunPlan):
+    """Pad token, left padding, eval mode and device placement, the same for every load path."""
     if tokenizer.pad_token_id is None:
         # Left-padded batches need a pad id; the EOS token is the usual stand-in and is never attended to.
         tokenizer.pad_token = tokenizer.eos_token

@@ -5,6 +5,7 @@ collectives, env), each with its reason, made before anything loads; `RunPlan` h
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import PlanError
 from .quantization import check_quantization
 from .source import DEFAULT_MODEL, ModelSource, resolve_source, weight_bytes
+from .training.adapters import adapter_base_model, is_adapter_folder
 
 if TYPE_CHECKING:
     import hwattn
@@ -56,6 +58,7 @@ class RunPlan:
     dist_backend: hwdist.BackendChoice
     weight_bytes: int | None = None
     reasons: dict[str, str] = field(default_factory=dict)
+    adapter: str | None = None  # a LoRA adapter folder loaded on top of `model` (its base)
 
     def torch_dtype(self) -> torch.dtype:
         """The torch dtype object for `dtype`."""
@@ -96,6 +99,7 @@ class RunPlan:
                 "reason": self.dist_backend.reason,
             },
             "weight_bytes": self.weight_bytes,
+            "adapter": self.adapter,
             "reasons": dict(self.reasons),
         }
 
@@ -259,11 +263,18 @@ def plan(
         raise PlanError(f"compile={compile!r} must be True, False, or a torch.compile backend name such as 'inductor'.")
     reference = DEFAULT_MODEL if model is None else model
     accel = resolve_accelerator(device)
+    adapter = None
+    if isinstance(reference, (str, os.PathLike)) and is_adapter_folder(reference):
+        # `hwrun train` without --merge saves only the LoRA adapter: plan its base, load both.
+        adapter = str(Path(reference).resolve())
+        reference = adapter_base_model(adapter)
     source = resolve_source(reference)
     reasons: dict[str, str] = {}
     shipped = source.local and source.path == Path(DEFAULT_MODEL).resolve()
     reasons["model"] = ("the tiny model shipped in hwrun" if shipped
                         else ("local folder" if source.local else "Hub id (loaded from the cache or the Hub)"))
+    if adapter is not None:
+        reasons["model"] += f"; base of the LoRA adapter {adapter} (adapter_config.json)"
     reasons["device"] = (f"{accel.source}: {accel.name}" if not isinstance(device, str) or device == "auto"
                          else f"given: device={device!r}")
     dtype_name, reasons["dtype"] = choose_dtype(accel, dtype)
@@ -309,4 +320,5 @@ def plan(
         dist_backend=dist,
         weight_bytes=nbytes,
         reasons=reasons,
+        adapter=adapter,
     )
