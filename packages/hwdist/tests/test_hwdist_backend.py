@@ -156,3 +156,10 @@ def test_layer_rule_no_direct_torch_xpu_or_hpu():
         assert "torch.xpu" not in text and "torch.hpu" not in text, path
         if "habana_frameworks" in text:
             assert path.name == "backend.py", f"{path.name} may not touch habana_frameworks (only the hccl import)"
+
+
+def test_stable_ddp_backends_are_accepted_by_the_real_training_arguments():
+    """The values answered without importing TrainingArguments must be real choices."""
+    from hwdist.backend import STABLE_DDP_BACKENDS
+
+    assert STABLE_DDP_BACKENDS <= set(training_arguments_choices())

@@ -127,7 +127,15 @@ def training_arguments_choices() -> tuple[str, ...] | None:
     return None
 
 
+#: Values every Transformers release in our window (>=5.20.2,<5.23) accepts for `ddp_backend`;
+#: only the Intel name changed (`ccl` -> `xccl`), so only that one needs the real class, whose
+#: import pulls in the Trainer stack (peft, bitsandbytes) and costs seconds.
+STABLE_DDP_BACKENDS = frozenset({"nccl", "gloo", "mpi", "hccl"})
+
+
 def _ddp_value(name: str) -> tuple[str | None, str]:
+    if name in STABLE_DDP_BACKENDS:
+        return name, ""
     choices = training_arguments_choices()
     if choices is None:
         logger.info("transformers is not installed; ddp_backend=%r is not checked", name)
