@@ -152,24 +152,31 @@ def _fake_device_functions(count: int, names: list[str], bf16: bool, memory: int
 
 
 @contextlib.contextmanager
+def _replaced_functions(module: Any, functions: dict[str, Any]) -> Iterator[None]:
+    """Replace `module`'s functions (the module object stays), clear device variables and caches."""
+    patches = _Patches()
+    try:
+        for variable in DEVICE_VARIABLES:
+            patches.setenv(variable, None)
+        for fname, function in functions.items():
+            patches.setattr(module, fname, function)
+        clear_library_caches()
+        yield
+    finally:
+        patches.undo()
+        clear_library_caches()
+
+
+@contextlib.contextmanager
 def fake_xpu(count: int = 1, *, bf16: bool = True, name: str = "Intel(R) Data Center GPU Max 1550",
              memory: int = 64 * GiB) -> Iterator[types.SimpleNamespace]:
     """Make the real `torch.xpu` report `count` Intel GPUs (the functions are replaced, not the module)."""
     import torch
 
-    patches = _Patches()
     names = [name] * count
     functions = _fake_device_functions(count, names, bf16, memory)
-    try:
-        for variable in DEVICE_VARIABLES:
-            patches.setenv(variable, None)
-        for fname, function in functions.items():
-            patches.setattr(torch.xpu, fname, function)
-        clear_library_caches()
+    with _replaced_functions(torch.xpu, functions):
         yield types.SimpleNamespace(count=count, bf16=bf16, names=names, memory=memory, functions=functions)
-    finally:
-        patches.undo()
-        clear_library_caches()
 
 
 @contextlib.contextmanager
@@ -178,7 +185,6 @@ def fake_cuda(count: int = 1, *, bf16: bool = True, name: str = "NVIDIA H200", m
     """Make the real `torch.cuda` report `count` NVIDIA GPUs of the given compute capability."""
     import torch
 
-    patches = _Patches()
     names = [name] * count
     functions = _fake_device_functions(count, names, bf16, memory)
 
@@ -192,16 +198,8 @@ def fake_cuda(count: int = 1, *, bf16: bool = True, name: str = "NVIDIA H200", m
 
     functions["get_device_capability"] = get_device_capability
     functions["get_device_properties"] = get_device_properties
-    try:
-        for variable in DEVICE_VARIABLES:
-            patches.setenv(variable, None)
-        for fname, function in functions.items():
-            patches.setattr(torch.cuda, fname, function)
-        clear_library_caches()
+    with _replaced_functions(torch.cuda, functions):
         yield types.SimpleNamespace(count=count, bf16=bf16, names=names, memory=memory, capability=capability)
-    finally:
-        patches.undo()
-        clear_library_caches()
 
 
 def _package(name: str, **attributes: Any) -> types.ModuleType:
