@@ -32,7 +32,8 @@ def show(plan: hwattn.KernelPlan) -> None:
         if layer.layer in seen:
             continue
         seen.add(layer.layer)
-        target = f"<- {layer.repo}:{layer.repo_layer} [{layer.source}]" if layer.replaced else f"keeps PyTorch ({layer.reason})"
+        why = "" if layer.reason == plan.reason else f" ({layer.reason})"
+        target = f"<- {layer.repo}:{layer.repo_layer} [{layer.source}]" if layer.replaced else f"keeps PyTorch{why}"
         print(f"    {layer.layer:<15} {target}")
     print(f"    {len(plan.replaced)} of {len(plan.replaced) + len(plan.unchanged)} layers replaced")
 
