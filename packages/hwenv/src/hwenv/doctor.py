@@ -127,7 +127,8 @@ def _problems(acc: Accelerator | None, probes: dict[str, ProbeResult], env: Mapp
         if env.get(gaudi.INT64_VARIABLE) != "1":
             problems.append(Problem(
                 "int64-disabled", "error",
-                f"{gaudi.INT64_VARIABLE} is {env.get(gaudi.INT64_VARIABLE)!r}: Transformers uses int64 token ids, "
+                f"{gaudi.INT64_VARIABLE} is {repr(env[gaudi.INT64_VARIABLE]) if gaudi.INT64_VARIABLE in env else 'not set'}: "
+                f"Transformers uses int64 token ids, "
                 f"which Gaudi rejects unless int64 support is on (G4).",
                 f"run with {gaudi.INT64_VARIABLE}=1 (hwenv exec and hwenv env set it for you)",
             ))
