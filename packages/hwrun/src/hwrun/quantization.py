@@ -37,7 +37,7 @@ def check_quantization(quantization: str | None, accel: hwenv.Accelerator) -> st
         )
     if accel.kind == "hpu" and any(_first_gen_gaudi(name) for name in accel.names):
         raise QuantizationError(
-            f"quantization={quantization!r} on {', '.join(accel.names)}: bitsandbytes 4/8-bit runs on Gaudi 2 "
+            f"quantization={quantization!r} on {', '.join(dict.fromkeys(accel.names))}: bitsandbytes 4/8-bit runs on Gaudi 2 "
             "and Gaudi 3 only (G10); use a Gaudi 2/3 or load in bfloat16."
         )
     if importlib.util.find_spec("bitsandbytes") is None:

@@ -8,7 +8,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,8 +56,11 @@ def train_plan(model: str | None = None, device: Any = "auto", dtype: str = "aut
         compile = base.accelerator.kind not in ("cpu", "mps")
     if not compile:
         return base
-    return hwrun.plan(model, device=base.accelerator, dtype=base.dtype, attention=attention, compile=compile,
-                      quantization=quantization, trust_remote_code=trust_remote_code)
+    compiled = hwrun.plan(model, device=base.accelerator, dtype=dtype, attention=attention, compile=compile,
+                          quantization=quantization, trust_remote_code=trust_remote_code)
+    # Same device and dtype rules as `base`, so keep base's reasons for them (not "given").
+    reasons = {**compiled.reasons, "device": base.reasons["device"], "dtype": base.reasons["dtype"]}
+    return replace(compiled, reasons=reasons)
 
 
 def _lora_settings(lora: Any, qlora: bool) -> LoraSettings | None:
