@@ -82,6 +82,8 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--autotune", action="store_true",
                         help="add a row compiled with mode='max-autotune-no-cudagraphs' (minutes of autotuning)")
+    parser.add_argument("--profile", action="store_true",
+                        help="write profile-decode-*.txt: kernel tables of the compiled steps (run without graphs)")
     parser.add_argument("--skip-hf-compile", action="store_true",
                         help="skip Transformers' static cache + automatic compile row (slow to compile)")
     args = parser.parse_args(argv)
@@ -101,7 +103,7 @@ def main(argv=None):
         return 2
 
     import transformers
-    from hwrun.batching import cb_config
+    from hwrun.batching import cb_config, workload_cb_config
     from hwrun.fastdecode import GraphDecoder
 
     model = build_model(sizes, device, dtype)
@@ -142,32 +144,41 @@ def main(argv=None):
             add_batch1("transformers static cache + auto compile", timed(
                 lambda: model.generate(prompt, max_new_tokens=new_tokens, do_sample=False,
                                        cache_implementation="static"), device, args.repeats), {"warmup_s": warm})
-        variants = [("hwrun graph decode (static cache, CUDA graph)", None, None),
-                    ("hwrun graph decode + compile (inductor)", "inductor", None)]
+        variants = [("hwrun graph decode, model step (StaticCache, CUDA graph)", None, None, "model"),
+                    ("hwrun graph decode, model step + inductor", "inductor", None, "model"),
+                    ("hwrun graph decode, fused step (CUDA graph)", None, None, "fused"),
+                    ("hwrun graph decode, fused step + inductor (mode=default, untuned)", "inductor", "default",
+                     "fused"),
+                    ("hwrun graph decode, fused step + inductor + coordinate-descent tuning (hwrun default)",
+                     "inductor", None, "fused")]
         if args.autotune:
-            variants.append(("hwrun graph decode + compile (max-autotune-no-cudagraphs)", "inductor",
-                             "max-autotune-no-cudagraphs"))
+            variants.append(("hwrun graph decode, fused step + inductor max-autotune-no-cudagraphs", "inductor",
+                             "max-autotune-no-cudagraphs", "fused"))
         eager_tokens = None
-        for label, backend, mode in variants:
+        for label, backend, mode, step in variants:
             if backend and device.type != "cuda":
                 continue
             try:
                 start = time.perf_counter()
                 decoder = GraphDecoder(model, batch_size=1, max_cache_len=prompt_len + new_tokens,
-                                       compile_backend=backend, compile_mode=mode)
+                                       compile_backend=backend, compile_mode=mode, step=step)
                 first = decoder.generate(prompt, new_tokens, eos_token_id=None)[0]
                 warm = time.perf_counter() - start
                 same = bool(torch.equal(first, ref))
                 if eager_tokens is None:  # the same static-cache step, run eagerly (no graph): same kernels
-                    eager = GraphDecoder(model, batch_size=1, max_cache_len=prompt_len + new_tokens, use_graphs=False)
+                    eager = GraphDecoder(model, batch_size=1, max_cache_len=prompt_len + new_tokens, use_graphs=False,
+                                         step="model")
                     eager_tokens = eager.generate(prompt, new_tokens, eos_token_id=None)[0]
                     del eager
                 agree = int((first == ref).int().cumprod(0).sum())
                 seconds = timed(lambda d=decoder: d.generate(prompt, new_tokens, eos_token_id=None), device,
                                 args.repeats)
-                add_batch1(label, seconds, {"warmup_s": warm, "graphs": decoder.use_graphs,
+                add_batch1(label, seconds, {"warmup_s": warm, "graphs": decoder.use_graphs, "step": step,
                                             "tokens_equal_generate": same, "tokens_agreeing_with_generate": agree,
                                             "tokens_equal_eager_step": bool(torch.equal(first, eager_tokens))})
+                if args.profile and backend and device.type == "cuda":
+                    profile_step(decoder, prompt, out / f"profile-decode-{step}{'-' + mode if mode else ''}.txt")
+                del decoder
             except Exception as exc:  # noqa: BLE001 - record and keep measuring the rest
                 results["batch1"].append({"name": label, "error": f"{type(exc).__name__}: {exc}"})
                 print(f"batch 1  {label}: FAILED {type(exc).__name__}: {exc}", flush=True)
@@ -195,22 +206,31 @@ def main(argv=None):
                 row["hwrun_graphs_error"] = f"{type(exc).__name__}: {exc}"
         ids = prompts.tolist()
         config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
-        if device.type == "cuda":
-            cb = cb_config(ContinuousBatchingConfig, auto_switch_to_flash=False)
-        else:
-            cb = cb_config(ContinuousBatchingConfig, page_size=16, num_blocks=batch * ((prompt_len + new_tokens) // 16 + 2),
-                                          max_batch_tokens=batch * prompt_len, use_cuda_graph=False,
-                                          use_async_batching=False, auto_switch_to_flash=False)
-        try:
-            def run(i=ids, c=cb, g=config):
-                extra = {"warmup": True} if "warmup" in inspect.signature(model.generate_batch).parameters else {}
-                outputs = model.generate_batch(i, generation_config=g, continuous_batching_config=c, **extra)
-                assert len(outputs) == len(i) and all(len(o.generated_tokens) == new_tokens for o in outputs.values())
-            seconds = timed(run, device, 1)
-            row["continuous_tokens_per_s"] = batch * new_tokens / seconds
+        cb_variants = [("continuous", workload_cb_config(device.type, [prompt_len] * batch, new_tokens))]
+        if batch == max(batches) and device.type == "cuda" and not args.skip_hf_compile:
+            with torch.inference_mode():
+                def static_cache(p=prompts):
+                    model.generate(p, max_new_tokens=new_tokens, do_sample=False, attention_mask=torch.ones_like(p),
+                                   cache_implementation="static")
+                seconds = timed(static_cache, device, 1)
+                row["static_cache_compile_tokens_per_s"] = batch * new_tokens / seconds
+        if batch == max(batches):
+            if device.type == "cuda":
+                cb_variants.append(("continuous_transformers_defaults",
+                                    cb_config(ContinuousBatchingConfig, auto_switch_to_flash=False)))
+        for key, cb in cb_variants:
+            try:
+                def run(i=ids, c=cb, g=config):
+                    extra = {"warmup": True} if "warmup" in inspect.signature(model.generate_batch).parameters else {}
+                    outputs = model.generate_batch(i, generation_config=g, continuous_batching_config=c, **extra)
+                    assert len(outputs) == len(i) and all(len(o.generated_tokens) == new_tokens
+                                                          for o in outputs.values())
+                seconds = timed(run, device, 1)
+                row[f"{key}_tokens_per_s"] = batch * new_tokens / seconds
+            except Exception as exc:  # noqa: BLE001
+                row[f"{key}_error"] = f"{type(exc).__name__}: {exc}"
+        if "continuous_tokens_per_s" in row:
             row["continuous_over_static"] = row["continuous_tokens_per_s"] / row["static_tokens_per_s"]
-        except Exception as exc:  # noqa: BLE001
-            row["continuous_error"] = f"{type(exc).__name__}: {exc}"
         results["batching"].append(row)
         print(f"batch {batch:3d} " + "  ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                                              for k, v in row.items() if k != "batch"), flush=True)
@@ -220,6 +240,23 @@ def main(argv=None):
 
     write_report(results, out)
     return 0
+
+
+def profile_step(decoder, prompt, path):
+    """Kernel table of 20 compiled decode steps run without the graph (same kernels, launch by launch)."""
+    import torch
+
+    with torch.inference_mode():
+        decoder._prefill(prompt)
+        for _ in range(3):
+            decoder._step_fn()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(20):
+                decoder._step_fn()
+            torch.cuda.synchronize()
+    path.write_text(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40,
+                                              max_name_column_width=90))
 
 
 def write_report(results, out):
@@ -245,14 +282,16 @@ def write_report(results, out):
                      f"{r['tokens_per_s'] / base:.2f}x | {r.get('warmup_s', 0):.1f} | "
                      f"{r.get('tokens_equal_generate', '')} ({r.get('tokens_agreeing_with_generate', '')}) | "
                      f"{r.get('tokens_equal_eager_step', '')} |")
-    lines += ["", "| concurrent prompts | static generate tokens/s | hwrun graphs (static) tokens/s | "
-              "continuous batching tokens/s | continuous / static |", "|---:|---:|---:|---:|---:|"]
+    lines += ["", "| concurrent prompts | static generate tokens/s | static cache + auto compile tokens/s | "
+              "hwrun graphs (static) tokens/s | continuous, hwrun config | continuous, Transformers defaults | "
+              "continuous (hwrun) / static |", "|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results["batching"]:
         def cell(key, r=r):
             return f"{r[key]:,.0f}" if key in r else ("failed" if key.replace("tokens_per_s", "error") in r else "")
         ratio = f"{r['continuous_over_static']:.2f}x" if "continuous_over_static" in r else ""
-        lines.append(f"| {r['batch']} | {cell('static_tokens_per_s')} | {cell('hwrun_graphs_tokens_per_s')} | "
-                     f"{cell('continuous_tokens_per_s')} | {ratio} |")
+        lines.append(f"| {r['batch']} | {cell('static_tokens_per_s')} | {cell('static_cache_compile_tokens_per_s')} | "
+                     f"{cell('hwrun_graphs_tokens_per_s')} | {cell('continuous_tokens_per_s')} | "
+                     f"{cell('continuous_transformers_defaults_tokens_per_s')} | {ratio} |")
     errors = [f"- batch {r['batch']}: {k}: {v}" for r in results["batching"] for k, v in r.items() if k.endswith("error")]
     if errors:
         lines += ["", "Errors:", *errors]
@@ -276,7 +315,9 @@ def write_report(results, out):
     left.legend()
     left.set_title("batch-1 decode")
     for key, label in (("static_tokens_per_s", "static generate"), ("hwrun_graphs_tokens_per_s", "hwrun graphs"),
-                       ("continuous_tokens_per_s", "continuous batching")):
+                       ("continuous_tokens_per_s", "continuous batching (hwrun config)"),
+                       ("static_cache_compile_tokens_per_s", "static cache + auto compile"),
+                       ("continuous_transformers_defaults_tokens_per_s", "continuous (Transformers defaults)")):
         pts = [(r["batch"], r[key]) for r in results["batching"] if key in r]
         if pts:
             right.plot(*zip(*pts, strict=True), marker="o", label=label)

@@ -10,6 +10,9 @@ One ~1.24B-parameter Llama built from a config (hidden 2048, 16 layers, 32/8 hea
   hwrun               hwrun.training.train_plan(model) + hwrun.train: hwrun picks bf16 + compile
                       itself and adds its own training path (packed blocks, fused chunked loss)
   hwrun_qlora         hwrun.train(qlora=True): 4-bit NF4 base (bitsandbytes), for peak memory
+  hwrun_model_loss    as hwrun with fused_loss=False (the model's own loss), to see what the fused loss costs
+  hwrun_reduce_overhead  as hwrun with torch_compile_mode="reduce-overhead" (CUDA graphs over the step)
+  plain_bf16_compile_reduce_overhead  plain Trainer with the same mode: what the flag alone gives
 
 Each configuration runs in its own process (clean CUDA memory, compile caches and accelerate
 state): `--warmup` untimed steps, then `--steps` timed steps; CUDA events at every step end
@@ -41,8 +44,10 @@ FULL = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_
             num_key_value_heads=8, vocab_size=128256, seq=1024, batch=8, warmup=5, steps=10)
 SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=512, seq=64, batch=4, warmup=2, steps=3)
-CONFIGS = ("plain_fp32", "plain_bf16", "plain_bf16_compile", "hwrun", "hwrun_qlora")
-PLAIN = ("plain_fp32", "plain_bf16", "plain_bf16_compile")
+CONFIGS = ("plain_fp32", "plain_bf16", "plain_bf16_compile", "hwrun", "hwrun_qlora", "hwrun_model_loss",
+           "hwrun_reduce_overhead", "plain_bf16_compile_reduce_overhead")
+PLAIN = ("plain_fp32", "plain_bf16", "plain_bf16_compile")  # the issue's baseline set
+PLAIN_EXTRA = ("plain_bf16_compile_reduce_overhead",)  # context rows, not in the baseline set
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -121,7 +126,38 @@ class StepTimer:
         return [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
 
 
-def run_one(name: str, model_dir: str, sizes: dict, smoke: bool) -> dict:
+class StepProfiler:
+    """Trainer callback: torch.profiler over steps [start, stop); `table` is the kernel summary."""
+
+    def __init__(self, start: int, stop: int) -> None:
+        from transformers import TrainerCallback
+
+        outer = self
+        self.table = None
+        self.profiler = None
+
+        class _Callback(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                if state.global_step == start and outer.profiler is None:
+                    import torch
+
+                    outer.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                                        torch.profiler.ProfilerActivity.CUDA])
+                    outer.profiler.__enter__()
+
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step == stop and outer.profiler is not None and outer.table is None:
+                    import torch
+
+                    torch.cuda.synchronize()
+                    outer.profiler.__exit__(None, None, None)
+                    outer.table = outer.profiler.key_averages().table(sort_by="self_cuda_time_total",
+                                                                      row_limit=40, max_name_column_width=90)
+
+        self.callback = _Callback()
+
+
+def run_one(name: str, model_dir: str, sizes: dict, smoke: bool, profile: bool = False) -> dict:
     """Run configuration `name` in this process and return its measurements."""
     import torch
 
@@ -130,13 +166,18 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool) -> dict:
     total = sizes["warmup"] + sizes["steps"]
     dataset = make_dataset(sizes, total * sizes["batch"])
     timer = StepTimer(cuda)
+    callbacks = [timer.callback]
+    profiler = None
+    if profile and cuda:
+        profiler = StepProfiler(sizes["warmup"] + 2, sizes["warmup"] + 4)
+        callbacks.append(profiler.callback)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     out = tempfile.mkdtemp(prefix=f"bench-train-{name}-")
     backend = "aot_eager" if smoke else None  # CPU smoke: same code path, no C++ compile
     started = time.perf_counter()
     decisions = {}
-    if name in PLAIN:
+    if name in PLAIN or name in PLAIN_EXTRA:
         from peft import LoraConfig, get_peft_model
         from transformers import (
             AutoModelForCausalLM,
@@ -151,21 +192,26 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool) -> dict:
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=list(LORA_TARGETS),
                                                  task_type="CAUSAL_LM"))
         compile_kw = {}
-        if name == "plain_bf16_compile":
+        if name.startswith("plain_bf16_compile"):
             compile_kw = {"torch_compile": True, **({"torch_compile_backend": backend} if backend else {})}
+            if name.endswith("reduce_overhead") and not smoke:
+                compile_kw["torch_compile_mode"] = "reduce-overhead"
         args = TrainingArguments(output_dir=out, per_device_train_batch_size=sizes["batch"], max_steps=total,
                                  save_strategy="no", report_to="none", logging_steps=10_000,
                                  bf16=name != "plain_fp32", use_cpu=not cuda, remove_unused_columns=False,
                                  disable_tqdm=True, **compile_kw)
         trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=default_data_collator,
-                          callbacks=[timer.callback])
+                          callbacks=callbacks)
         trainer.train()
-        decisions = {"bf16": args.bf16, "torch_compile": args.torch_compile, "optim": str(args.optim)}
+        decisions = {"bf16": args.bf16, "torch_compile": args.torch_compile, "optim": str(args.optim),
+                     "torch_compile_mode": args.torch_compile_mode}
     else:
         import hwrun
         from hwrun.training import LoraSettings, train_plan
 
         qlora = name == "hwrun_qlora"
+        fused_loss = name != "hwrun_model_loss"
+        overrides = {"torch_compile_mode": "reduce-overhead"} if name == "hwrun_reduce_overhead" and not smoke else {}
         if smoke:
             plan = train_plan(model_dir, device="cpu", dtype="bfloat16", compile=False if qlora else backend)
         else:
@@ -173,9 +219,9 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool) -> dict:
             plan = train_plan(model_dir, compile=False if qlora else None)
         result = hwrun.train(plan, dataset, lora=LoraSettings(r=16, alpha=32, target_modules=LORA_TARGETS),
                              qlora=qlora, max_steps=total, batch_size=sizes["batch"], output_dir=out,
-                             save_steps=10**9, plot=False, callbacks=[timer.callback], disable_tqdm=True,
+                             save_steps=10**9, plot=False, callbacks=callbacks, disable_tqdm=True, fused_loss=fused_loss, **overrides,
                              logging_steps=10_000, resume=False)
-        decisions = {"device": plan.device, "dtype": plan.dtype,
+        decisions = {"device": plan.device, "dtype": plan.dtype, "torch_compile_mode": overrides.get("torch_compile_mode"),
                      "compile": None if plan.compile is None else str(plan.compile.backend),
                      **dict(result.reasons)}
     wall = time.perf_counter() - started
@@ -183,13 +229,16 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool) -> dict:
     timed = steps[sizes["warmup"]:]
     median = statistics.median(timed)
     peak = torch.cuda.max_memory_allocated() if cuda else None
-    return {"config": name, "tokens_per_s": sizes["batch"] * sizes["seq"] / median, "median_step_s": median,
-            "step_s": steps, "peak_bytes": peak, "wall_s": wall, "decisions": decisions}
+    result = {"config": name, "tokens_per_s": sizes["batch"] * sizes["seq"] / median, "median_step_s": median,
+              "step_s": steps, "peak_bytes": peak, "wall_s": wall, "decisions": decisions}
+    if profiler is not None and profiler.table:
+        result["profile"] = profiler.table
+    return result
 
 
 def child(args: argparse.Namespace) -> int:
     sizes = SMOKE if args.smoke else FULL
-    result = run_one(args.one, args.model_dir, sizes, args.smoke)
+    result = run_one(args.one, args.model_dir, sizes, args.smoke, args.profile)
     Path(args.result).write_text(json.dumps(result, default=str))
     return 0
 
@@ -219,7 +268,7 @@ def write_outputs(out: Path, results: list[dict], meta: dict) -> str:
             continue
         vs = f"{r['tokens_per_s'] / plain_best['tokens_per_s']:.2f}x" if plain_best else ""
         d = r["decisions"]
-        note = ", ".join(f"{k}={v}" for k, v in d.items() if k in ("dtype", "compile", "bf16", "torch_compile"))
+        note = ", ".join(f"{k}={v}" for k, v in d.items() if k in ("dtype", "compile", "bf16", "torch_compile", "torch_compile_mode") and v)
         if "loss" in d:
             note += f"; loss: {d['loss']}"
         lines.append(f"| {r['config']} | {r['tokens_per_s']:,.0f} | {vs} | {r['median_step_s'] * 1000:.1f} | "
@@ -263,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny model on CPU, to check the script")
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per configuration")
+    parser.add_argument("--profile", action="store_true", help="add a torch.profiler kernel table per config")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -301,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in configs:
         result_file = work / f"{name}.json"
         argv_child = [sys.executable, os.path.abspath(__file__), "--one", name, "--model-dir", str(model_dir),
-                      "--result", str(result_file), *(["--smoke"] if args.smoke else [])]
+                      "--result", str(result_file), *(["--smoke"] if args.smoke else []),
+                      *(["--profile"] if args.profile else [])]
         print(f"--- {name}", flush=True)
         try:
             done = subprocess.run(argv_child, timeout=args.timeout, capture_output=True, text=True)
@@ -315,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         result = json.loads(result_file.read_text())
         results.append(result)
+        if result.get("profile"):
+            (args.out / f"profile-train-{name}.txt").write_text(result.pop("profile"))
         print(f"{name}: {result['tokens_per_s']:,.0f} tokens/s, peak {gib(result['peak_bytes'])} GiB, "
               f"wall {result['wall_s']:.0f}s", flush=True)
     print(write_outputs(args.out, results, meta))

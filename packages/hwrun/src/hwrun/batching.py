@@ -23,6 +23,9 @@ CONTINUOUS_DEVICES = ("cuda", "xpu", "cpu")
 #: Page size (tokens) hwrun uses for the paged cache off CUDA/XPU, where Transformers' memory-based
 #: sizing would reserve most of host RAM.
 HOST_PAGE_SIZE = 16
+#: Page size on CUDA/XPU (Transformers' default) and the cap on tokens per forward (prefill chunk).
+ACCELERATOR_PAGE_SIZE = 256
+ACCELERATOR_MAX_BATCH_TOKENS = 8192
 
 
 @dataclass(frozen=True)
@@ -82,27 +85,32 @@ def cb_config(cls: Any, **settings: Any) -> Any:
 
 
 def continuous_config(plan: RunPlan, prompt_lengths: list[int], max_new_tokens: int) -> Any:
-    """A `ContinuousBatchingConfig` for this workload.
+    """A `ContinuousBatchingConfig` for this workload on `plan`'s device (see `workload_cb_config`)."""
+    return workload_cb_config(plan.accelerator.kind, prompt_lengths, max_new_tokens)
 
-    On CUDA/XPU Transformers sizes the cache from free device memory and decides graphs itself
-    (X11). On CPU hwrun sizes it from the workload (pages for every prompt plus its new tokens),
-    because the memory-based sizing would take most of host RAM. `auto_switch_to_flash=False`
-    keeps the attention the plan chose (and never fetches a Hub kernel behind the user's back).
+
+def workload_cb_config(kind: str, prompt_lengths: list[int], max_new_tokens: int) -> Any:
+    """A `ContinuousBatchingConfig` sized from the workload instead of from free memory.
+
+    Transformers' defaults size the paged cache from 90% of free device memory and, for attention
+    that needs a mask (sdpa, eager), turn CUDA graphs off. hwrun instead gives the cache pages for
+    every prompt plus its new tokens (a few hundred MiB instead of ~100 GiB to allocate), and on
+    CUDA/XPU turns graphs and asynchronous batching on: with a small cache the padded key length a
+    graph needs is small too. On the host it also turns graphs and async batching off.
+    `auto_switch_to_flash=False` keeps the attention the plan chose (and never fetches a Hub kernel
+    behind the user's back).
     """
     from transformers import ContinuousBatchingConfig
 
-    if plan.accelerator.kind in ("cuda", "xpu"):
-        return cb_config(ContinuousBatchingConfig, auto_switch_to_flash=False)
+    page = HOST_PAGE_SIZE if kind not in ("cuda", "xpu") else ACCELERATOR_PAGE_SIZE
     longest = max(prompt_lengths) + max_new_tokens
-    pages_per_request = math.ceil(longest / HOST_PAGE_SIZE)
+    pages_per_request = math.ceil(longest / page)
     num_blocks = pages_per_request * len(prompt_lengths) + 4
-    return cb_config(
-        ContinuousBatchingConfig,
-        page_size=HOST_PAGE_SIZE,
-        num_blocks=num_blocks,
-        max_batch_tokens=min(4096, sum(prompt_lengths) + len(prompt_lengths)),
-        max_memory_percent=None,
-        use_cuda_graph=False,
-        use_async_batching=False,
-        auto_switch_to_flash=False,
-    )
+    settings: dict[str, Any] = dict(page_size=page, num_blocks=num_blocks, auto_switch_to_flash=False)
+    if kind in ("cuda", "xpu"):
+        settings.update(use_cuda_graph=True, use_async_batching=True,
+                        max_batch_tokens=min(ACCELERATOR_MAX_BATCH_TOKENS, sum(prompt_lengths) + len(prompt_lengths)))
+        return cb_config(ContinuousBatchingConfig, **settings)
+    settings.update(max_batch_tokens=min(4096, sum(prompt_lengths) + len(prompt_lengths)), max_memory_percent=None,
+                    use_cuda_graph=False, use_async_batching=False)
+    return cb_config(ContinuousBatchingConfig, **settings)

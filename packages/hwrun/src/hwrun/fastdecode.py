@@ -21,6 +21,11 @@ from .errors import FastDecodeError
 logger = logging.getLogger(__name__)
 
 
+#: "fused": hwrun.fusedstep (llama/mistral/qwen2); "model": the model's own forward over a StaticCache;
+#: "auto": fused where it applies, else the model's forward (logged).
+STEPS = ("auto", "fused", "model")
+
+
 class GraphDecoder:
     """Static-cache greedy decoder for `model` at a fixed batch size and cache length.
 
@@ -30,9 +35,12 @@ class GraphDecoder:
     """
 
     def __init__(self, model: Any, *, batch_size: int = 1, max_cache_len: int, use_graphs: bool | None = None,
-                 compile_backend: Any = None, compile_mode: str | None = None, check_every: int = 32) -> None:
+                 compile_backend: Any = None, compile_mode: str | None = None, check_every: int = 32,
+                 step: str = "auto", tune: bool | None = None) -> None:
         import torch
         from transformers import StaticCache
+
+        from .fusedstep import FusedLlamaStep, fused_step_support
 
         if max_cache_len <= 1:
             raise FastDecodeError(f"max_cache_len={max_cache_len} must exceed 1 (prompt length + new tokens).")
@@ -53,23 +61,49 @@ class GraphDecoder:
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         if self.use_graphs and self.device.type != "cuda":
             raise FastDecodeError(f"use_graphs=True needs a CUDA model; this one is on {self.device}.")
-        self.cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+        if step not in STEPS:
+            raise FastDecodeError(f"step={step!r} is not a decode step; use one of {', '.join(STEPS)}.")
+        unsupported = fused_step_support(model) if step != "model" else "step='model' given"
+        if step == "fused" and unsupported:
+            raise FastDecodeError(f"step='fused' cannot run {type(model).__name__}: {unsupported}. Use step='model'.")
+        self.fused = None
+        self.cache = None
+        if unsupported is None:
+            self.fused = FusedLlamaStep(model, batch_size=batch_size, max_cache_len=max_cache_len)
+            self.step_reason = ("fused: q/k/v and gate/up read as one matrix each, plain K/V tensors "
+                                f"({self.fused.extra_bytes / 2**20:.0f} MiB of fused weight copies)")
+        else:
+            self.cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+            self.step_reason = f"model forward over a StaticCache ({unsupported})"
+            if step == "auto":
+                logger.info("graph decode runs the model's own forward: the fused step does not apply (%s)",
+                            unsupported)
         long = dict(dtype=torch.long, device=self.device)
         self.token = torch.zeros((batch_size, 1), **long)
         self.position = torch.zeros((batch_size, 1), **long)
         self.tokens = torch.zeros((batch_size, max_cache_len + 1), **long)
         self._step_fn = self._step
         if compile_backend is not None:
+            # Inductor's coordinate-descent tuning of its matrix-vector reductions: +13% tokens/s at
+            # batch 1 on an H200 (docs/benchmarks/decode.md) for ~30 s more warm-up. Passed as a
+            # per-call option, so no global inductor config changes. torch.compile takes either a
+            # mode or options, so a given compile_mode turns it off.
+            if tune is None:
+                tune = compile_backend == "inductor" and compile_mode is None
+            options = {"coordinate_descent_tuning": True} if tune and compile_mode is None else None
             self._step_fn = torch.compile(self._step, backend=compile_backend, mode=compile_mode, fullgraph=False,
-                                          dynamic=False)
+                                          dynamic=False, options=options)
         self.graph = None
         self.capture_seconds: float | None = None
 
     def _step(self) -> None:
         """One decode step: every input and output is a fixed device buffer (capturable)."""
-        logits = self.model(input_ids=self.token, position_ids=self.position, past_key_values=self.cache,
-                            use_cache=True, logits_to_keep=1).logits
-        nxt = logits[:, -1].argmax(dim=-1, keepdim=True)
+        if self.fused is not None:
+            last = self.fused(self.token, self.position)
+        else:
+            last = self.model(input_ids=self.token, position_ids=self.position, past_key_values=self.cache,
+                              use_cache=True, logits_to_keep=1).logits[:, -1]
+        nxt = last.argmax(dim=-1, keepdim=True)
         self.token.copy_(nxt)
         self.position.add_(1)
         self.tokens.index_copy_(1, self.position[0], nxt)
@@ -78,11 +112,14 @@ class GraphDecoder:
         import torch
 
         batch, length = input_ids.shape
-        self.cache.reset()
         positions = torch.arange(length, device=self.device).unsqueeze(0).expand(batch, length)
-        logits = self.model(input_ids=input_ids, position_ids=positions, past_key_values=self.cache,
-                            use_cache=True, logits_to_keep=1).logits
-        first = logits[:, -1].argmax(dim=-1, keepdim=True)
+        if self.fused is not None:
+            last = self.fused(input_ids, positions)
+        else:
+            self.cache.reset()
+            last = self.model(input_ids=input_ids, position_ids=positions, past_key_values=self.cache,
+                              use_cache=True, logits_to_keep=1).logits[:, -1]
+        first = last.argmax(dim=-1, keepdim=True)
         self.token.copy_(first)
         self.position.fill_(length)  # the position of `token`
         self.tokens.zero_()
@@ -90,7 +127,8 @@ class GraphDecoder:
         return length
 
     def _cache_lengths(self) -> list[Any]:
-        return [layer.cumulative_length for layer in self.cache.layers]
+        # the fused step writes K/V at the position buffer's value: nothing else moves
+        return [] if self.cache is None else [layer.cumulative_length for layer in self.cache.layers]
 
     def _capture(self) -> None:
         """Warm up on a side stream, then capture one step; restores every buffer the warm-up moved."""

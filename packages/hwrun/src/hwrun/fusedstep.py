@@ -1,0 +1,172 @@
+"""A functional forward for Llama-family decoders over fused weights and a plain static KV cache.
+
+Why: at batch 1 the decode step is a chain of small kernels, and each costs a few microseconds
+however little it reads. Reading q/k/v as one matrix and gate/up as one (two matrix-vector
+products per layer instead of five), writing K/V into plain tensors (no cache bookkeeping) and
+computing grouped-query attention as two batched products over the unrepeated KV heads leaves
+fewer, larger kernels for `torch.compile` and the CUDA graph (hwrun.fastdecode). The arithmetic
+is the model's own: RMSNorm in fp32, the model's rotary embedding and activation, softmax in fp32.
+The fused weights are copies (the model is not changed); `extra_bytes` says how much they take.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import FastDecodeError
+
+#: Model types whose decoder layers are input_layernorm -> self_attn(q,k,v,o) -> residual ->
+#: post_attention_layernorm -> mlp(gate, up, down) -> residual, with nothing else in between.
+FUSED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
+
+
+def fused_step_support(model: Any) -> str | None:
+    """None when `model` can run the fused step exactly, else the reason it cannot."""
+    config = model.config.get_text_config(decoder=True)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FUSED_MODEL_TYPES:
+        return f"model_type {model_type!r} is not one of {sorted(FUSED_MODEL_TYPES)}"
+    if getattr(config, "pretraining_tp", 1) not in (None, 1):
+        return "config.pretraining_tp > 1"
+    if getattr(model, "is_quantized", False) or getattr(model, "hf_quantizer", None) is not None:
+        return "quantized weights"
+    decoder = model.get_decoder()
+    for name in ("embed_tokens", "layers", "norm", "rotary_emb"):
+        if not hasattr(decoder, name):
+            return f"the decoder has no {name}"
+    head = model.get_output_embeddings()
+    if head is None or type(head).__name__ != "Linear" or head.bias is not None:
+        return "the output head is not a bias-free Linear"
+    for layer in decoder.layers:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        parts = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        parts += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+        if any(p is None or type(p).__name__ != "Linear" for p in parts):
+            return f"layer {type(layer).__name__} does not hold plain Linear q/k/v/o and gate/up/down projections"
+        if not hasattr(layer, "input_layernorm") or not hasattr(layer, "post_attention_layernorm"):
+            return f"layer {type(layer).__name__} has no input/post-attention norms"
+    return None
+
+
+def _cat(tensors: list[Any]) -> Any:
+    import torch
+
+    return torch.cat([t.detach() for t in tensors], dim=0).contiguous()
+
+
+def _norm(module: Any) -> tuple[Any, float]:
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
+    return module.weight.detach(), float(eps)
+
+
+class FusedLlamaStep:
+    """`step(token_ids, positions) -> last-position logits` for a Llama-family CausalLM, with its own
+    static K/V cache of `max_cache_len` positions for `batch_size` rows (all rows at the same position)."""
+
+    def __init__(self, model: Any, *, batch_size: int, max_cache_len: int) -> None:
+        import torch
+
+        reason = fused_step_support(model)
+        if reason is not None:
+            raise FastDecodeError(f"the fused decode step cannot run {type(model).__name__}: {reason}.")
+        config = model.config.get_text_config(decoder=True)
+        decoder = model.get_decoder()
+        first = decoder.layers[0].self_attn
+        self.n_heads = config.num_attention_heads
+        self.n_kv = getattr(config, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(first, "head_dim", None) or config.hidden_size // self.n_heads
+        self.scaling = float(getattr(first, "scaling", self.head_dim ** -0.5))
+        self.q_size = self.n_heads * self.head_dim
+        self.kv_size = self.n_kv * self.head_dim
+        self.embed = decoder.embed_tokens
+        self.rotary = decoder.rotary_emb
+        self.final_norm = _norm(decoder.norm)
+        self.lm_head = model.get_output_embeddings().weight.detach()
+        self.layers = []
+        extra = 0
+        for layer in decoder.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = _cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+            qkv_bias = None
+            if attn.q_proj.bias is not None:
+                qkv_bias = _cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+            gate_up = _cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+            gate_up_bias = _cat([mlp.gate_proj.bias, mlp.up_proj.bias]) if mlp.gate_proj.bias is not None else None
+            extra += qkv.numel() * qkv.element_size() + gate_up.numel() * gate_up.element_size()
+            self.layers.append(dict(
+                norm_in=_norm(layer.input_layernorm), qkv=qkv, qkv_bias=qkv_bias,
+                o=attn.o_proj.weight.detach(), o_bias=None if attn.o_proj.bias is None else attn.o_proj.bias.detach(),
+                norm_post=_norm(layer.post_attention_layernorm), gate_up=gate_up, gate_up_bias=gate_up_bias,
+                down=mlp.down_proj.weight.detach(),
+                down_bias=None if mlp.down_proj.bias is None else mlp.down_proj.bias.detach(),
+                act=mlp.act_fn,
+            ))
+        self.extra_bytes = extra
+        self.intermediate = self.layers[0]["gate_up"].shape[0] // 2
+        dtype, device = self.lm_head.dtype, self.lm_head.device
+        shape = (batch_size, self.n_kv, max_cache_len, self.head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
+        self.max_cache_len = max_cache_len
+        self.key_index = torch.arange(max_cache_len, device=device)
+
+    def reset(self) -> None:
+        """Forget every cached position (not needed for correctness: positions overwrite, the mask hides the rest)."""
+        for k, v in zip(self.keys, self.values, strict=True):
+            k.zero_()
+            v.zero_()
+
+    @staticmethod
+    def _rms(x: Any, norm: tuple[Any, float]) -> Any:
+        import torch
+
+        weight, eps = norm
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * h.to(x.dtype)
+
+    def __call__(self, token_ids: Any, positions: Any) -> Any:
+        """Logits (batch, vocab) of the last position; writes K/V of `positions` into the cache.
+
+        `positions` is (batch, T) with every row equal. T > 1 is the prefill, which must start at
+        position 0 (causal attention over the prompt itself); T == 1 is one decode step.
+        """
+        import torch
+        import torch.nn.functional as F
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        batch, length = token_ids.shape
+        hidden = self.embed(token_ids)
+        cos, sin = self.rotary(hidden, positions)
+        rep = self.n_heads // self.n_kv
+        slots = positions[0]
+        if length == 1:
+            visible = self.key_index <= positions[:, :, None]  # (batch, 1, L)
+            mask = torch.zeros(visible.shape, dtype=torch.float32, device=hidden.device)
+            mask = mask.masked_fill(~visible, float("-inf"))[:, None]  # (batch, 1, 1, L)
+        for i, layer in enumerate(self.layers):
+            x = self._rms(hidden, layer["norm_in"])
+            qkv = F.linear(x, layer["qkv"], layer["qkv_bias"])
+            q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+            q = q.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)
+            k = k.view(batch, length, self.n_kv, self.head_dim).transpose(1, 2)
+            v = v.view(batch, length, self.n_kv, self.head_dim).transpose(1, 2)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            self.keys[i].index_copy_(2, slots, k)
+            self.values[i].index_copy_(2, slots, v)
+            if length == 1:
+                # grouped-query attention over the unrepeated KV heads: (B, kv, rep, d) x (B, kv, d, L)
+                qg = q.reshape(batch, self.n_kv, rep, self.head_dim)
+                scores = torch.matmul(qg, self.keys[i].transpose(2, 3)).to(torch.float32) * self.scaling
+                probs = torch.softmax(scores + mask, dim=-1).to(q.dtype)
+                out = torch.matmul(probs, self.values[i]).reshape(batch, 1, self.q_size)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling,
+                                                     enable_gqa=rep > 1)
+                out = out.transpose(1, 2).reshape(batch, length, self.q_size)
+            hidden = hidden + F.linear(out, layer["o"], layer["o_bias"])
+            x = self._rms(hidden, layer["norm_post"])
+            gate, up = F.linear(x, layer["gate_up"], layer["gate_up_bias"]).split(self.intermediate, dim=-1)
+            hidden = hidden + F.linear(layer["act"](gate) * up, layer["down"], layer["down_bias"])
+        last = self._rms(hidden[:, -1], self.final_norm)
+        return F.linear(last, self.lm_head)
