@@ -72,12 +72,19 @@ def test_continuous_and_static_batching_agree(loaded):
     assert static.prompt_tokens == auto.prompt_tokens == [len(tokenizer(p)["input_ids"]) for p in PROMPTS]
 
 
-def test_graph_decode_step_loop_equals_model_generate(loaded, caplog):
+@pytest.mark.parametrize("batching", ["static", "continuous"])
+def test_graph_decode_step_loop_equals_model_generate(loaded, caplog, batching):
     plan, model, tokenizer = loaded
-    result = hwrun.generate(plan, PROMPTS, 12, decode="graphs", model=model, tokenizer=tokenizer)
-    assert result.decode == "graphs" and result.batching == "static"
+    result = hwrun.generate(plan, PROMPTS, 12, decode="graphs", batching=batching, model=model, tokenizer=tokenizer)
+    assert result.decode == "graphs" and result.batching == batching
     assert result.token_ids == [_reference(model, tokenizer, p, 12) for p in PROMPTS]
     assert any("runs eagerly" in r.message for r in caplog.records)
+
+
+def test_graph_decode_with_many_prompts_is_continuous_over_slots(loaded):
+    plan, model, tokenizer = loaded
+    result = hwrun.generate(plan, PROMPTS, 12, decode="graphs", model=model, tokenizer=tokenizer)
+    assert result.batching == "continuous" and "slotdecode" in result.decode_reason
 
 
 def test_graph_decoder_direct_and_reused(loaded):

@@ -42,25 +42,13 @@ class GraphDecoder:
 
         from .fusedstep import FusedLlamaStep, fused_step_support
 
-        if max_cache_len <= 1:
-            raise FastDecodeError(f"max_cache_len={max_cache_len} must exceed 1 (prompt length + new tokens).")
-        if batch_size <= 0:
-            raise FastDecodeError(f"batch_size={batch_size} must be positive.")
-        config = model.config.get_text_config(decoder=True)
-        if getattr(config, "sliding_window", None) or getattr(config, "layer_types", None) and any(
-                t != "full_attention" for t in config.layer_types):
-            raise FastDecodeError(
-                f"{type(model).__name__} uses sliding-window or mixed attention layers; the graph decoder supports "
-                "full-attention decoders only. Use decode='generate'."
-            )
+        check_decoder_args(model, batch_size, max_cache_len, use_graphs)
         self.model = model
         self.device = model.device
         self.batch_size = batch_size
         self.max_cache_len = max_cache_len
         self.check_every = max(1, check_every)
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
-        if self.use_graphs and self.device.type != "cuda":
-            raise FastDecodeError(f"use_graphs=True needs a CUDA model; this one is on {self.device}.")
         if step not in STEPS:
             raise FastDecodeError(f"step={step!r} is not a decode step; use one of {', '.join(STEPS)}.")
         unsupported = fused_step_support(model) if step != "model" else "step='model' given"
@@ -82,17 +70,7 @@ class GraphDecoder:
         self.token = torch.zeros((batch_size, 1), **long)
         self.position = torch.zeros((batch_size, 1), **long)
         self.tokens = torch.zeros((batch_size, max_cache_len + 1), **long)
-        self._step_fn = self._step
-        if compile_backend is not None:
-            # Inductor's coordinate-descent tuning of its matrix-vector reductions: +13% tokens/s at
-            # batch 1 on an H200 (docs/benchmarks/decode.md) for ~30 s more warm-up. Passed as a
-            # per-call option, so no global inductor config changes. torch.compile takes either a
-            # mode or options, so a given compile_mode turns it off.
-            if tune is None:
-                tune = compile_backend == "inductor" and compile_mode is None
-            options = {"coordinate_descent_tuning": True} if tune and compile_mode is None else None
-            self._step_fn = torch.compile(self._step, backend=compile_backend, mode=compile_mode, fullgraph=False,
-                                          dynamic=False, options=options)
+        self._step_fn = compile_step(self._step, compile_backend, compile_mode, tune)
         self.graph = None
         self.capture_seconds: float | None = None
 
@@ -131,32 +109,9 @@ class GraphDecoder:
         return [] if self.cache is None else [layer.cumulative_length for layer in self.cache.layers]
 
     def _capture(self) -> None:
-        """Warm up on a side stream, then capture one step; restores every buffer the warm-up moved."""
-        import time
-
-        import torch
-
-        start = time.perf_counter()
-        saved_token = self.token.clone()
-        saved_position = self.position.clone()
-        saved_lengths = [length.clone() for length in self._cache_lengths()]
-        stream = torch.cuda.Stream(device=self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                self._step_fn()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._step_fn()
-        self.token.copy_(saved_token)
-        self.position.copy_(saved_position)
-        for length, saved in zip(self._cache_lengths(), saved_lengths, strict=True):
-            length.copy_(saved)
-        torch.cuda.synchronize(self.device)
-        self.graph = graph
-        self.capture_seconds = time.perf_counter() - start
-        logger.info("captured the decode step as a CUDA graph in %.2fs", self.capture_seconds)
+        """Capture one step as a CUDA graph; restores every buffer the warm-up moved."""
+        buffers = [self.token, self.position, *self._cache_lengths()]
+        self.graph, self.capture_seconds = capture_graph(self._step_fn, self.device, buffers)
 
     def generate(self, input_ids: Any, max_new_tokens: int, *, eos_token_id: Any = "model") -> Any:
         """Greedy tokens after `input_ids` (batch, length): a (batch, <= max_new_tokens) tensor.
@@ -198,3 +153,64 @@ class GraphDecoder:
                     if bool(torch.isin(produced, eos).any(dim=1).all()):
                         break
             return self.tokens[:, length:length + done].clone()
+
+
+def check_decoder_args(model: Any, batch_size: int, max_cache_len: int, use_graphs: bool | None) -> None:
+    """Reject (FastDecodeError) what a static-cache graph decoder cannot run, before anything is built."""
+    if max_cache_len <= 1:
+        raise FastDecodeError(f"max_cache_len={max_cache_len} must exceed 1 (prompt length + new tokens).")
+    if batch_size <= 0:
+        raise FastDecodeError(f"batch_size={batch_size} must be positive.")
+    if use_graphs and model.device.type != "cuda":
+        raise FastDecodeError(f"use_graphs=True needs a CUDA model; this one is on {model.device}.")
+    config = model.config.get_text_config(decoder=True)
+    if getattr(config, "sliding_window", None) or getattr(config, "layer_types", None) and any(
+            t != "full_attention" for t in config.layer_types):
+        raise FastDecodeError(
+            f"{type(model).__name__} uses sliding-window or mixed attention layers; the graph decoder supports "
+            "full-attention decoders only. Use decode='generate'."
+        )
+
+
+def compile_step(step: Any, backend: Any, mode: str | None, tune: bool | None) -> Any:
+    """`step` compiled with `backend` (None: `step` itself), static shapes.
+
+    Inductor's coordinate-descent tuning of its matrix-vector reductions (`tune`, default on for
+    inductor without a mode): +13% tokens/s at batch 1 on an H200 (docs/benchmarks/decode.md) for
+    ~30 s more warm-up. It is a per-call option, so no global inductor config changes; torch.compile
+    takes either a mode or options, so a given mode turns it off.
+    """
+    import torch
+
+    if backend is None:
+        return step
+    if tune is None:
+        tune = backend == "inductor" and mode is None
+    options = {"coordinate_descent_tuning": True} if tune and mode is None else None
+    return torch.compile(step, backend=backend, mode=mode, fullgraph=False, dynamic=False, options=options)
+
+
+def capture_graph(step: Any, device: Any, buffers: list[Any]) -> tuple[Any, float]:
+    """(CUDA graph of one `step()`, seconds taken): three warm-up steps on a side stream, then the
+    capture; every tensor in `buffers` (what a step moves: tokens, positions, counters) is restored."""
+    import time
+
+    import torch
+
+    start = time.perf_counter()
+    saved = [b.clone() for b in buffers]
+    stream = torch.cuda.Stream(device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for buffer, value in zip(buffers, saved, strict=True):
+        buffer.copy_(value)
+    torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    logger.info("captured the decode step as a CUDA graph in %.2fs", seconds)
+    return graph, seconds

@@ -61,9 +61,14 @@ def _norm(module: Any) -> tuple[Any, float]:
 
 class FusedLlamaStep:
     """`step(token_ids, positions) -> last-position logits` for a Llama-family CausalLM, with its own
-    static K/V cache of `max_cache_len` positions for `batch_size` rows (all rows at the same position)."""
+    static K/V cache of `max_cache_len` positions for `batch_size` rows.
 
-    def __init__(self, model: Any, *, batch_size: int, max_cache_len: int) -> None:
+    By default every row decodes at the same position (one `index_copy_` per layer writes K/V);
+    `per_row_positions=True` lets each row sit at its own position (a `scatter_` writes K/V), which
+    is what continuous batching over slots (hwrun.slotdecode) needs.
+    """
+
+    def __init__(self, model: Any, *, batch_size: int, max_cache_len: int, per_row_positions: bool = False) -> None:
         import torch
 
         reason = fused_step_support(model)
@@ -108,6 +113,7 @@ class FusedLlamaStep:
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
         self.max_cache_len = max_cache_len
+        self.per_row_positions = per_row_positions
         self.key_index = torch.arange(max_cache_len, device=device)
 
     def reset(self) -> None:
@@ -125,11 +131,14 @@ class FusedLlamaStep:
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
         return weight * h.to(x.dtype)
 
-    def __call__(self, token_ids: Any, positions: Any) -> Any:
-        """Logits (batch, vocab) of the last position; writes K/V of `positions` into the cache.
+    def __call__(self, token_ids: Any, positions: Any, *, rows: Any = None, last_index: Any = None) -> Any:
+        """Logits (batch, vocab) of each row's last position; writes K/V of `positions` into the cache.
 
-        `positions` is (batch, T) with every row equal. T > 1 is the prefill, which must start at
-        position 0 (causal attention over the prompt itself); T == 1 is one decode step.
+        T == 1 (`token_ids` of shape (batch, 1)) is one decode step of every cache row; `positions`
+        (batch, 1) are equal across rows unless `per_row_positions`. T > 1 is a prefill starting at
+        position 0 (causal attention over the prompt itself), written into cache rows `rows` (a long
+        tensor; default all rows); prompts of different lengths are right-padded, and `last_index`
+        (one per row) says where each row's last real token is (default: the last column).
         """
         import torch
         import torch.nn.functional as F
@@ -144,6 +153,8 @@ class FusedLlamaStep:
             visible = self.key_index <= positions[:, :, None]  # (batch, 1, L)
             mask = torch.zeros(visible.shape, dtype=torch.float32, device=hidden.device)
             mask = mask.masked_fill(~visible, float("-inf"))[:, None]  # (batch, 1, 1, L)
+            if self.per_row_positions:
+                write_at = positions.view(batch, 1, 1, 1).expand(batch, self.n_kv, 1, self.head_dim)
         for i, layer in enumerate(self.layers):
             x = self._rms(hidden, layer["norm_in"])
             qkv = F.linear(x, layer["qkv"], layer["qkv_bias"])
@@ -152,8 +163,15 @@ class FusedLlamaStep:
             k = k.view(batch, length, self.n_kv, self.head_dim).transpose(1, 2)
             v = v.view(batch, length, self.n_kv, self.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            self.keys[i].index_copy_(2, slots, k)
-            self.values[i].index_copy_(2, slots, v)
+            if length == 1 and self.per_row_positions:
+                self.keys[i].scatter_(2, write_at, k)
+                self.values[i].scatter_(2, write_at, v)
+            elif rows is not None:
+                self.keys[i][rows, :, :length] = k
+                self.values[i][rows, :, :length] = v
+            else:
+                self.keys[i].index_copy_(2, slots, k)
+                self.values[i].index_copy_(2, slots, v)
             if length == 1:
                 # grouped-query attention over the unrepeated KV heads: (B, kv, rep, d) x (B, kv, d, L)
                 qg = q.reshape(batch, self.n_kv, rep, self.head_dim)
@@ -168,5 +186,8 @@ class FusedLlamaStep:
             x = self._rms(hidden, layer["norm_post"])
             gate, up = F.linear(x, layer["gate_up"], layer["gate_up_bias"]).split(self.intermediate, dim=-1)
             hidden = hidden + F.linear(layer["act"](gate) * up, layer["down"], layer["down_bias"])
-        last = self._rms(hidden[:, -1], self.final_norm)
-        return F.linear(last, self.lm_head)
+        if last_index is None:
+            last = hidden[:, -1]
+        else:
+            last = hidden[torch.arange(batch, device=hidden.device), last_index]
+        return F.linear(self._rms(last, self.final_norm), self.lm_head)

@@ -2,8 +2,9 @@
 
 Static batching left-pads the prompts and calls `model.generate` (X10); continuous batching hands
 token ids to Transformers' `model.generate_batch` (X11). Greedy decoding gives the same tokens
-both ways (tested). On CUDA, `decode="graphs"` (or `auto` with `plan.compile`) runs the
-static-cache CUDA-graph decode loop of `hwrun.fastdecode`.
+both ways (tested). On CUDA, `decode="graphs"` (or `auto` with `plan.compile`) runs hwrun's own
+CUDA-graph loops instead: `hwrun.fastdecode` for a static batch, `hwrun.slotdecode` (slot-based
+continuous batching) for continuous batching.
 """
 
 from __future__ import annotations
@@ -107,12 +108,14 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
 
 
 def choose_decode(plan: RunPlan, requested: str, batching: str, do_sample: bool) -> tuple[str, str]:
-    """("generate" | "graphs", reason) for the static path."""
+    """("generate" | "graphs", reason): Transformers' own loop (`model.generate`, or `generate_batch`
+    when batching is continuous) or hwrun's CUDA-graph loop (`GraphDecoder`, or `SlotDecoder`)."""
     if requested not in DECODE:
         raise GenerateError(f"decode={requested!r} is not a decode mode; use one of {', '.join(DECODE)}.")
+    loop = ("hwrun.slotdecode: continuous batching over static cache slots, one CUDA graph replay per step"
+            if batching == "continuous" else "static cache + CUDA graph replay per token (hwrun.fastdecode)")
+    theirs = "model.generate_batch" if batching == "continuous" else "model.generate"
     blockers = []
-    if batching != "static":
-        blockers.append("continuous batching runs its own decode loop")
     if do_sample:
         blockers.append("the graph loop is greedy only")
     if plan.quantization:
@@ -120,21 +123,21 @@ def choose_decode(plan: RunPlan, requested: str, batching: str, do_sample: bool)
     if plan.device_map == "auto":
         blockers.append("the model is split across devices")
     if requested == "generate":
-        return "generate", "given: model.generate"
+        return "generate", f"given: {theirs}"
     if requested == "graphs":
         if blockers:
             raise GenerateError(f"decode='graphs' cannot run: {'; '.join(blockers)}. Use decode='generate'.")
         if plan.accelerator.kind != "cuda":
-            logger.warning("decode='graphs' on %s: no CUDA graphs there, the static-cache step loop runs eagerly",
-                           plan.accelerator.kind)
-            return "graphs", f"given; {plan.accelerator.kind} has no CUDA graphs, so the same step loop runs eagerly"
-        return "graphs", "given: static cache + CUDA graph replay per token (hwrun.fastdecode)"
+            name = "hwrun.slotdecode's slot loop" if batching == "continuous" else "the static-cache step loop"
+            logger.warning("decode='graphs' on %s: no CUDA graphs there, %s runs eagerly", plan.accelerator.kind, name)
+            return "graphs", f"given; {plan.accelerator.kind} has no CUDA graphs, so {name} runs eagerly"
+        return "graphs", f"given: {loop}"
     if plan.accelerator.kind == "cuda" and plan.compile is not None and not blockers:
-        return "graphs", "CUDA with compile on: static cache + CUDA graph replay per token, no host work per token"
+        return "graphs", f"CUDA with compile on: {loop}, no host work per token"
     if plan.accelerator.kind == "cuda" and plan.compile is not None:
-        logger.info("graph decode not used: %s; falling back to model.generate", "; ".join(blockers))
-        return "generate", f"model.generate ({'; '.join(blockers)})"
-    return "generate", "model.generate (graph decode needs CUDA and compile=True)"
+        logger.info("graph decode not used: %s; falling back to %s", "; ".join(blockers), theirs)
+        return "generate", f"{theirs} ({'; '.join(blockers)})"
+    return "generate", f"{theirs} (graph decode needs CUDA and compile=True)"
 
 
 def generate(
@@ -165,8 +168,6 @@ def generate(
         from .plan import plan as make_plan
 
         plan = make_plan()
-    if decode == "graphs" and batching == "auto":
-        batching = "static"  # the graph loop is a static-batch decoder
     choice = choose_batching(plan, len(prompts), batching, stream=stream)
     decode_mode, decode_reason = choose_decode(plan, decode, choice.mode, do_sample)
     if stream and len(prompts) > 1:
@@ -183,8 +184,21 @@ def generate(
         torch.manual_seed(seed)
     eos = _eos_ids(model, tokenizer)
     logger.info("batching: %s (%s); decode: %s (%s)", choice.mode, choice.reason, decode_mode, decode_reason)
+    if choice.mode == "continuous" and decode_mode == "graphs":
+        from .fusedstep import fused_step_support
+
+        unsupported = fused_step_support(model)
+        if unsupported is not None and decode == "graphs":
+            raise GenerateError(f"decode='graphs' with continuous batching runs hwrun's fused step, which cannot run "
+                                f"this model: {unsupported}. Use decode='generate'.")
+        if unsupported is not None:
+            logger.info("continuous graph decode not used: the fused step cannot run this model (%s); "
+                        "falling back to model.generate_batch", unsupported)
+            decode_mode, decode_reason = "generate", f"model.generate_batch (the fused step cannot run it: {unsupported})"
     with torch.inference_mode():
-        if choice.mode == "continuous":
+        if choice.mode == "continuous" and decode_mode == "graphs":
+            ids, prompt_lens, seconds = _slots(plan, model, tokenizer, prompts, max_new_tokens)
+        elif choice.mode == "continuous":
             ids, prompt_lens, seconds = _continuous(plan, model, tokenizer, prompts, max_new_tokens, sampling, progress)
         elif decode_mode == "graphs":
             ids, prompt_lens, seconds = _graphs(plan, model, tokenizer, prompts, max_new_tokens, stream)
@@ -255,16 +269,34 @@ _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 CACHE_BUCKET = 256
 
 
-def _decoder(model: Any, batch: int, needed: int, use_graphs: bool, backend: Any) -> Any:
+#: Most slots (concurrent requests) the continuous graph decoder runs; more prompts wait for a free slot.
+MAX_SLOTS = 64
+
+
+def _decoder(model: Any, batch: int, needed: int, use_graphs: bool, backend: Any, *, slots: bool = False) -> Any:
     from .fastdecode import GraphDecoder
+    from .slotdecode import SlotDecoder
 
     length = -(-needed // CACHE_BUCKET) * CACHE_BUCKET
     per_model = _DECODERS.setdefault(model, {})
-    key = (batch, length, use_graphs, backend if isinstance(backend, str) or backend is None else id(backend))
+    key = (slots, batch, length, use_graphs, backend if isinstance(backend, str) or backend is None else id(backend))
     if key not in per_model:
-        per_model[key] = GraphDecoder(model, batch_size=batch, max_cache_len=length, use_graphs=use_graphs,
-                                      compile_backend=backend)
+        cls, size = (SlotDecoder, "slots") if slots else (GraphDecoder, "batch_size")
+        per_model[key] = cls(model, **{size: batch}, max_cache_len=length, use_graphs=use_graphs,
+                             compile_backend=backend)
     return per_model[key]
+
+
+def _slots(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str],
+           max_new_tokens: int) -> tuple[list[list[int]], list[int], float]:
+    """Continuous batching through `hwrun.slotdecode` (greedy; EOS and budgets checked on the host)."""
+    encoded = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
+    compile_backend = plan.compile.backend if plan.compile is not None else None
+    decoder = _decoder(model, min(len(encoded), MAX_SLOTS), max(map(len, encoded)) + max_new_tokens,
+                       plan.accelerator.kind == "cuda", compile_backend, slots=True)
+    start = time.perf_counter()
+    rows = decoder.generate(encoded, max_new_tokens, eos_token_id=sorted(_eos_ids(model, tokenizer)) or None)
+    return rows, [len(e) for e in encoded], time.perf_counter() - start
 
 
 def _graphs(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int,
