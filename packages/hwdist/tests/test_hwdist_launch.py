@@ -91,10 +91,98 @@ def test_cpu_defaults_to_one_process_and_has_no_devices():
 
 
 def test_kind_for_another_machine_needs_devices_or_nproc(clean_device_env):
-    with pytest.raises(hwdist.LaunchError, match="pass --nproc-per-node N or --devices"):
+    with pytest.raises(hwdist.LaunchError, match="pass --nproc-per-node N, --devices, or --device-count N"):
         hwdist.launch_command("train.py", kind="xpu")  # no XPU here
     argv, env = hwdist.launch_command("train.py", kind="xpu", devices="0,1")
     assert "--nproc-per-node=2" in argv and env["ZE_AFFINITY_MASK"] == "0,1"
+
+
+@pytest.mark.facts("X4")
+def test_detected_kind_checks_devices_against_this_machine(fake_xpu):
+    fake_xpu(count=2)
+    with pytest.raises(hwdist.LaunchError, match=r"2 xpu device\(s\) this process sees.*names device 3") as info:
+        hwdist.launch_command("train.py", devices="0,3")
+    assert "--device-count" in str(info.value)  # the fix for a command meant for another machine
+    with pytest.raises(hwdist.LaunchError, match="exceeds the 2 xpu device"):
+        hwdist.launch_command("train.py", nproc_per_node=3)
+
+
+@pytest.mark.facts("X4", "G16")
+def test_explicit_device_count_is_the_target_nodes_count(fake_xpu):
+    fake_xpu(count=2)  # this machine: 2 XPUs; the command is for nodes with 8
+    argv, env = hwdist.launch_command("train.py", kind="xpu", devices="0,5", device_count=8)
+    assert "--nproc-per-node=2" in argv and env["ZE_AFFINITY_MASK"] == "0,5"
+    argv, _ = hwdist.launch_command("train.py", kind="xpu", device_count=8)
+    assert "--nproc-per-node=8" in argv
+    argv, _ = hwdist.launch_command("train.py", devices="0,5", device_count=8)  # detected kind, count given
+    assert "--nproc-per-node=2" in argv
+    with pytest.raises(hwdist.LaunchError, match=r"--device-count 8.*names device 9"):
+        hwdist.launch_command("train.py", kind="xpu", devices="0,9", device_count=8)
+    with pytest.raises(hwdist.LaunchError, match="exceeds the 8 xpu device"):
+        hwdist.launch_command("train.py", kind="xpu", nproc_per_node=9, device_count=8)
+
+
+def test_explicit_kind_is_not_checked_against_this_machines_count(fake_xpu):
+    fake_xpu(count=2)  # --kind may build the command for another machine: syntax only
+    argv, env = hwdist.launch_command("train.py", kind="xpu", devices="0,3")
+    assert "--nproc-per-node=2" in argv and env["ZE_AFFINITY_MASK"] == "0,3"
+    argv, _ = hwdist.launch_command("train.py", kind="xpu", nproc_per_node=4)
+    assert "--nproc-per-node=4" in argv
+    argv, _ = hwdist.launch_command("train.py", kind="xpu")  # this machine's count is still the default
+    assert "--nproc-per-node=2" in argv
+    with pytest.raises(hwdist.LaunchError, match=r"item 2 is empty"):
+        hwdist.launch_command("train.py", kind="xpu", devices="0,,1")
+
+
+@pytest.mark.facts("X4")
+def test_inherited_selection_is_replaced_so_indices_are_not_counted(fake_xpu, fake_cuda, monkeypatch):
+    fake_xpu(count=2)
+    monkeypatch.setenv("ZE_AFFINITY_MASK", "2,3")  # this process sees 2 of (say) 4 XPUs
+    argv, env = hwdist.launch_command("train.py")
+    assert "--nproc-per-node=2" in argv and env["ZE_AFFINITY_MASK"] == "2,3"
+    argv, env = hwdist.launch_command("train.py", devices="0,3")  # replaces the mask in the child
+    assert "--nproc-per-node=2" in argv and env["ZE_AFFINITY_MASK"] == "0,3"
+    with pytest.raises(hwdist.LaunchError, match="3 levels"):
+        hwdist.launch_command("train.py", devices="0.1.2")
+    with pytest.raises(hwdist.LaunchError, match="names device 4"):
+        hwdist.launch_command("train.py", devices="0,4", device_count=4)
+    monkeypatch.delenv("ZE_AFFINITY_MASK")
+    fake_cuda(count=2)
+    monkeypatch.setenv("HWENV_DEVICE", "cuda")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7")
+    argv, env = hwdist.launch_command("train.py", devices="0,5")
+    assert "--nproc-per-node=2" in argv and env == {"CUDA_VISIBLE_DEVICES": "0,5"}
+
+
+def test_without_xpus_here_devices_are_checked_for_syntax_only(clean_device_env, monkeypatch):
+    argv, env = hwdist.launch_command("train.py", kind="xpu", devices="0,7")
+    assert "--nproc-per-node=2" in argv and env["ZE_AFFINITY_MASK"] == "0,7"
+    with pytest.raises(hwdist.LaunchError, match="not a non-negative decimal index"):
+        hwdist.launch_command("train.py", kind="xpu", devices="0,x")
+    with pytest.raises(hwdist.LaunchError, match=r"--device-count 4.*names device 7"):
+        hwdist.launch_command("train.py", kind="xpu", devices="0,7", device_count=4)
+    monkeypatch.setenv("HWENV_DEVICE", "xpu")  # detection refuses: a LaunchError, not hwenv's own error
+    with pytest.raises(hwdist.LaunchError, match="HWENV_DEVICE='xpu'.*--kind"):
+        hwdist.launch_command("train.py", devices="0")
+
+
+@pytest.mark.parametrize("device_count, kind, pattern", [
+    (0, "xpu", "positive integer"), (True, "xpu", "positive integer"), ("8", "xpu", "positive integer"),
+    (2, "cpu", "counts xpu, hpu or cuda devices.*--nproc-per-node"),
+])
+def test_bad_device_count_is_rejected(device_count, kind, pattern):
+    with pytest.raises(hwdist.LaunchError, match=pattern):
+        hwdist.launch_command("train.py", kind=kind, device_count=device_count)
+
+
+def test_cli_device_count_for_another_machine(fake_xpu, capsys):
+    fake_xpu(count=2)
+    assert main(["launch", "--dry-run", "--kind", "xpu", "--device-count", "8", "--devices", "4,7", "train.py"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert "--nproc-per-node=2" in shown["argv"] and shown["env"]["ZE_AFFINITY_MASK"] == "4,7"
+    assert main(["launch", "--dry-run", "--kind", "xpu", "--device-count", "4", "--devices", "4,7", "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hwdist launch: error:") and "--device-count 4" in err and err.count("\n") == 1
 
 
 def test_multi_node_options_pass_through_unchanged():

@@ -36,6 +36,8 @@ def _launch_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--devices", help="device ids: XPU affinity mask ('0,2'), Gaudi module IDs, CUDA indices")
     p.add_argument("--kind", choices=("xpu", "hpu", "cuda", "mps", "cpu"), help="accelerator kind (default: detected)")
     p.add_argument("--by", choices=("module", "index"), default="module", help="Gaudi: --devices are module IDs (default) or indices")
+    p.add_argument("--device-count", type=int, help="devices of --kind on each node the command is for: --devices and "
+                   "--nproc-per-node are checked against it (default: this machine's, only when --kind is detected)")
     p.add_argument("--dry-run", action="store_true", help="print the command and environment, run nothing")
     p.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module (python -m SCRIPT)")
     for ours, _theirs, takes_value in TORCHRUN_OPTIONS:
@@ -87,8 +89,8 @@ def _launch(args: argparse.Namespace) -> int:
         elif not takes_value and value:
             passthrough.append(theirs)
     argv, changes = launch_command(args.script, args.script_args, nproc_per_node=args.nproc_per_node,
-                                   devices=args.devices, kind=args.kind, torchrun_args=passthrough,
-                                   module=args.module, by=args.by)
+                                   devices=args.devices, kind=args.kind, device_count=args.device_count,
+                                   torchrun_args=passthrough, module=args.module, by=args.by)
     if args.dry_run:
         print(json.dumps({"argv": argv, "env": changes, "command": shlex.join(argv)}, indent=2))
         return 0
