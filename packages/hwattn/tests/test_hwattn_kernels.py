@@ -165,9 +165,66 @@ def test_load_kwargs_narrows_the_mapping_to_the_device(caplog):
     assert cuda.kernel_mapping == {"RMSNorm": {"cuda": "kernels-community/liger-kernels:LigerRMSNorm"}}
     assert cuda.inherit_mapping is False
     caplog.set_level(logging.WARNING, logger="hwattn.loading")
-    mps = load_kwargs(Accelerator("mps"), mapping=RMS)
-    assert "kernel_config" not in mps and mps["use_kernels"] is True
+    mps = load_kwargs(Accelerator("mps"), mapping=RMS)  # no 'mps' entry: the (empty) narrowed config still goes
+    assert mps["use_kernels"] is True and mps["kernel_config"].kernel_mapping == {}
+    assert mps["kernel_config"].inherit_mapping is True
     assert any("no 'mps' entry for RMSNorm" in r.getMessage() for r in caplog.records)
+
+
+NPU_ONLY = {"RMSNorm": {"npu": "kernels-community/liger-kernels:LigerRMSNorm"}}
+
+
+@pytest.mark.facts("X13")
+@pytest.mark.parametrize("accel", [XPU, H200, Accelerator("mps"), CPU], ids=["xpu", "cuda", "mps", "cpu"])
+def test_load_kwargs_without_an_entry_for_the_device_is_the_same_on_every_device(accel, caplog):
+    """The user's KernelConfig always goes (narrowed), so its inherit_mapping decides, never Transformers' default."""
+    caplog.set_level(logging.WARNING, logger="hwattn.loading")
+    inherited = load_kwargs(accel, mapping=NPU_ONLY)
+    assert inherited["use_kernels"] is True and inherited["kernel_config"].kernel_mapping == {}
+    assert inherited["kernel_config"].inherit_mapping is True
+    assert any(f"no {accel.kind!r} entry for RMSNorm" in r.getMessage() and "default mapping" in r.getMessage()
+               for r in caplog.records)
+    caplog.clear()
+    alone = load_kwargs(accel, mapping=kernel_mapping(NPU_ONLY, inherit_mapping=False))
+    assert alone == {"attn_implementation": "sdpa"}  # nothing to replace: kernels are not asked for
+    assert any("loading without hub kernels" in r.getMessage() and "inherit_mapping=False" in r.getMessage()
+               for r in caplog.records)
+
+
+@pytest.mark.facts("X13")
+def test_load_kwargs_on_cpu_keeps_the_mapping_and_its_flags(caplog):
+    caplog.set_level(logging.WARNING, logger="hwattn.loading")
+    cpu = load_kwargs(CPU, mapping=RMS)  # KernelConfig has no 'cpu' key: no entry can apply
+    assert cpu["use_kernels"] is True and cpu["kernel_config"].kernel_mapping == {}
+    assert any("no 'cpu' entry for RMSNorm" in r.getMessage() for r in caplog.records)
+    assert load_kwargs(CPU, mapping=kernel_mapping(RMS, inherit_mapping=False)) == {"attn_implementation": "sdpa"}
+    local = kernel_mapping({"RMSNorm": {"xpu": "/opt/rmsnorm:RMSNorm"}}, use_local_kernel=True)
+    assert load_kwargs(CPU, mapping=local) == {"attn_implementation": "sdpa"}  # local kernels inherit nothing
+    caplog.clear()
+    # A mapping without device keys is bound to the model's device by Transformers, which refuses 'cpu'
+    # (KernelConfig.create_compatible_mapping -> add_to_mapping): dropped here, with the reason.
+    plain = load_kwargs(CPU, mapping={"RMSNorm": "kernels-community/rmsnorm:RMSNorm"})
+    assert plain["kernel_config"].kernel_mapping == {}
+    assert any("no device key" in r.getMessage() and "'cpu'" in r.getMessage() for r in caplog.records)
+    xpu = load_kwargs(XPU, mapping={"RMSNorm": "kernels-community/rmsnorm:RMSNorm"})
+    assert xpu["kernel_config"].kernel_mapping == {"RMSNorm": "kernels-community/rmsnorm:RMSNorm"}
+
+
+def test_load_kwargs_needs_no_kernels_when_none_would_be_used(monkeypatch):
+    import hwattn.environment
+
+    monkeypatch.setattr(hwattn.environment, "kernels_available", lambda: False)
+    assert load_kwargs(CPU, mapping=kernel_mapping(RMS, inherit_mapping=False)) == {"attn_implementation": "sdpa"}
+    with pytest.raises(hwattn.KernelsMissingError):
+        load_kwargs(CPU, mapping=RMS)  # inherits Transformers' defaults: those need kernels
+
+
+@pytest.mark.facts("X13")
+def test_kernel_plan_on_cpu_agrees_with_load_kwargs(model):
+    plain = {"RMSNorm": "kernels-community/rmsnorm:RMSNorm"}
+    plan = kernel_plan(model, CPU, plain)
+    assert not plan.used and all(k.layer != "RMSNorm" for k in plan.replaced)
+    assert kernel_plan(model, XPU, plain).used
 
 
 def test_load_kwargs_on_gaudi(caplog):
@@ -228,6 +285,22 @@ def test_from_pretrained_needs_one_repo_per_layer(offline_hub, make_config):
         LlamaForCausalLM.from_pretrained(offline_hub / "model", use_kernels=True, kernel_config=kernel_mapping(RMS))
     with pytest.raises(ValueError, match="offline mode"):
         LlamaForCausalLM.from_pretrained(offline_hub / "model", **load_kwargs(XPU, mapping=RMS))
+
+
+@pytest.mark.facts("X13")
+def test_from_pretrained_on_cpu_with_load_kwargs_and_a_mapping(offline_hub, make_config):
+    """On CPU the narrowed (empty) KernelConfig loads: nothing is fetched, the layers keep PyTorch."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    LlamaForCausalLM(make_config()).save_pretrained(offline_hub / "model")
+    ids = torch.arange(8).unsqueeze(0)
+    plain = LlamaForCausalLM.from_pretrained(offline_hub / "model", **load_kwargs(CPU))
+    for mapping in (RMS, {"RMSNorm": "kernels-community/rmsnorm:RMSNorm"}):
+        model = LlamaForCausalLM.from_pretrained(offline_hub / "model", **load_kwargs(CPU, mapping=mapping))
+        assert model.use_kernels is True and model.kernel_config.kernel_mapping == {}
+        with torch.no_grad():
+            assert torch.equal(model(ids).logits, plain(ids).logits)
 
 
 def test_local_path_must_exist(offline_hub):

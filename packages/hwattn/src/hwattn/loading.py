@@ -15,7 +15,7 @@ from typing import Any
 from hwenv import Accelerator
 
 from .errors import KernelsMissingError, KernelsUnsupportedError, KernelUnavailableError
-from .kernel_map import kernel_mapping
+from .kernel_map import device_keys, kernel_mapping
 from .resolve import KERNELS_INSTALL_HINT, _kernels_problem, resolve_attention
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,11 @@ def load_kwargs(
     """Keywords for `from_pretrained`: always `attn_implementation`; `use_kernels`/`kernel_config` when asked.
 
     A `mapping` (dict for `kernel_mapping`, or a `KernelConfig`) implies `use_kernels=True` (as in
-    Transformers). On Gaudi hub kernels are refused, or dropped with a logged note when `fallback=True`.
+    Transformers) and always goes as `kernel_config`, narrowed to `accel`'s device (`for_device`), on
+    every device alike: so its `inherit_mapping` / `use_local_kernel` decide what the layers without an
+    entry get, never Transformers' default mapping by omission. Where the narrowed mapping is empty
+    and inherits nothing, no kernel could be used: kernels are not asked for, and a warning says so.
+    On Gaudi hub kernels are refused, or dropped with a logged note when `fallback=True`.
     """
     from transformers import KernelConfig
 
@@ -55,17 +59,42 @@ def load_kwargs(
             )
         logger.warning("hub kernels dropped: %s; loading with the PyTorch layers", why)
         return kwargs
+    narrowed = None
+    if mapping is not None:
+        config = mapping if isinstance(mapping, KernelConfig) else kernel_mapping(mapping)
+        narrowed = for_device(config, accel.kind)
+        if narrowed is None:
+            narrowed = _like(config, {})
+        if not narrowed.kernel_mapping and not _inherits(narrowed):
+            logger.warning(
+                "kernel mapping has no entry usable on %s and inherits no defaults (%s): no layer would get a hub "
+                "kernel; loading without hub kernels (use_kernels not set)", accel.kind, _inherit_flags(narrowed))
+            return kwargs
     if not kernels_available():
         raise KernelsMissingError(
             f"use_kernels=True needs `kernels` (X12): {_kernels_problem()}. Fix: {KERNELS_INSTALL_HINT}."
         )
     kwargs["use_kernels"] = True
-    if mapping is not None:
-        config = mapping if isinstance(mapping, KernelConfig) else kernel_mapping(mapping)
-        projected = for_device(config, accel.kind)
-        if projected is not None:
-            kwargs["kernel_config"] = projected
+    if narrowed is not None:
+        kwargs["kernel_config"] = narrowed
     return kwargs
+
+
+def _inherits(config: Any) -> bool:
+    """Whether kernelize adds Transformers' default mapping (`hub_kernels.kernelize`: not for local kernels)."""
+    return bool(config.inherit_mapping) and not config.use_local_kernel
+
+
+def _inherit_flags(config: Any) -> str:
+    return ("use_local_kernel=True" if config.use_local_kernel and config.inherit_mapping
+            else f"inherit_mapping={config.inherit_mapping}")
+
+
+def _like(config: Any, kernel_mapping: dict[str, Any]) -> Any:
+    from transformers import KernelConfig
+
+    return KernelConfig(kernel_mapping=kernel_mapping, use_local_kernel=config.use_local_kernel,
+                        inherit_mapping=config.inherit_mapping)
 
 
 def for_device(config: Any, kind: str) -> Any:
@@ -73,24 +102,36 @@ def for_device(config: Any, kind: str) -> Any:
 
     `from_pretrained` (transformers 5.22, `register_kernel_replacements_and_fusions`) accepts
     exactly one repo per layer, so a multi-device mapping must be narrowed to the device loaded on.
+    An entry without device keys is kept where Transformers can bind it to the model's device
+    (`KernelConfig.create_compatible_mapping` -> `add_to_mapping`, which accepts only
+    `KERNELS_SUPPORTED_DEVICE_TYPES`): not on CPU. Dropped layers are logged with what they get instead.
     """
-    from transformers import KernelConfig
-
-    narrowed, dropped = {}, []
+    narrowed, dropped, unbound = {}, [], []
+    bindable = kind in device_keys()
     for layer, kernel in config.kernel_mapping.items():
         if not isinstance(kernel, dict):
-            narrowed[layer] = kernel
+            if bindable:
+                narrowed[layer] = kernel
+            else:
+                unbound.append(layer)
         elif kind in kernel:
             narrowed[layer] = {kind: kernel[kind]}
         else:
             dropped.append(layer)
+    if _inherits(config):
+        instead = (f"get Transformers' default mapping for {kind} where it has a kernel (inherit_mapping=True), "
+                   "else keep their PyTorch forward")
+    else:
+        instead = f"keep their PyTorch forward ({_inherit_flags(config)}: no defaults inherited)"
     if dropped:
-        logger.warning("kernel mapping has no %r entry for %s; those layers keep Transformers' default kernels "
-                       "or their PyTorch forward", kind, ", ".join(dropped))
+        logger.warning("kernel mapping has no %r entry for %s; those layers %s", kind, ", ".join(dropped), instead)
+    if unbound:
+        logger.warning("kernel mapping entries for %s have no device key, and Transformers binds such entries to the "
+                       "model's device, which must be one of KernelConfig's keys (%s), not %r; those layers %s",
+                       ", ".join(unbound), ", ".join(device_keys()), kind, instead)
     if not narrowed:
         return None
-    return KernelConfig(kernel_mapping=narrowed, use_local_kernel=config.use_local_kernel,
-                        inherit_mapping=config.inherit_mapping)
+    return _like(config, narrowed)
 
 
 def local_kernel_hint(repo_id: str, layer: str = "Layer") -> str:

@@ -59,8 +59,9 @@ def _user_entries(config: Any, kind: str, mode: Any) -> dict[str, Any]:
     from kernels import LayerRepository, LocalLayerRepository
 
     entries: dict[str, Any] = {}
+    bindable = kind in device_keys()  # an entry without device keys binds to the model's device (not cpu)
     for layer, kernel in (config.kernel_mapping or {}).items():
-        value = kernel.get(kind) if isinstance(kernel, dict) else kernel
+        value = kernel.get(kind) if isinstance(kernel, dict) else (kernel if bindable else None)
         if value is None:
             continue
         repo_name, metadata = value if isinstance(value, tuple) else (value, {})
