@@ -93,9 +93,11 @@ def test_distributed_launch_detection():
 
 def test_overrides_win_and_pass_through(model_dir, tmp_path):
     plan = hwrun.plan(model_dir, device="cpu")
-    keywords = training_keywords(plan, tmp_path, learning_rate=1e-5, fsdp="full_shard", optim="adamw_torch")
-    assert keywords["learning_rate"] == 1e-5 and keywords["fsdp"] == "full_shard"
-    assert keywords["optim"] == "adamw_torch"
+    keywords = training_keywords(plan, tmp_path, learning_rate=1e-5, optim="adamw_torch")
+    assert keywords["learning_rate"] == 1e-5 and keywords["optim"] == "adamw_torch"
+    # fsdp passes through on an accelerator plan (on CPU it is refused: test_hwrun_train_fsdp.py)
+    cuda = hwrun.plan(model_dir, device=hwenv.Accelerator("cuda", 2, capability=(9, 0)))
+    assert training_keywords(cuda, tmp_path, fsdp="full_shard")["fsdp"] == "full_shard"
     with pytest.raises(TrainingConfigError, match="both given"):
         training_keywords(plan, tmp_path, bf16=True, fp16=True)
 

@@ -44,10 +44,12 @@ def adapter_base_model(path: str | os.PathLike) -> str:
     return str(base)
 
 
-def save_adapter(model: Any, tokenizer: Any, output_dir: str | os.PathLike) -> Path:
-    """Save only the LoRA adapter (adapter_config.json + adapter_model.safetensors) and the tokenizer."""
+def save_adapter(model: Any, tokenizer: Any, output_dir: str | os.PathLike,
+                 state_dict: dict[str, Any] | None = None) -> Path:
+    """Save only the LoRA adapter (adapter_config.json + adapter_model.safetensors) and the tokenizer;
+    `state_dict` (e.g. gathered from FSDP shards) replaces the model's own parameters when given."""
     output_dir = Path(output_dir)
-    model.save_pretrained(output_dir, safe_serialization=True)
+    model.save_pretrained(output_dir, safe_serialization=True, state_dict=state_dict)
     if tokenizer is not None:
         tokenizer.save_pretrained(output_dir)
     return output_dir

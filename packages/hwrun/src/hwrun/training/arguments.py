@@ -4,6 +4,7 @@ built for the plan's device: bf16 where supported (X17, G12), compile keywords f
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from collections.abc import Mapping
@@ -35,6 +36,41 @@ DEFAULTS: dict[str, Any] = {
     "dataloader_pin_memory": True,
     "seed": 42,
 }
+
+
+# accelerate's AcceleratorState (state.py, 1.16) switches to DistributedType.FSDP only for the
+# MULTI_GPU/XPU/HPU/NPU/MLU/SDAA/MUSA/NEURON process types; under MULTI_CPU (use_cpu, gloo) it drops
+# the FSDP plugin and trains plain DDP with no message, and MPS has no multi-process type at all.
+# (torch's own fully_shard does run on CPU with gloo; the gate is accelerate's.)
+FSDP_UNSUPPORTED_KINDS = frozenset({"cpu", "mps"})
+
+
+def _check_sharding(plan: RunPlan, keywords: Mapping[str, Any]) -> None:
+    """Reject fsdp= where accelerate would silently train DDP instead, and deepspeed= without the
+    deepspeed package, before anything loads."""
+    accel = plan.accelerator
+    fsdp = keywords.get("fsdp")
+    kind = "cpu" if keywords.get("use_cpu") else accel.kind  # use_cpu=True trains on CPU whatever the plan
+    if fsdp and kind in FSDP_UNSUPPORTED_KINDS:
+        import accelerate
+
+        raise TrainingConfigError(
+            f"fsdp={fsdp!r} cannot shard on {kind} ({accel.name}, device {accel.device}): accelerate "
+            f"{accelerate.__version__} builds FSDP only for GPU/XPU/HPU/NPU process groups; on CPU "
+            "(use_cpu, gloo) it drops the FSDP plugin and trains plain DDP, every rank holding the "
+            "whole model, and MPS has no multi-process mode. Fix: drop fsdp=/fsdp_config= here "
+            "(`hwdist launch --nproc-per-node N` trains data-parallel DDP on CPU), or use FSDP on a "
+            "cuda, xpu or hpu plan."
+        )
+    deepspeed = keywords.get("deepspeed")
+    if deepspeed and importlib.util.find_spec("deepspeed") is None:
+        raise TrainingConfigError(
+            f"deepspeed={deepspeed!r} needs the `deepspeed` package, which is not installed in this "
+            "environment (Transformers would stop with PackageNotFoundError 'deepspeed>=0.9.3'). "
+            "Fix: install it (`pip install deepspeed`, on a machine whose accelerator it supports), "
+            "or drop deepspeed= and use fsdp=True, fsdp_config={'fsdp_version': 2} on cuda/xpu/hpu, "
+            "or plain DDP through `hwdist launch`."
+        )
 
 
 def _fused_adamw_ok(kind: str) -> bool:
@@ -99,6 +135,7 @@ def training_keywords(plan: RunPlan, output_dir: str | os.PathLike, **overrides:
         if ddp is not None:
             keywords["ddp_backend"] = ddp
     keywords.update(overrides)
+    _check_sharding(plan, keywords)
     return keywords
 
 

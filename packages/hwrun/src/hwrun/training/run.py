@@ -258,17 +258,22 @@ def _save_final(trainer: Any, tokenizer: Any, output_dir: Path, is_lora: bool, m
     from .adapters import merge_adapter_folder, save_adapter, save_merged
 
     trainer.accelerator.wait_for_everyone()
+    # Under FSDP every rank holds shards (DTensors): gather the full state dict first (a collective,
+    # so on all ranks; rank 0 gets it on CPU). Merging needs whole weights, so under FSDP it goes
+    # through a saved adapter, as for QLoRA.
+    sharded = bool(getattr(trainer, "is_fsdp_enabled", False))
+    state_dict = trainer.accelerator.get_state_dict(trainer.model) if sharded else None
     merged = False
     if trainer.is_world_process_zero():
         model = trainer.accelerator.unwrap_model(trainer.model)
         if not is_lora:
-            model.save_pretrained(output_dir, safe_serialization=True)
+            model.save_pretrained(output_dir, safe_serialization=True, state_dict=state_dict)
             tokenizer.save_pretrained(output_dir)
         elif not merge:
-            save_adapter(model, tokenizer, output_dir)
-        elif qlora:
+            save_adapter(model, tokenizer, output_dir, state_dict=state_dict)
+        elif qlora or sharded:
             adapter_dir = output_dir / "adapter"
-            save_adapter(model, tokenizer, adapter_dir)
+            save_adapter(model, tokenizer, adapter_dir, state_dict=state_dict)
             merge_adapter_folder(adapter_dir, output_dir, plan)
             merged = True
         else:
