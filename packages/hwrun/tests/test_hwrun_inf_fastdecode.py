@@ -127,19 +127,18 @@ def test_slot_decoder_bad_inputs(loaded):
         SlotDecoder(model, slots=1, max_cache_len=16, use_graphs=True)
 
 
-def test_compile_step_tunes_inductor_by_default_only(monkeypatch):
+def test_compile_step_tunes_only_when_asked(monkeypatch):
     calls = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(kw) or fn)
 
     def step():
         return None
 
-    assert compile_step(step, None, None, None) is step and not calls
-    compile_step(step, "inductor", None, None)
-    compile_step(step, "inductor", None, False)
+    assert compile_step(step, None, None, True) is step and not calls
+    compile_step(step, "inductor", None)
+    compile_step(step, "inductor", None, True)
     compile_step(step, "inductor", "reduce-overhead", True)  # a mode excludes options
-    compile_step(step, "eager", None, None)
-    assert [c["options"] for c in calls] == [{"coordinate_descent_tuning": True}, None, None, None]
+    assert [c["options"] for c in calls] == [None, {"coordinate_descent_tuning": True}, None]
     assert all(c["dynamic"] is False for c in calls) and calls[2]["mode"] == "reduce-overhead"
 
 

@@ -36,7 +36,7 @@ class GraphDecoder:
 
     def __init__(self, model: Any, *, batch_size: int = 1, max_cache_len: int, use_graphs: bool | None = None,
                  compile_backend: Any = None, compile_mode: str | None = None, check_every: int = 32,
-                 step: str = "auto", tune: bool | None = None) -> None:
+                 step: str = "auto", tune: bool = False) -> None:
         import torch
         from transformers import StaticCache
 
@@ -172,20 +172,19 @@ def check_decoder_args(model: Any, batch_size: int, max_cache_len: int, use_grap
         )
 
 
-def compile_step(step: Any, backend: Any, mode: str | None, tune: bool | None) -> Any:
+def compile_step(step: Any, backend: Any, mode: str | None, tune: bool = False) -> Any:
     """`step` compiled with `backend` (None: `step` itself), static shapes.
 
-    Inductor's coordinate-descent tuning of its matrix-vector reductions (`tune`, default on for
-    inductor without a mode): +13% tokens/s at batch 1 on an H200 (docs/benchmarks/decode.md) for
-    ~30 s more warm-up. It is a per-call option, so no global inductor config changes; torch.compile
-    takes either a mode or options, so a given mode turns it off.
+    `tune=True` adds inductor's coordinate-descent tuning of its matrix-vector reductions. It is off
+    by default: on an H200 at batch 1 it gave +13% tokens/s in one run (938 vs 829) and -4% in
+    another (791 vs 827, docs/benchmarks/decode.md) for 2.5x the warm-up (~60 s instead of ~25 s).
+    It is a per-call option, so no global inductor config changes; torch.compile takes either a mode
+    or options, so a given mode turns it off.
     """
     import torch
 
     if backend is None:
         return step
-    if tune is None:
-        tune = backend == "inductor" and mode is None
     options = {"coordinate_descent_tuning": True} if tune and mode is None else None
     return torch.compile(step, backend=backend, mode=mode, fullgraph=False, dynamic=False, options=options)
 

@@ -64,8 +64,9 @@ class FusedLlamaStep:
     static K/V cache of `max_cache_len` positions for `batch_size` rows.
 
     By default every row decodes at the same position (one `index_copy_` per layer writes K/V);
-    `per_row_positions=True` lets each row sit at its own position (a `scatter_` writes K/V), which
-    is what continuous batching over slots (hwrun.slotdecode) needs.
+    `per_row_positions=True` lets each row sit at its own position, which is what continuous batching
+    over slots (hwrun.slotdecode) needs: K/V are then written with one `index_copy_` into a flat
+    (rows * kv heads * positions, head_dim) view at computed offsets.
     """
 
     def __init__(self, model: Any, *, batch_size: int, max_cache_len: int, per_row_positions: bool = False) -> None:
@@ -114,6 +115,9 @@ class FusedLlamaStep:
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
         self.max_cache_len = max_cache_len
         self.per_row_positions = per_row_positions
+        # offset of (row, kv head, position 0) in the flat view of one layer's K or V
+        self.row_base = (torch.arange(batch_size, device=device)[:, None] * (self.n_kv * max_cache_len)
+                         + torch.arange(self.n_kv, device=device)[None, :] * max_cache_len)
         self.key_index = torch.arange(max_cache_len, device=device)
 
     def reset(self) -> None:
@@ -154,7 +158,7 @@ class FusedLlamaStep:
             mask = torch.zeros(visible.shape, dtype=torch.float32, device=hidden.device)
             mask = mask.masked_fill(~visible, float("-inf"))[:, None]  # (batch, 1, 1, L)
             if self.per_row_positions:
-                write_at = positions.view(batch, 1, 1, 1).expand(batch, self.n_kv, 1, self.head_dim)
+                write_at = (self.row_base + positions).reshape(-1)  # (batch * kv heads,)
         for i, layer in enumerate(self.layers):
             x = self._rms(hidden, layer["norm_in"])
             qkv = F.linear(x, layer["qkv"], layer["qkv_bias"])
@@ -164,8 +168,8 @@ class FusedLlamaStep:
             v = v.view(batch, length, self.n_kv, self.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             if length == 1 and self.per_row_positions:
-                self.keys[i].scatter_(2, write_at, k)
-                self.values[i].scatter_(2, write_at, v)
+                self.keys[i].view(-1, self.head_dim).index_copy_(0, write_at, k.reshape(-1, self.head_dim))
+                self.values[i].view(-1, self.head_dim).index_copy_(0, write_at, v.reshape(-1, self.head_dim))
             elif rows is not None:
                 self.keys[i][rows, :, :length] = k
                 self.values[i][rows, :, :length] = v

@@ -35,7 +35,7 @@ class SlotDecoder:
     `max_cache_len` positions each (a prompt plus its new tokens must fit one row)."""
 
     def __init__(self, model: Any, *, slots: int, max_cache_len: int, use_graphs: bool | None = None,
-                 compile_backend: Any = None, compile_mode: str | None = None, tune: bool | None = None,
+                 compile_backend: Any = None, compile_mode: str | None = None, tune: bool = False,
                  check_every: int = 16, prefill_tokens: int = PREFILL_TOKENS) -> None:
         import torch
 
