@@ -1,0 +1,92 @@
+"""Per-step time and kernel tables of hwrun's static graph decoder vs its slot decoder at one batch size.
+
+Developer script (CUDA): both decoders run the fused step over the same random ~1B Llama; the
+difference between their tables is what the slot bookkeeping (per-row K/V writes, counters) costs.
+Usage: python tools/bench/profile_decoders.py --out DIR [--batch 64] [--compile inductor|none]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from decode import FULL, build_model  # noqa: E402
+
+
+def step_ms(step, repeats=50):
+    import torch
+
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        step()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--cache-len", type=int, default=384)
+    parser.add_argument("--compile", default="inductor", choices=("inductor", "none"))
+    args = parser.parse_args(argv)
+
+    import torch
+    from hwrun.fastdecode import GraphDecoder, capture_graph
+    from hwrun.slotdecode import SlotDecoder
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda")
+    model = build_model(FULL, device, torch.bfloat16)
+    backend = None if args.compile == "none" else "inductor"
+    prompts = torch.randint(1, FULL["vocab_size"], (args.batch, 128), device=device)
+    results = {}
+
+    def graphs_per_row():  # the static decoder's step with the slot decoder's per-row K/V writes
+        decoder = GraphDecoder(model, batch_size=args.batch, max_cache_len=args.cache_len, compile_backend=backend,
+                               use_graphs=False)
+        decoder.fused.per_row_positions = True
+        return decoder
+
+    with torch.inference_mode():
+        for name, build in (
+                ("graphs", lambda: GraphDecoder(model, batch_size=args.batch, max_cache_len=args.cache_len,
+                                                compile_backend=backend, use_graphs=False)),
+                ("graphs_per_row_writes", graphs_per_row),
+                ("slots", lambda: SlotDecoder(model, slots=args.batch, max_cache_len=args.cache_len,
+                                              compile_backend=backend, use_graphs=False))):
+            decoder = build()
+            if name.startswith("graphs"):
+                decoder._prefill(prompts)
+                buffers = [decoder.token, decoder.position]
+            else:
+                decoder._admit(list(range(args.batch)), prompts.tolist())
+                buffers = [decoder.token, decoder.position, decoder.count, decoder.out]
+            results[f"{name}_step_ms"] = step_ms(decoder._step_fn)
+            graph, _ = capture_graph(decoder._step_fn, device, buffers)
+            results[f"{name}_replay_ms"] = step_ms(graph.replay)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(20):
+                    decoder._step_fn()
+                torch.cuda.synchronize()
+            (out / f"profile-{name}.txt").write_text(prof.key_averages().table(
+                sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=100))
+            print(name, f"step {results[f'{name}_step_ms']:.3f} ms, replay {results[f'{name}_replay_ms']:.3f} ms",
+                  flush=True)
+            del decoder, graph
+    (out / "profile_decoders.json").write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
