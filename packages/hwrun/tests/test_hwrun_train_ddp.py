@@ -4,10 +4,6 @@ with identical weights, and the run really was distributed (X18, G16)."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -42,17 +38,11 @@ WORKER = textwrap.dedent('''
 ''')
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.facts("X18", "G16")
 def test_two_process_gloo_run_gives_identical_weights_on_both_ranks(tmp_path):
     import torch
-    from hwrun.testing import build_tiny_model
+    from hwrun.testing import build_tiny_model, launch_cpu_workers
     from safetensors.torch import load_file
 
     model = build_tiny_model(tmp_path / "model")
@@ -61,12 +51,7 @@ def test_two_process_gloo_run_gives_identical_weights_on_both_ranks(tmp_path):
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER, encoding="utf-8")
     out = tmp_path / "out"
-    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", HWENV_DEVICE="cpu")
-    for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT"):
-        env.pop(name, None)
-    argv = [sys.executable, "-m", "hwdist", "launch", "--kind", "cpu", "--nproc-per-node", "2",
-            "--master-port", str(_free_port()), str(worker), str(model), str(data), str(out)]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    done = launch_cpu_workers(worker, str(model), str(data), str(out))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     info = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -12,15 +12,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import hwenv
 import hwrun
 import pytest
+from hwrun.testing import launch_cpu_workers
 from hwrun.training import TrainingConfigError, training_keywords
 
 WORKER = textwrap.dedent('''
@@ -71,12 +68,6 @@ WORKER = textwrap.dedent('''
         json.dump({"world": captured["world"], "step": result.global_step, "losses": result.losses,
                    "types": captured["types"], **seen}, handle)
 ''')
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture()
@@ -154,12 +145,7 @@ def test_two_process_fsdp2_lora_saves_the_gathered_adapter(tmp_path, data):
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER, encoding="utf-8")
     out = tmp_path / "out"
-    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", HWENV_DEVICE="cpu")
-    for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT"):
-        env.pop(name, None)
-    argv = [sys.executable, "-m", "hwdist", "launch", "--kind", "cpu", "--nproc-per-node", "2",
-            "--master-port", str(_free_port()), str(worker), hwrun.DEFAULT_MODEL, str(data), str(out)]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    done = launch_cpu_workers(worker, hwrun.DEFAULT_MODEL, str(data), str(out))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     info = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]

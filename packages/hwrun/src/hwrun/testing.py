@@ -54,3 +54,26 @@ def build_tiny_model(directory: str | Path, *, seed: int = 0, vocab_size: int = 
                                                pad_token_id=config.pad_token_id)
     model.save_pretrained(path, safe_serialization=True)
     return path
+
+
+def launch_cpu_workers(script: str | Path, *args: str, nproc: int = 2, timeout: float = 300) -> object:
+    """Run `script args...` as `nproc` CPU processes (gloo) through `hwdist launch` on a free port.
+
+    A clean environment for the children: no inherited rank variables, one OpenMP thread each,
+    `HWENV_DEVICE=cpu`. Returns the finished `subprocess.CompletedProcess` (text output captured);
+    no shell is involved.
+    """
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", HWENV_DEVICE="cpu")
+    for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT"):
+        env.pop(name, None)
+    argv = [sys.executable, "-m", "hwdist", "launch", "--kind", "cpu", "--nproc-per-node", str(nproc),
+            "--master-port", str(port), str(script), *map(str, args)]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
