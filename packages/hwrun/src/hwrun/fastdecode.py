@@ -131,12 +131,8 @@ class GraphDecoder:
                 f"prompt length {length} + max_new_tokens {max_new_tokens} exceeds max_cache_len={self.max_cache_len}; "
                 "build the decoder with a larger max_cache_len."
             )
-        if eos_token_id == "model":
-            eos_token_id = self.model.generation_config.eos_token_id
-        eos = None
-        if eos_token_id is not None:
-            ids = eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
-            eos = torch.tensor(ids, device=self.device)
+        ids = eos_ids(self.model, eos_token_id)
+        eos = torch.tensor(ids, device=self.device) if ids else None
         with torch.inference_mode():
             self._prefill(input_ids.to(self.device))
             if self.use_graphs and self.graph is None and max_new_tokens > 1:
@@ -153,6 +149,15 @@ class GraphDecoder:
                     if bool(torch.isin(produced, eos).any(dim=1).all()):
                         break
             return self.tokens[:, length:length + done].clone()
+
+
+def eos_ids(model: Any, eos_token_id: Any) -> list[int]:
+    """The stop tokens: `eos_token_id` (an id, a list, or None for none), or the model's own for "model"."""
+    if eos_token_id == "model":
+        eos_token_id = model.generation_config.eos_token_id
+    if eos_token_id is None:
+        return []
+    return [int(t) for t in eos_token_id] if isinstance(eos_token_id, (list, tuple)) else [int(eos_token_id)]
 
 
 def check_decoder_args(model: Any, batch_size: int, max_cache_len: int, use_graphs: bool | None) -> None:

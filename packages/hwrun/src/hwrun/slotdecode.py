@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import FastDecodeError
-from .fastdecode import capture_graph, check_decoder_args, compile_step
+from .fastdecode import capture_graph, check_decoder_args, compile_step, eos_ids
 
 logger = logging.getLogger(__name__)
 
@@ -98,12 +98,14 @@ class SlotDecoder:
     def _admit(self, slots: list[int], prompts: list[list[int]]) -> None:
         """Prefill in groups of at most `prefill_tokens` padded tokens."""
         group: list[int] = []
-        for index in range(len(slots)):
-            width = max(len(prompts[i]) for i in [*group, index])
-            if group and width * (len(group) + 1) > self.prefill_tokens:
+        width = 0  # the longest prompt in `group`
+        for index, prompt in enumerate(prompts):
+            wider = max(width, len(prompt))
+            if group and wider * (len(group) + 1) > self.prefill_tokens:
                 self._prefill([slots[i] for i in group], [prompts[i] for i in group])
-                group = []
+                group, wider = [], len(prompt)
             group.append(index)
+            width = wider
         if group:
             self._prefill([slots[i] for i in group], [prompts[i] for i in group])
 
@@ -130,13 +132,10 @@ class SlotDecoder:
                 raise FastDecodeError(
                     f"prompt {index}: length {len(prompt)} + max_new_tokens {budget} exceeds "
                     f"max_cache_len={self.max_cache_len}; build the decoder with a larger max_cache_len.")
-        if eos_token_id == "model":
-            eos_token_id = self.model.generation_config.eos_token_id
-        eos = set() if eos_token_id is None else (
-            set(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else {int(eos_token_id)})
+        eos = set(eos_ids(self.model, eos_token_id))
         results: list[list[int] | None] = [None] * len(prompts)
         waiting = deque(range(len(prompts)))
-        active: dict[int, tuple[int, int]] = {}  # slot -> (request, tokens produced so far)
+        active: dict[int, tuple[int, int, int]] = {}  # slot -> (request, tokens produced, of them checked for EOS)
         self.steps = self.prefills = 0
         with torch.inference_mode():
             if self.use_graphs and self.graph is None:
@@ -150,19 +149,19 @@ class SlotDecoder:
                     admitted.append((free.pop(0), waiting.popleft()))
                 if admitted:
                     self._admit([s for s, _ in admitted], [prompts[r] for _, r in admitted])
-                    active.update({s: (r, 1) for s, r in admitted})
-                chunk = min(self.check_every, *(budgets[r] - n for r, n in active.values()))
+                    active.update({s: (r, 1, 0) for s, r in admitted})  # the prefill's token, unchecked
+                chunk = min(self.check_every, *(budgets[r] - n for r, n, _ in active.values()))
                 for _ in range(chunk):
                     run()
                 self.steps += chunk
                 produced = self.out.cpu()  # one transfer per chunk: the host's only sync
-                for slot, (request, n) in list(active.items()):
+                for slot, (request, n, checked) in list(active.items()):
                     n += chunk
-                    row = produced[slot, :n].tolist()
-                    hit = next((i for i, t in enumerate(row) if t in eos), None)
+                    fresh = produced[slot, checked:n].tolist() if eos else []
+                    hit = next((checked + i for i, t in enumerate(fresh) if t in eos), None)
                     if hit is not None or n >= budgets[request]:
-                        results[request] = row[: hit + 1] if hit is not None else row[: budgets[request]]
+                        results[request] = produced[slot, : hit + 1 if hit is not None else budgets[request]].tolist()
                         del active[slot]
                     else:
-                        active[slot] = (request, n)
+                        active[slot] = (request, n, n)
         return [r if r is not None else [] for r in results]
