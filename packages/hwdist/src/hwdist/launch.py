@@ -24,9 +24,10 @@ _OWN_OPTIONS = ("--nproc-per-node", "--nproc_per_node")
 
 
 def _selection(kind: str, devices: str | None, by: str, device_count: int | None,
-               count_source: str) -> hwenv.Selection:
+               given: bool) -> hwenv.Selection:
     """Validate `devices` for `kind`: syntax (and Gaudi's groups, G8) always; indices against
-    `device_count` only when that count is known for the target (`count_source` says whose it is)."""
+    `device_count` only when that count is known for the target (`given`: from --device-count,
+    else the count this process sees)."""
     try:
         if devices is None:
             if kind not in SELECTABLE:
@@ -40,14 +41,15 @@ def _selection(kind: str, devices: str | None, by: str, device_count: int | None
             )
         return hwenv.select(kind, devices, by=by, device_count=device_count)
     except hwenv.HwenvError as error:
-        where = f" (checked against {count_source})" if device_count is not None else ""
-        hint = ("" if device_count is None or count_source.startswith("--device-count") else
+        source = f"--device-count {device_count}" if given else f"the {device_count} {kind} device(s) this process sees"
+        where = f" (checked against {source})" if device_count is not None else ""
+        hint = ("" if device_count is None or given else
                 " If the command is for another machine, pass --device-count N (its devices per node) or --kind.")
         raise LaunchError(f"cannot select devices {devices!r} on {kind}{where}: {error}{hint}") from error
 
 
 def _nproc(kind: str, requested: int | None, selection: hwenv.Selection, target: int | None,
-           count_source: str, local: int | None) -> int:
+           given: bool, local: int | None) -> int:
     """Processes per node: `requested`, else the selection's size, else the target's device count (G16).
 
     `target` is the device count known for the node the command is for (None: unknown, so an
@@ -59,7 +61,7 @@ def _nproc(kind: str, requested: int | None, selection: hwenv.Selection, target:
         available = selection.count if selection.count is not None else target
         if available is not None and requested > available:
             what = ("selected" if selection.count is not None else "per node (--device-count)"
-                    if count_source.startswith("--device-count") else "this process sees")
+                    if given else "this process sees")
             raise LaunchError(
                 f"--nproc-per-node {requested} exceeds the {available} {kind} device(s) {what}; run one process "
                 f"per device (G16): pass --nproc-per-node {available} or select more --devices."
@@ -155,9 +157,9 @@ def launch_command(
         probe = hwenv.run_probe(kind)  # is that kind here, and how many does this process see?
         local = probe.count if probe.available else None
     target = _check_device_count(device_count, kind)
-    count_source = f"--device-count {target}"
-    if target is None and detected and kind in SELECTABLE:
-        target, count_source = local, f"the {local} {kind} device(s) this process sees"
+    given = target is not None
+    if not given and detected and kind in SELECTABLE:
+        target = local
     index_count = target
     narrowed = _narrowed_here(kind) if device_count is None and devices is not None else None
     if narrowed is not None and index_count is not None:
@@ -167,8 +169,8 @@ def launch_command(
                     "not checked against the %d device(s) this process sees (pass --device-count to check them)",
                     kind, narrowed, devices, index_count)
         index_count = None
-    selection = _selection(kind, devices, by, index_count, count_source)
-    count = _nproc(kind, nproc_per_node, selection, target, count_source, local)
+    selection = _selection(kind, devices, by, index_count, given)
+    count = _nproc(kind, nproc_per_node, selection, target, given, local)
     argv = [sys.executable, *TORCHRUN, f"--nproc-per-node={count}", *torchrun_args]
     if module:
         argv.append("-m")

@@ -26,6 +26,7 @@ HOST_PAGE_SIZE = 16
 #: Page size on CUDA/XPU (Transformers' default) and the cap on tokens per forward (prefill chunk).
 ACCELERATOR_PAGE_SIZE = 256
 ACCELERATOR_MAX_BATCH_TOKENS = 8192
+HOST_MAX_BATCH_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -103,17 +104,17 @@ def workload_cb_config(kind: str, prompt_lengths: list[int], max_new_tokens: int
     """
     from transformers import ContinuousBatchingConfig
 
-    page = HOST_PAGE_SIZE if kind not in ("cuda", "xpu") else ACCELERATOR_PAGE_SIZE
+    accelerator = kind in ("cuda", "xpu")
+    page = ACCELERATOR_PAGE_SIZE if accelerator else HOST_PAGE_SIZE
     longest = max(prompt_lengths) + max_new_tokens
     pages_per_request = math.ceil(longest / page)
-    num_blocks = pages_per_request * len(prompt_lengths) + 4
-    settings: dict[str, Any] = dict(page_size=page, num_blocks=num_blocks, auto_switch_to_flash=False)
-    if kind in ("cuda", "xpu"):
-        settings.update(max_batch_tokens=min(ACCELERATOR_MAX_BATCH_TOKENS, sum(prompt_lengths) + len(prompt_lengths)))
-        if kind == "cuda":  # measured on an H200: 2,461 vs 685 tokens/s at 64 prompts (docs/benchmarks/decode.md)
-            settings.update(use_cuda_graph=True, use_async_batching=True)
-        # on XPU Transformers decides about graphs and async batching by itself (X11): left unset
-        return cb_config(ContinuousBatchingConfig, **settings)
-    settings.update(max_batch_tokens=min(4096, sum(prompt_lengths) + len(prompt_lengths)), max_memory_percent=None,
-                    use_cuda_graph=False, use_async_batching=False)
+    cap = ACCELERATOR_MAX_BATCH_TOKENS if accelerator else HOST_MAX_BATCH_TOKENS
+    settings: dict[str, Any] = dict(page_size=page, num_blocks=pages_per_request * len(prompt_lengths) + 4,
+                                    max_batch_tokens=min(cap, sum(prompt_lengths) + len(prompt_lengths)),
+                                    auto_switch_to_flash=False)
+    if kind == "cuda":  # measured on an H200: 2,461 vs 685 tokens/s at 64 prompts (docs/benchmarks/decode.md)
+        settings.update(use_cuda_graph=True, use_async_batching=True)
+    elif not accelerator:
+        settings.update(max_memory_percent=None, use_cuda_graph=False, use_async_batching=False)
+    # on XPU Transformers decides about graphs and async batching by itself (X11): left unset
     return cb_config(ContinuousBatchingConfig, **settings)
