@@ -81,7 +81,12 @@ def main(argv=None):
                 torch.cuda.synchronize()
             (out / f"profile-{name}.txt").write_text(prof.key_averages().table(
                 sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=100))
-            print(name, f"step {results[f'{name}_step_ms']:.3f} ms, replay {results[f'{name}_replay_ms']:.3f} ms",
+            from torch._dynamo.utils import counters
+
+            results[f"{name}_graph_breaks"] = {str(k)[:300]: v for k, v in counters["graph_break"].items()}
+            results[f"{name}_unique_graphs"] = counters["stats"].get("unique_graphs", 0)
+            print(name, f"step {results[f'{name}_step_ms']:.3f} ms, replay {results[f'{name}_replay_ms']:.3f} ms, "
+                  f"graphs so far {results[f'{name}_unique_graphs']}, breaks {results[f'{name}_graph_breaks']}",
                   flush=True)
             del decoder, graph
     (out / "profile_decoders.json").write_text(json.dumps(results, indent=2))

@@ -229,8 +229,12 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool, profile: bool =
     timed = steps[sizes["warmup"]:]
     median = statistics.median(timed)
     peak = torch.cuda.max_memory_allocated() if cuda else None
+    from torch._dynamo.utils import counters
+
+    breaks = {str(reason): count for reason, count in counters["graph_break"].items()}
     result = {"config": name, "tokens_per_s": sizes["batch"] * sizes["seq"] / median, "median_step_s": median,
-              "step_s": steps, "peak_bytes": peak, "wall_s": wall, "decisions": decisions}
+              "step_s": steps, "peak_bytes": peak, "wall_s": wall, "decisions": decisions,
+              "graph_breaks": breaks, "frames_compiled": counters["stats"].get("unique_graphs", 0)}
     if profiler is not None and profiler.table:
         result["profile"] = profiler.table
     return result
@@ -370,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             (args.out / f"profile-train-{name}.txt").write_text(result.pop("profile"))
         print(f"{name}: {result['tokens_per_s']:,.0f} tokens/s, peak {gib(result['peak_bytes'])} GiB, "
               f"wall {result['wall_s']:.0f}s", flush=True)
+        write_outputs(args.out, results, meta)  # after every configuration: a time-out keeps what ran
     print(write_outputs(args.out, results, meta))
     return 0 if all("tokens_per_s" in r for r in results) else 1
 

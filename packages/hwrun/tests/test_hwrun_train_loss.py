@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hwrun.training.fused_loss import apply_fused_loss, fused_loss_support, linear_cross_entropy
+from hwrun.training.fused_loss import apply_fused_loss, chunk_function, fused_loss_support, linear_cross_entropy
 
 
 def reference(hidden, weight, targets, num_items=None):
@@ -16,13 +16,15 @@ def reference(hidden, weight, targets, num_items=None):
 
 @pytest.mark.parametrize("chunk", [1, 5, 64])
 @pytest.mark.parametrize("num_items", [None, 31])
-def test_chunked_loss_and_grads_equal_full_loss(chunk, num_items):
+@pytest.mark.parametrize("backend", [None, "aot_eager"])  # eager in place, and the compiled form (traced)
+def test_chunked_loss_and_grads_equal_full_loss(chunk, num_items, backend):
     torch.manual_seed(0)
     hidden = torch.randn(23, 16, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 50, (23,))
     targets[[0, 7, 22]] = -100
-    ours = linear_cross_entropy(hidden, weight, targets, num_items_in_batch=num_items, chunk_tokens=chunk)
+    ours = linear_cross_entropy(hidden, weight, targets, num_items_in_batch=num_items, chunk_tokens=chunk,
+                                compile_backend=backend)
     (g_hidden, g_weight) = torch.autograd.grad(ours * 3.0, (hidden, weight))
     ref = reference(hidden, weight, targets, num_items)
     (r_hidden, r_weight) = torch.autograd.grad(ref * 3.0, (hidden, weight))
@@ -30,6 +32,22 @@ def test_chunked_loss_and_grads_equal_full_loss(chunk, num_items):
     # both sides compute the logits in float32 (as Transformers' loss does), hence float32 tolerances
     torch.testing.assert_close(g_hidden, r_hidden, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(g_weight, r_weight, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_and_in_place_chunk_functions_agree_in_bf16():
+    torch.manual_seed(1)
+    logits = (torch.randn(6, 300) * 4).to(torch.bfloat16)
+    targets = torch.tensor([3, -100, 299, 0, 17, -100])
+    scale = torch.tensor(1 / 4)
+    loss_a, grad_a = chunk_function(None)(logits.clone(), targets, scale)
+    loss_b, grad_b = chunk_function("aot_eager")(logits, targets, scale)
+    assert chunk_function("aot_eager") is chunk_function("aot_eager")  # compiled once per backend
+    assert grad_a.dtype == grad_b.dtype == torch.bfloat16
+    torch.testing.assert_close(loss_a, loss_b)
+    torch.testing.assert_close(grad_a, grad_b)
+    assert torch.count_nonzero(grad_b[[1, 5]]) == 0  # ignored rows get no gradient
+    # each valid row of softmax - onehot sums to zero
+    assert grad_b[[0, 2, 3, 4]].float().sum(dim=1).abs().max() < 1e-2
 
 
 def test_frozen_weight_gets_no_gradient_and_all_ignored_is_zero():
@@ -95,3 +113,26 @@ def test_unsupported_models_keep_their_loss(caplog):
     assert not patch.applied and "gpt2" in patch.reason
     assert "forward" not in vars(gpt2)
     assert fused_loss_support(tiny_llama()) is None
+
+
+def test_patched_model_compiles_as_one_graph_from_a_fresh_process(monkeypatch):
+    """No graph break: the loss's autograd.Function exists before Dynamo traces the forward (a class
+    definition traced inside the model split the compiled model into eager pieces)."""
+    import torch._dynamo
+    from hwrun.training import fused_loss
+    from peft import LoraConfig, get_peft_model
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(fused_loss, "_FUNCTION", None)  # as in a new process
+    model = tiny_llama()
+    apply_fused_loss(model, chunk_tokens=8, compile_backend="eager")
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    ids = torch.randint(0, 97, (2, 12))
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(peft_model, backend="eager")
+    loss = compiled(input_ids=ids, labels=ids).loss  # the first call of the loss is traced
+    loss.backward()
+    torch.testing.assert_close(loss, peft_model(input_ids=ids, labels=ids).loss)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    torch._dynamo.reset()

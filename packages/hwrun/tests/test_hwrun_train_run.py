@@ -65,6 +65,7 @@ def test_lora_lowers_loss_and_changes_only_adapter_weights(tiny, cpu_plan, tmp_p
     out = tmp_path / "run"
     result = hwrun.train(cpu_plan, tiny[1], lora=True, max_steps=8, lr=3e-3, output_dir=out, **FAST)
     assert result.global_step == 8 and result.interrupted is None and result.lora
+    assert "causal kernel with no mask" in result.reasons["attention"]  # packed blocks: hwattn.causal
     assert [s for s, _ in result.losses] == list(range(1, 9))
     assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
     assert not (out / "config.json").exists()  # the adapter alone, not a copy of the base
@@ -166,6 +167,7 @@ def test_merged_output_is_a_plain_model_equal_to_base_plus_adapter(tiny, cpu_pla
     assert result.merged
     assert (merged_out / "config.json").is_file() and (merged_out / "model.safetensors").is_file()
     assert not (merged_out / "adapter_config.json").exists()
+    assert "hwattn_causal_sdpa" not in (merged_out / "config.json").read_text()  # training's attention is undone
 
     merged, tokenizer = hwrun.load(hwrun.plan(str(merged_out), device="cpu"))
     with_adapter, _ = load_adapter_model(adapter_out, cpu_plan)

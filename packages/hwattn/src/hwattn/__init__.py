@@ -3,6 +3,7 @@
 Importing hwattn imports neither torch, transformers nor kernels; nothing downloads.
 """
 
+from .causal import CAUSAL_SDPA, causal_sdpa_mask, is_causal_sdpa_registered, register_causal_sdpa, unregister_causal_sdpa
 from .environment import (
     AttentionEnvironment,
     current_environment,
@@ -32,6 +33,7 @@ from .table import decision_table, software_table
 __version__ = "0.1.0"
 
 __all__ = [
+    "CAUSAL_SDPA", "causal_sdpa_mask", "is_causal_sdpa_registered", "register_causal_sdpa", "unregister_causal_sdpa",
     "AcceleratorTypeError", "AttentionChoice", "AttentionEnvironment", "AttentionUnsupportedError",
     "FLASH_KERNEL_REPO", "HwattnError", "KernelMappingError", "KernelPlan", "KernelUnavailableError",
     "KernelsMissingError", "KernelsUnsupportedError", "LayerKernel", "ShapeError", "UnknownAttentionError",

@@ -27,6 +27,7 @@ DEFAULTS: dict[str, Any] = {
     "lr_scheduler_type": "linear",
     "warmup_steps": 0,
     "logging_steps": 1,             # a loss per step: the curve, and resume comparisons
+    "logging_nan_inf_filter": False,  # no device->host sync each step; a NaN loss is logged as NaN, not hidden
     "save_strategy": "steps",
     "save_steps": 100,
     "save_total_limit": 3,

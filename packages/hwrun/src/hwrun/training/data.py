@@ -110,8 +110,9 @@ def read_documents(path: str | Path) -> list[Document]:
 
 
 class PackedDataset:
-    """Fixed-length blocks of token ids (`input_ids`, `labels`, `attention_mask`), a torch-style
-    map dataset that Trainer's default collator stacks without padding."""
+    """Fixed-length blocks of token ids (`input_ids`, `labels`), a torch-style map dataset that
+    Trainer's default collator stacks without padding. There is no `attention_mask`: no block has
+    padding, so the model needs only the causal mask (which SDPA applies itself, hwattn.causal)."""
 
     def __init__(self, blocks: torch.Tensor, sources: Sequence[str]) -> None:
         self.blocks = blocks
@@ -121,10 +122,8 @@ class PackedDataset:
         return int(self.blocks.shape[0])
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        import torch
-
         ids = self.blocks[index]
-        return {"input_ids": ids, "labels": ids.clone(), "attention_mask": torch.ones_like(ids)}
+        return {"input_ids": ids, "labels": ids.clone()}
 
     @property
     def tokens(self) -> int:

@@ -1,6 +1,10 @@
 """Chunked linear + cross-entropy loss for causal LMs: the LM-head logits are computed one chunk
 of tokens at a time and the gradient is formed in the same pass, so the full
-(batch x seq x vocab) fp32 logits tensor (4.2 GB for 8x1024x128256) never exists."""
+(batch x seq x vocab) fp32 logits tensor (4.2 GB for 8x1024x128256) never exists.
+
+Per chunk, the loss and d(loss)/d(logits) are either computed in place, eagerly (about eight
+passes over a 1024 x 128256 fp32 block), or, with `compile_backend`, by one compiled function
+that reads the bf16 logits and writes the bf16 gradient with the fp32 work fused in between."""
 
 from __future__ import annotations
 
@@ -18,14 +22,61 @@ FUSED_LOSS_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 _FLAG = "_hwrun_fused_loss"
 
 
+def _chunk_loss_grad(logits, targets, scale):
+    """(summed CE of the valid rows, d(sum * scale)/d(logits) in logits' dtype), out of place:
+    the form `torch.compile` fuses into a reduction and one pointwise pass."""
+    import torch
+
+    full = logits.float()
+    valid = targets != IGNORE_INDEX
+    safe = torch.where(valid, targets, torch.zeros_like(targets))
+    lse = torch.logsumexp(full, dim=-1)
+    picked = full.gather(1, safe.unsqueeze(1)).squeeze(1)
+    loss = torch.where(valid, lse - picked, torch.zeros_like(lse)).sum()
+    onehot = torch.arange(full.shape[1], device=full.device).unsqueeze(0) == safe.unsqueeze(1)
+    grad = (torch.exp(full - lse.unsqueeze(1)) - onehot.to(full.dtype)) * (valid.to(full.dtype) * scale).unsqueeze(1)
+    return loss, grad.to(logits.dtype)
+
+
+def _chunk_loss_grad_in_place(logits, targets, scale):
+    """The same as `_chunk_loss_grad`, eagerly, reusing one fp32 copy of the logits for the gradient."""
+    import torch
+
+    full = logits.float()
+    valid = targets != IGNORE_INDEX
+    safe = torch.where(valid, targets, torch.zeros_like(targets)).unsqueeze(1)
+    lse = torch.logsumexp(full, dim=-1)
+    picked = full.gather(1, safe).squeeze(1)
+    loss = torch.where(valid, lse - picked, torch.zeros_like(lse)).sum()
+    grad = full.sub_(lse.unsqueeze(1)).exp_()  # softmax - onehot, scaled, in place (no copies)
+    grad.scatter_add_(1, safe, -torch.ones_like(safe, dtype=grad.dtype))
+    grad.mul_(valid.unsqueeze(1).to(grad.dtype) * scale)
+    return loss, grad.to(logits.dtype)
+
+
+_COMPILED: dict[Any, Any] = {}
+
+
+def chunk_function(compile_backend: Any = None):
+    """The per-chunk loss/gradient function: eager in place for None, else compiled (cached per backend)."""
+    if compile_backend is None:
+        return _chunk_loss_grad_in_place
+    if compile_backend not in _COMPILED:
+        import torch
+
+        _COMPILED[compile_backend] = torch.compile(_chunk_loss_grad, backend=compile_backend, dynamic=False)
+    return _COMPILED[compile_backend]
+
+
 def _fused_function():
     import torch
+    import torch.nn.functional as F
 
     class LinearCrossEntropy(torch.autograd.Function):
         """sum(CE(hidden @ weight.T, targets)) * scale, gradient computed chunk by chunk in forward."""
 
         @staticmethod
-        def forward(ctx, hidden, weight, targets, scale, chunk_tokens):  # noqa: D401
+        def forward(ctx, hidden, weight, targets, scale, chunk_tokens, chunk_fn):  # noqa: D401
             need_hidden = hidden.requires_grad
             need_weight = weight.requires_grad
             grad_hidden = torch.zeros_like(hidden) if need_hidden else None
@@ -34,22 +85,17 @@ def _fused_function():
             for start in range(0, hidden.shape[0], chunk_tokens):
                 h = hidden[start:start + chunk_tokens]
                 t = targets[start:start + chunk_tokens]
-                logits = (h @ weight.t()).float()
-                valid = t != IGNORE_INDEX
-                safe = torch.where(valid, t, torch.zeros_like(t)).unsqueeze(1)
-                lse = torch.logsumexp(logits, dim=-1)
-                picked = logits.gather(1, safe).squeeze(1)
-                total = total + torch.where(valid, lse - picked, torch.zeros_like(lse)).sum()
-                if need_hidden or need_weight:
-                    # softmax - onehot, scaled, computed in place on the chunk's logits (no copies)
-                    grad = logits.sub_(lse.unsqueeze(1)).exp_()
-                    grad.scatter_add_(1, safe, -torch.ones_like(safe, dtype=grad.dtype))
-                    grad.mul_(valid.unsqueeze(1).to(grad.dtype) * scale)
-                    grad = grad.to(weight.dtype)
-                    if need_hidden:
-                        grad_hidden[start:start + chunk_tokens] = grad @ weight
-                    if need_weight:
-                        grad_weight += (grad.t() @ h.to(weight.dtype)).float()
+                if not (need_hidden or need_weight):  # evaluation: the loss alone
+                    total = total + F.cross_entropy((h @ weight.t()).float(), t, ignore_index=IGNORE_INDEX,
+                                                    reduction="sum")
+                    continue
+                loss, grad = chunk_fn(h @ weight.t(), t, scale)
+                total = total + loss
+                grad = grad.to(weight.dtype)
+                if need_hidden:
+                    grad_hidden[start:start + chunk_tokens] = grad @ weight
+                if need_weight:
+                    grad_weight += (grad.t() @ h.to(weight.dtype)).float()
             ctx.save_for_backward(*(g for g in (grad_hidden, grad_weight) if g is not None))
             ctx.has = (need_hidden, need_weight)
             ctx.weight_dtype = weight.dtype
@@ -64,7 +110,7 @@ def _fused_function():
                 grad_hidden = saved.pop(0)
                 grad_hidden = grad_hidden * grad_output.to(grad_hidden.dtype)
             grad_weight = (saved.pop(0) * grad_output).to(ctx.weight_dtype) if need_weight else None
-            return grad_hidden, grad_weight, None, None, None
+            return grad_hidden, grad_weight, None, None, None, None
 
     return LinearCrossEntropy
 
@@ -72,24 +118,32 @@ def _fused_function():
 _FUNCTION = None
 
 
+def _linear_ce():
+    """The autograd.Function, defined once (before any torch.compile traces a call: Dynamo cannot
+    trace a class definition, and a graph break there would split the compiled model)."""
+    global _FUNCTION
+    if _FUNCTION is None:
+        _FUNCTION = _fused_function()
+    return _FUNCTION
+
+
 def linear_cross_entropy(hidden: Any, weight: Any, targets: Any, *, num_items_in_batch: Any = None,
-                         chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
+                         chunk_tokens: int = DEFAULT_CHUNK_TOKENS, compile_backend: Any = None):
     """Mean (or sum / num_items_in_batch) cross-entropy of `hidden @ weight.T` against `targets`.
 
     `hidden` is (N, H), `weight` (V, H), `targets` (N,) with -100 = ignore: the same reduction as
     Transformers' `ForCausalLMLoss` (sum / num_items_in_batch when given, else mean over valid).
+    `compile_backend` (e.g. "inductor") compiles the per-chunk softmax/gradient (see the module doc).
     """
     import torch
 
-    global _FUNCTION
-    if _FUNCTION is None:
-        _FUNCTION = _fused_function()
+    function = _linear_ce()
     if num_items_in_batch is None:
         denominator = (targets != IGNORE_INDEX).sum().clamp_min(1)
     else:
         denominator = torch.as_tensor(num_items_in_batch, device=hidden.device)
     scale = 1.0 / denominator.to(torch.float32)
-    return _FUNCTION.apply(hidden, weight, targets, scale, int(chunk_tokens))
+    return function.apply(hidden, weight, targets, scale, int(chunk_tokens), chunk_function(compile_backend))
 
 
 @dataclass(frozen=True)
@@ -124,9 +178,11 @@ def fused_loss_support(model: Any) -> str | None:
     return None
 
 
-def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> FusedLossPatch:
+def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                     compile_backend: Any = None) -> FusedLossPatch:
     """Make this CausalLM instance compute its training loss with `linear_cross_entropy`
-    (explicit, idempotent, reversible via `.undo()`); calls without labels run unchanged."""
+    (explicit, idempotent, reversible via `.undo()`); calls without labels run unchanged.
+    `compile_backend` (the plan's, e.g. "inductor") compiles the per-chunk softmax and gradient."""
     if getattr(model, _FLAG, False):
         return FusedLossPatch(model, True, "already applied")
     reason = fused_loss_support(model)
@@ -139,6 +195,8 @@ def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Fu
 
     original = type(model).forward
     decoder = model.get_decoder()
+    _linear_ce()
+    chunk_function(compile_backend)  # built here, eagerly, for the same reason
 
     def forward(input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
@@ -157,12 +215,13 @@ def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Fu
         head = model.get_output_embeddings()
         loss = linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight,
                                     targets.reshape(-1), num_items_in_batch=num_items,
-                                    chunk_tokens=chunk_tokens)
+                                    chunk_tokens=chunk_tokens, compile_backend=compile_backend)
         return CausalLMOutputWithPast(loss=loss, logits=None, hidden_states=outputs.hidden_states,
                                       attentions=outputs.attentions)
 
     model.forward = forward
     setattr(model, _FLAG, True)
-    logger.info("Fused chunked cross-entropy on (%d tokens per chunk): the full logits are never "
-                "materialised.", chunk_tokens)
-    return FusedLossPatch(model, True, "fused chunked cross-entropy")
+    how = "in place, eager" if compile_backend is None else f"compiled with {compile_backend}"
+    logger.info("Fused chunked cross-entropy on (%d tokens per chunk, softmax/gradient %s): the full "
+                "logits are never materialised.", chunk_tokens, how)
+    return FusedLossPatch(model, True, f"fused chunked cross-entropy ({how})")

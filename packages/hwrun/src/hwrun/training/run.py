@@ -193,8 +193,14 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     if hasattr(model, "config"):
         model.config.use_cache = False
 
-    patch = apply_fused_loss(model) if fused_loss else None
+    loss_backend = None if plan.compile is None else plan.compile.backend  # the plan's compiler
+    patch = apply_fused_loss(model, compile_backend=loss_backend) if fused_loss else None
     reasons["loss"] = patch.reason if patch is not None else "model's own loss (fused_loss=False)"
+    base_model = model
+    restore_attention = _use_causal_sdpa(model, dataset)
+    if restore_attention is not None:
+        reasons["attention"] = ("sdpa, causal kernel with no mask built (packed blocks have no padding; "
+                                "hwattn.causal), also under torch.compile")
     if settings is not None:
         from peft import get_peft_model, prepare_model_for_kbit_training
 
@@ -220,6 +226,8 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     finally:
         if installed:
             stopper.uninstall()
+        if restore_attention is not None:
+            base_model.set_attn_implementation(restore_attention)
     if patch is not None:
         patch.undo()
 
@@ -244,6 +252,19 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
         lora=settings is not None, merged=merged, interrupted=interrupted, resumed_from=resume_from,
         loss_plot=plot_path, tokens_per_step=_tokens_per_step(dataset, batch_size, grad_accum, world),
         train_runtime=output.metrics.get("train_runtime"), metrics=dict(output.metrics), reasons=reasons)
+
+
+def _use_causal_sdpa(model: Any, dataset: Any) -> str | None:
+    """Switch an sdpa model to hwattn's causal SDPA when every batch is an unpadded packed block
+    (no mask to build); returns the implementation to restore afterwards, or None (unchanged)."""
+    from .data import PackedDataset
+
+    if not isinstance(dataset, PackedDataset) or getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return None
+    import hwattn
+
+    model.set_attn_implementation(hwattn.register_causal_sdpa())
+    return "sdpa"
 
 
 def _tokens_per_step(dataset: Any, batch_size: int, grad_accum: int, world: int) -> int:
