@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hwattn import CAUSAL_SDPA, causal_sdpa_mask, is_causal_sdpa_registered, register_causal_sdpa, unregister_causal_sdpa
+from hwattn import (
+    CAUSAL_SDPA,
+    causal_sdpa_mask,
+    is_causal_sdpa_registered,
+    register_causal_sdpa,
+    unregister_causal_sdpa,
+)
 
 
 @pytest.fixture

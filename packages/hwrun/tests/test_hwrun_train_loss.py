@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hwrun.training.fused_loss import apply_fused_loss, chunk_function, fused_loss_support, linear_cross_entropy
+from hwrun.training.fused_loss import (
+    apply_fused_loss,
+    chunk_function,
+    fused_loss_support,
+    linear_cross_entropy,
+)
 
 
 def reference(hidden, weight, targets, num_items=None):

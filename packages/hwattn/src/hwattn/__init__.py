@@ -3,7 +3,13 @@
 Importing hwattn imports neither torch, transformers nor kernels; nothing downloads.
 """
 
-from .causal import CAUSAL_SDPA, causal_sdpa_mask, is_causal_sdpa_registered, register_causal_sdpa, unregister_causal_sdpa
+from .causal import (
+    CAUSAL_SDPA,
+    causal_sdpa_mask,
+    is_causal_sdpa_registered,
+    register_causal_sdpa,
+    unregister_causal_sdpa,
+)
 from .environment import (
     AttentionEnvironment,
     current_environment,
