@@ -87,6 +87,8 @@ def main(argv=None):
     parser.add_argument("--skip-hf-compile", action="store_true",
                         help="skip Transformers' static cache + automatic compile row (slow to compile)")
     parser.add_argument("--skip-batch1", action="store_true", help="only the concurrency table")
+    parser.add_argument("--skip-generate-batch", action="store_true",
+                        help="leave out Transformers' generate_batch rows (slowest at 64 prompts)")
     parser.add_argument("--concurrency-compile", default="inductor", choices=("inductor", "none"),
                         help="compile backend of hwrun's decoders in the concurrency table (hwrun's default: inductor)")
     args = parser.parse_args(argv)
@@ -249,7 +251,7 @@ def main(argv=None):
             if device.type == "cuda":
                 cb_variants.append(("continuous_transformers_defaults",
                                     cb_config(ContinuousBatchingConfig, auto_switch_to_flash=False)))
-        for key, cb in cb_variants:
+        for key, cb in ([] if args.skip_generate_batch else cb_variants):
             try:
                 def run(i=ids, c=cb, g=config):
                     extra = {"warmup": True} if "warmup" in inspect.signature(model.generate_batch).parameters else {}

@@ -154,3 +154,21 @@ def test_continuous_config_is_sized_from_the_workload(kind):
     assert config.max_batch_tokens == 383
     expected = {"cuda": True, "xpu": None, "cpu": False}[kind]  # xpu: Transformers decides (X11)
     assert config.use_cuda_graph is expected and config.use_async_batching is expected
+
+
+def test_compiled_slot_step_writes_the_cache_in_place(qwen2):
+    """Inductor (here its CPU code) updates the K/V cache where it is: no copy of the whole cache per step.
+    The per-row write through a flattened view was functionalised into one (~1 ms/step at 64 rows, H200)."""
+    import torch._dynamo
+    from torch._inductor.utils import run_and_get_code
+
+    prompts = [[1, 2, 3], [4, 5], [6]]
+    eager = SlotDecoder(qwen2, slots=3, max_cache_len=32).generate(prompts, 6, eos_token_id=None)
+    torch._dynamo.reset()
+    decoder = SlotDecoder(qwen2, slots=3, max_cache_len=32, compile_backend="inductor")
+    out, codes = run_and_get_code(decoder.generate, prompts, 6, eos_token_id=None)
+    torch._dynamo.reset()
+    assert out == eager
+    code = "\n".join(codes)
+    assert "index_put" in code  # the per-row K/V write, fused into the step's kernels
+    assert "clone" not in code, "a kernel copies a whole buffer before writing it"

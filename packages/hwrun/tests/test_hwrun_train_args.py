@@ -31,6 +31,8 @@ def test_cpu_arguments(model_dir, tmp_path, monkeypatch):
     assert args.use_cpu and not args.bf16 and not args.torch_compile
     assert str(args.device) == "cpu" and args.save_steps == 7 and args.report_to == []
     assert args.ddp_backend is None  # single process: a backend would make accelerate expect a group
+    assert not args.logging_nan_inf_filter  # no per-step sync; a NaN loss is logged, not averaged away
+    assert not args.accelerator_config.non_blocking  # host memory: nothing to overlap
 
 
 @pytest.mark.facts("X16", "X17")
@@ -41,6 +43,7 @@ def test_one_xpu_gives_bf16_and_device_xpu0(model_dir, tmp_path, fake_xpu, clean
     assert plan.accelerator.kind == "xpu" and args.bf16 and not args.use_cpu
     assert str(args.device) == "xpu:0"
     assert args.optim == "adamw_torch_fused"
+    assert args.dataloader_pin_memory and args.accelerator_config.non_blocking  # batch copies do not block
 
 
 @pytest.mark.facts("X17")
@@ -67,6 +70,7 @@ def test_gaudi_gives_hpu_device_bf16_and_hpu_backend(model_dir, tmp_path, fake_g
     assert args.device.type == "hpu"  # Transformers prints hpu:0 for one Gaudi
     assert args.bf16 and args.torch_compile and args.torch_compile_backend == "hpu_backend"
     assert args.optim == "adamw_torch"  # torch's fused AdamW has no hpu kernel
+    assert not args.accelerator_config.non_blocking
 
 
 @pytest.mark.facts("X18", "G15")

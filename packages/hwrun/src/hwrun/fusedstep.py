@@ -65,8 +65,8 @@ class FusedLlamaStep:
 
     By default every row decodes at the same position (one `index_copy_` per layer writes K/V);
     `per_row_positions=True` lets each row sit at its own position, which is what continuous batching
-    over slots (hwrun.slotdecode) needs: K/V are then written with one `index_copy_` into a flat
-    (rows * kv heads * positions, head_dim) view at computed offsets.
+    over slots (hwrun.slotdecode) needs: K/V are then written with one `index_put_` per layer at
+    (row, kv head, that row's position).
     """
 
     def __init__(self, model: Any, *, batch_size: int, max_cache_len: int, per_row_positions: bool = False) -> None:
@@ -115,9 +115,9 @@ class FusedLlamaStep:
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
         self.max_cache_len = max_cache_len
         self.per_row_positions = per_row_positions
-        # offset of (row, kv head, position 0) in the flat view of one layer's K or V
-        self.row_base = (torch.arange(batch_size, device=device)[:, None] * (self.n_kv * max_cache_len)
-                         + torch.arange(self.n_kv, device=device)[None, :] * max_cache_len)
+        # (row, kv head) index grids for the per-row K/V writes
+        self.row_index = torch.arange(batch_size, device=device)[:, None].expand(batch_size, self.n_kv)
+        self.head_index = torch.arange(self.n_kv, device=device)[None, :].expand(batch_size, self.n_kv)
         self.key_index = torch.arange(max_cache_len, device=device)
 
     def reset(self) -> None:
@@ -158,7 +158,7 @@ class FusedLlamaStep:
             mask = torch.zeros(visible.shape, dtype=torch.float32, device=hidden.device)
             mask = mask.masked_fill(~visible, float("-inf"))[:, None]  # (batch, 1, 1, L)
             if self.per_row_positions:
-                write_at = (self.row_base + positions).reshape(-1)  # (batch * kv heads,)
+                write_at = positions.expand(batch, self.n_kv)  # (batch, kv heads): each row's position
         for i, layer in enumerate(self.layers):
             x = self._rms(hidden, layer["norm_in"])
             qkv = F.linear(x, layer["qkv"], layer["qkv_bias"])
@@ -168,8 +168,12 @@ class FusedLlamaStep:
             v = v.view(batch, length, self.n_kv, self.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             if length == 1 and self.per_row_positions:
-                self.keys[i].view(-1, self.head_dim).index_copy_(0, write_at, k.reshape(-1, self.head_dim))
-                self.values[i].view(-1, self.head_dim).index_copy_(0, write_at, v.reshape(-1, self.head_dim))
+                # index_put_ on the cache itself: inductor updates it in place. (The same write through
+                # a flattened view was functionalised into a copy of the whole cache, ~1 ms per step
+                # at 64 rows on an H200: tools/bench/profile_decoders.py.)
+                where = (self.row_index, self.head_index, write_at)
+                self.keys[i].index_put_(where, k[:, :, 0])
+                self.values[i].index_put_(where, v[:, :, 0])
             elif rows is not None:
                 self.keys[i][rows, :, :length] = k
                 self.values[i][rows, :, :length] = v

@@ -2,9 +2,12 @@
 of tokens at a time and the gradient is formed in the same pass, so the full
 (batch x seq x vocab) fp32 logits tensor (4.2 GB for 8x1024x128256) never exists.
 
-Per chunk, the loss and d(loss)/d(logits) are either computed in place, eagerly (about eight
-passes over a 1024 x 128256 fp32 block), or, with `compile_backend`, by one compiled function
-that reads the bf16 logits and writes the bf16 gradient with the fp32 work fused in between."""
+Per chunk, the loss and d(loss)/d(logits) are computed either in place (eager: about eight passes
+over a 1024 x 128256 fp32 block, one fp32 copy alive) or, with `compiled=True`, out of place: the
+form that the model's own `torch.compile` fuses into a reduction and one pointwise pass (bf16 in,
+bf16 gradient out). The loss is not compiled separately: a nested `torch.compile` is a graph
+break in the model's compiled graph (measured on torch 2.11), and so is a class defined during
+tracing, which is why the autograd.Function is built before the model runs."""
 
 from __future__ import annotations
 
@@ -54,18 +57,9 @@ def _chunk_loss_grad_in_place(logits, targets, scale):
     return loss, grad.to(logits.dtype)
 
 
-_COMPILED: dict[Any, Any] = {}
-
-
-def chunk_function(compile_backend: Any = None):
-    """The per-chunk loss/gradient function: eager in place for None, else compiled (cached per backend)."""
-    if compile_backend is None:
-        return _chunk_loss_grad_in_place
-    if compile_backend not in _COMPILED:
-        import torch
-
-        _COMPILED[compile_backend] = torch.compile(_chunk_loss_grad, backend=compile_backend, dynamic=False)
-    return _COMPILED[compile_backend]
+def chunk_function(compiled: bool = False):
+    """The per-chunk loss/gradient function: out of place for a compiled model, else in place."""
+    return _chunk_loss_grad if compiled else _chunk_loss_grad_in_place
 
 
 def _fused_function():
@@ -128,12 +122,12 @@ def _linear_ce():
 
 
 def linear_cross_entropy(hidden: Any, weight: Any, targets: Any, *, num_items_in_batch: Any = None,
-                         chunk_tokens: int = DEFAULT_CHUNK_TOKENS, compile_backend: Any = None):
+                         chunk_tokens: int = DEFAULT_CHUNK_TOKENS, compiled: bool = False):
     """Mean (or sum / num_items_in_batch) cross-entropy of `hidden @ weight.T` against `targets`.
 
     `hidden` is (N, H), `weight` (V, H), `targets` (N,) with -100 = ignore: the same reduction as
     Transformers' `ForCausalLMLoss` (sum / num_items_in_batch when given, else mean over valid).
-    `compile_backend` (e.g. "inductor") compiles the per-chunk softmax/gradient (see the module doc).
+    `compiled=True` when the caller runs under `torch.compile` (the fusable form; see the module doc).
     """
     import torch
 
@@ -143,7 +137,7 @@ def linear_cross_entropy(hidden: Any, weight: Any, targets: Any, *, num_items_in
     else:
         denominator = torch.as_tensor(num_items_in_batch, device=hidden.device)
     scale = 1.0 / denominator.to(torch.float32)
-    return function.apply(hidden, weight, targets, scale, int(chunk_tokens), chunk_function(compile_backend))
+    return function.apply(hidden, weight, targets, scale, int(chunk_tokens), chunk_function(compiled))
 
 
 @dataclass(frozen=True)
@@ -179,10 +173,10 @@ def fused_loss_support(model: Any) -> str | None:
 
 
 def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-                     compile_backend: Any = None) -> FusedLossPatch:
+                     compiled: bool = False) -> FusedLossPatch:
     """Make this CausalLM instance compute its training loss with `linear_cross_entropy`
     (explicit, idempotent, reversible via `.undo()`); calls without labels run unchanged.
-    `compile_backend` (the plan's, e.g. "inductor") compiles the per-chunk softmax and gradient."""
+    `compiled=True` when the model will run under `torch.compile` (the loss takes its fusable form)."""
     if getattr(model, _FLAG, False):
         return FusedLossPatch(model, True, "already applied")
     reason = fused_loss_support(model)
@@ -195,8 +189,7 @@ def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 
     original = type(model).forward
     decoder = model.get_decoder()
-    _linear_ce()
-    chunk_function(compile_backend)  # built here, eagerly, for the same reason
+    _linear_ce()  # defined now, outside any trace
 
     def forward(input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
@@ -215,13 +208,13 @@ def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         head = model.get_output_embeddings()
         loss = linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight,
                                     targets.reshape(-1), num_items_in_batch=num_items,
-                                    chunk_tokens=chunk_tokens, compile_backend=compile_backend)
+                                    chunk_tokens=chunk_tokens, compiled=compiled)
         return CausalLMOutputWithPast(loss=loss, logits=None, hidden_states=outputs.hidden_states,
                                       attentions=outputs.attentions)
 
     model.forward = forward
     setattr(model, _FLAG, True)
-    how = "in place, eager" if compile_backend is None else f"compiled with {compile_backend}"
+    how = "out of place, fused by torch.compile" if compiled else "in place"
     logger.info("Fused chunked cross-entropy on (%d tokens per chunk, softmax/gradient %s): the full "
                 "logits are never materialised.", chunk_tokens, how)
     return FusedLossPatch(model, True, f"fused chunked cross-entropy ({how})")

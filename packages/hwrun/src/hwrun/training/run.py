@@ -193,8 +193,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     if hasattr(model, "config"):
         model.config.use_cache = False
 
-    loss_backend = None if plan.compile is None else plan.compile.backend  # the plan's compiler
-    patch = apply_fused_loss(model, compile_backend=loss_backend) if fused_loss else None
+    patch = apply_fused_loss(model, compiled=plan.compile is not None) if fused_loss else None
     reasons["loss"] = patch.reason if patch is not None else "model's own loss (fused_loss=False)"
     base_model = model
     restore_attention = _use_causal_sdpa(model, dataset)
