@@ -36,7 +36,7 @@ from .resolve import AttentionChoice, resolve_attention
 from .sdpa import eager_attention, repeat_kv, sdpa, uses_native_gqa
 from .table import decision_table, software_table
 
-__version__ = "0.1.0"
+__version__ = "0.1.1"
 
 __all__ = [
     "CAUSAL_SDPA", "causal_sdpa_mask", "is_causal_sdpa_registered", "register_causal_sdpa", "unregister_causal_sdpa",
