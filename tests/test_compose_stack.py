@@ -27,6 +27,10 @@ STACK = ["hwenv", "hwattn", "hwcompile"]
 ABSENT = ["hwrun", "hwdist", "peft"]
 
 
+def _version(package: str) -> str:
+    return tomllib.loads((ROOT / "packages" / package / "pyproject.toml").read_text())["project"]["version"]
+
+
 def _clean_env(**extra: str) -> dict[str, str]:
     """This environment without anything that would point uv or Python at the workspace venv."""
     env = {k: v for k, v in os.environ.items()
@@ -107,7 +111,8 @@ def test_three_wheels_alone_run_a_plain_pytorch_training_step(stack):
 
     out = _run([str(stack["python"]), str(ROOT / "examples" / "compose_custom_stack.py"), "--steps", "3",
                 "--compile", "on", "--backend", "aot_eager"], cwd=stack["tmp"], env=env, timeout=300)
-    assert "installed: hwenv 0.1.0, hwattn 0.1.0, hwcompile 0.1.0; not installed: hwrun, hwdist, peft" in out
+    versions = ", ".join(f"{name} {_version(name)}" for name in STACK)  # as each pyproject.toml says
+    assert f"installed: {versions}; not installed: hwrun, hwdist, peft" in out
     assert "device: cpu (CPU), dtype torch.float32" in out  # hwenv.detect()
     assert "attention: sdpa: auto -> sdpa" in out  # hwattn.resolve_attention / load_kwargs (X6)
     assert "compile: on; backend 'aot_eager': cpu: torch.compile backend 'aot_eager' kept" in out  # hwcompile (G13)

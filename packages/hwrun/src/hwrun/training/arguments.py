@@ -131,7 +131,7 @@ def training_keywords(plan: RunPlan, output_dir: str | os.PathLike, **overrides:
     if accel.kind in ("cuda", "xpu"):
         # batches come from pinned memory: copy them without blocking the host. A blocking copy
         # waits for the previous step's kernels, so the GPU idles while the host then launches the
-        # next step (~10 ms of a 102 ms step on an H200, docs/benchmarks/train.md).
+        # next step.
         keywords["accelerator_config"] = {"non_blocking": True}
     compile_on = plan.compile is not None
     backend = plan.compile.backend if compile_on and isinstance(plan.compile.backend, str) else None

@@ -25,17 +25,25 @@ FUSED_LOSS_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 _FLAG = "_hwrun_fused_loss"
 
 
+def _chunk_loss(full, targets):
+    """(valid rows, targets with ignored rows at 0, per-row logsumexp, summed CE of the valid rows)
+    of one chunk's fp32 logits."""
+    import torch
+
+    valid = targets != IGNORE_INDEX
+    safe = torch.where(valid, targets, torch.zeros_like(targets))
+    lse = torch.logsumexp(full, dim=-1)
+    picked = full.gather(1, safe.unsqueeze(1)).squeeze(1)
+    return valid, safe, lse, torch.where(valid, lse - picked, torch.zeros_like(lse)).sum()
+
+
 def _chunk_loss_grad(logits, targets, scale):
     """(summed CE of the valid rows, d(sum * scale)/d(logits) in logits' dtype), out of place:
     the form `torch.compile` fuses into a reduction and one pointwise pass."""
     import torch
 
     full = logits.float()
-    valid = targets != IGNORE_INDEX
-    safe = torch.where(valid, targets, torch.zeros_like(targets))
-    lse = torch.logsumexp(full, dim=-1)
-    picked = full.gather(1, safe.unsqueeze(1)).squeeze(1)
-    loss = torch.where(valid, lse - picked, torch.zeros_like(lse)).sum()
+    valid, safe, lse, loss = _chunk_loss(full, targets)
     onehot = torch.arange(full.shape[1], device=full.device).unsqueeze(0) == safe.unsqueeze(1)
     grad = (torch.exp(full - lse.unsqueeze(1)) - onehot.to(full.dtype)) * (valid.to(full.dtype) * scale).unsqueeze(1)
     return loss, grad.to(logits.dtype)
@@ -46,13 +54,9 @@ def _chunk_loss_grad_in_place(logits, targets, scale):
     import torch
 
     full = logits.float()
-    valid = targets != IGNORE_INDEX
-    safe = torch.where(valid, targets, torch.zeros_like(targets)).unsqueeze(1)
-    lse = torch.logsumexp(full, dim=-1)
-    picked = full.gather(1, safe).squeeze(1)
-    loss = torch.where(valid, lse - picked, torch.zeros_like(lse)).sum()
+    valid, safe, lse, loss = _chunk_loss(full, targets)
     grad = full.sub_(lse.unsqueeze(1)).exp_()  # softmax - onehot, scaled, in place (no copies)
-    grad.scatter_add_(1, safe, -torch.ones_like(safe, dtype=grad.dtype))
+    grad.scatter_add_(1, safe.unsqueeze(1), -torch.ones_like(safe.unsqueeze(1), dtype=grad.dtype))
     grad.mul_(valid.unsqueeze(1).to(grad.dtype) * scale)
     return loss, grad.to(logits.dtype)
 
