@@ -11,26 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
 
-def time_ms(fn, repeats=20):
-    import torch
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from attention import time_call  # noqa: E402
 
 
 def main(argv=None):
@@ -71,7 +57,7 @@ def main(argv=None):
                 o.backward(grad)
             row = {"backend": name, "gqa": "native" if gqa else "repeat"}
             try:
-                ms = time_ms(step)
+                ms = time_call(step, "cuda", warmup=3, repeats=20)
                 row.update(fwd_bwd_ms=ms, tflops=flops / ms / 1e9)
             except RuntimeError as exc:
                 row["error"] = str(exc).splitlines()[0][:200]
