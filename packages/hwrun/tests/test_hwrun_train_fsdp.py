@@ -4,8 +4,9 @@ accelerate 1.16 drops an FSDP plugin under MULTI_CPU (use_cpu, gloo) and trains 
 so hwrun refuses fsdp= on CPU before the model loads; deepspeed= without the deepspeed package is
 refused the same way. The FSDP2 path itself (torch's fully_shard, which does run on CPU with gloo)
 is still exercised for real: a 2-process `hwdist launch` run, as in test_hwrun_train_ddp.py, whose
-worker lifts accelerate's CPU gate, checks that the final adapter is gathered from the shards, saved
-once, loadable, and equal on both ranks."""
+worker lifts accelerate's CPU gate: LoRA saves the adapter gathered from the shards, full fine-tuning
+the whole model in one safetensors file, merge=True a plain model equal to base + adapter, and
+resume='auto' continues the uninterrupted loss curve; weights are equal on both ranks throughout."""
 
 from __future__ import annotations
 
@@ -47,26 +48,28 @@ WORKER = textwrap.dedent('''
     from transformers import TrainerCallback
 
     hwrun.training.arguments.FSDP_UNSUPPORTED_KINDS = frozenset({"mps"})  # the gate is lifted above
-    model, data, out = sys.argv[1:4]
-    captured = {}
-
-    class Capture(TrainerCallback):
-        def on_train_end(self, args, state, control, model=None, **kwargs):
-            captured["types"] = sorted({type(p).__name__ for p in model.parameters()})
-            # full_tensor() is a collective: both ranks gather every trainable shard
-            captured["state"] = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
-                                 for k, v in model.named_parameters() if v.requires_grad}
-            captured["world"] = args.world_size
-
-    plan = hwrun.plan(model, device="cpu")
-    result = hwrun.train(plan, data, lora=True, max_steps=3, lr=3e-3, batch_size=2, block_size=32,
-                         output_dir=out, disable_tqdm=True, plot=False, callbacks=[Capture()],
-                         fsdp=True, fsdp_config={"fsdp_version": 2})
+    # argv: model, data, then a JSON list of runs {"out": folder, "options": train() keywords}, done in order
+    model, data, runs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     rank = int(os.environ["RANK"])
-    save_file(captured["state"], os.path.join(out, f"rank{rank}.safetensors"))
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
-        json.dump({"world": captured["world"], "step": result.global_step, "losses": result.losses,
-                   "types": captured["types"], **seen}, handle)
+    for run in runs:
+        out, options, captured = run["out"], run["options"], {}
+
+        class Capture(TrainerCallback):
+            def on_train_end(self, args, state, control, model=None, **kwargs):
+                captured["types"] = sorted({type(p).__name__ for p in model.parameters()})
+                # full_tensor() is a collective: both ranks gather every trainable shard
+                captured["state"] = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+                                     for k, v in model.named_parameters() if v.requires_grad}
+                captured["world"] = args.world_size
+
+        plan = hwrun.plan(model, device="cpu")
+        result = hwrun.train(plan, data, output_dir=out, disable_tqdm=True, plot=False, callbacks=[Capture()],
+                             fsdp=True, fsdp_config={"fsdp_version": 2}, **options)
+        save_file(captured["state"], os.path.join(out, f"rank{rank}.safetensors"))
+        with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
+            json.dump({"world": captured["world"], "step": result.global_step, "losses": result.losses,
+                       "types": captured["types"], "resumed_from": result.resumed_from,
+                       "merged": result.merged, **seen}, handle)
 ''')
 
 
@@ -135,28 +138,50 @@ def test_transformers_own_deepspeed_error_is_what_hwrun_replaces(tmp_path):
         TrainingArguments(output_dir=str(tmp_path), deepspeed="ds_zero2.json", use_cpu=True, report_to="none")
 
 
+LORA = {"lora": True, "max_steps": 3, "lr": 3e-3, "batch_size": 2, "block_size": 32}
+
+
+def launch_fsdp(tmp_path, data, *runs):
+    """One 2-process `hwdist launch` of WORKER doing `runs` ((out, train() options), in order)."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER, encoding="utf-8")
+    plan = json.dumps([{"out": str(out), "options": options} for out, options in runs])
+    done = launch_cpu_workers(worker, hwrun.DEFAULT_MODEL, str(data), plan)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def ranks(out):
+    """(info, gathered trainable weights) of rank 0 and rank 1, as WORKER wrote them into `out`."""
+    from safetensors.torch import load_file
+
+    return ([json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)],
+            [load_file(out / f"rank{r}.safetensors") for r in (0, 1)])
+
+
+def assert_same_on_both_ranks(rank0, rank1):
+    import torch
+
+    assert rank0 and rank0.keys() == rank1.keys()
+    for name in rank0:
+        assert torch.equal(rank0[name], rank1[name]), name
+
+
 @pytest.mark.slow
 @pytest.mark.facts("X18")
 def test_two_process_fsdp2_lora_saves_the_gathered_adapter(tmp_path, data):
     import torch
     from hwrun.training import check_checkpoint, load_adapter_model
-    from safetensors.torch import load_file
 
-    worker = tmp_path / "worker.py"
-    worker.write_text(WORKER, encoding="utf-8")
     out = tmp_path / "out"
-    done = launch_cpu_workers(worker, hwrun.DEFAULT_MODEL, str(data), str(out))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    launch_fsdp(tmp_path, data, (out, LORA))
 
-    info = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    info, (rank0, rank1) = ranks(out)
     # If this fails, accelerate now builds FSDP on CPU: drop "cpu" from FSDP_UNSUPPORTED_KINDS.
     assert all(i["accelerate_kept_fsdp_on_cpu"] is False for i in info)
     assert all(i["world"] == 2 and i["step"] == 3 and i["types"] == ["DTensor"] for i in info)  # sharded
     assert all(len(i["losses"]) == 3 and all(math.isfinite(loss) for _, loss in i["losses"]) for i in info)
-    rank0, rank1 = (load_file(out / f"rank{r}.safetensors") for r in (0, 1))
-    assert rank0.keys() == rank1.keys() and any("lora_B" in k for k in rank0)
-    for name in rank0:
-        assert torch.equal(rank0[name], rank1[name]), name
+    assert_same_on_both_ranks(rank0, rank1)
+    assert any("lora_B" in k for k in rank0)
     assert any(torch.count_nonzero(v) for k, v in rank0.items() if "lora_B" in k)  # it trained
 
     model, _ = load_adapter_model(out, hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu"))
@@ -165,3 +190,118 @@ def test_two_process_fsdp2_lora_saves_the_gathered_adapter(tmp_path, data):
     for name, value in saved.items():  # the whole gathered adapter, not one rank's shard
         assert value.shape == rank0[name].shape and torch.equal(value, rank0[name]), name
     assert check_checkpoint(out / "checkpoint-3") is None  # the FSDP checkpoint is complete
+
+
+@pytest.fixture(scope="module")
+def full_and_merged(tmp_path_factory):
+    """One FSDP2 launch, two runs: full fine-tuning into full/, LoRA with merge=True into merged/."""
+    root = tmp_path_factory.mktemp("fsdp")
+    text = root / "train.txt"
+    text.write_text("The king said to the queen that the castle was cold. " * 30, encoding="utf-8")
+    full, merged = root / "full", root / "merged"
+    launch_fsdp(root, text, (full, {**LORA, "lora": None, "lr": 3e-4}), (merged, {**LORA, "merge": True}))
+    return full, merged
+
+
+@pytest.mark.slow
+@pytest.mark.facts("X18")
+def test_two_process_fsdp2_full_fine_tuning_saves_the_whole_model(full_and_merged):
+    from pathlib import Path
+
+    import torch
+    from hwrun.training import check_checkpoint
+    from safetensors.torch import load_file
+
+    out = full_and_merged[0]
+    info, (rank0, rank1) = ranks(out)
+    assert all(i["world"] == 2 and i["step"] == 3 and i["types"] == ["DTensor"] for i in info)  # sharded
+    assert all(not i["merged"] and all(math.isfinite(loss) for _, loss in i["losses"]) for i in info)
+    assert_same_on_both_ranks(rank0, rank1)  # every parameter trainable, gathered, equal on both ranks
+
+    # One plain safetensors file (no index, no shards) with the base model's tensors at full shape;
+    # a tied lm_head is stored once, as without FSDP (gathering copies it apart from embed_tokens).
+    files = sorted(p.name for p in out.iterdir() if p.name.startswith("model"))
+    assert files == ["model.safetensors"] and (out / "config.json").is_file()
+    assert not (out / "adapter_config.json").exists()
+    base = load_file(Path(hwrun.DEFAULT_MODEL) / "model.safetensors")
+    saved = load_file(out / "model.safetensors")
+    assert saved.keys() == base.keys() == rank0.keys()
+    for name, value in saved.items():
+        assert value.shape == base[name].shape and torch.equal(value, rank0[name]), name
+    assert any(not torch.equal(saved[k], base[k]) for k in base)  # it trained
+
+    model, _ = hwrun.load(hwrun.plan(str(out), device="cpu"))
+    loaded = dict(model.named_parameters())
+    assert loaded.keys() == rank0.keys()
+    for name, value in loaded.items():
+        assert torch.equal(value, rank0[name]), name
+    assert check_checkpoint(out / "checkpoint-3") is None
+
+
+@pytest.mark.slow
+@pytest.mark.facts("X18")
+def test_two_process_fsdp2_merge_saves_a_plain_model_equal_to_base_plus_adapter(full_and_merged):
+    import torch
+    from hwrun.training import load_adapter_model
+
+    out = full_and_merged[1]
+    info, (rank0, rank1) = ranks(out)
+    assert all(i["world"] == 2 and i["step"] == 3 and i["types"] == ["DTensor"] for i in info)  # sharded
+    assert all(i["merged"] for i in info)  # TrainResult.merged on both ranks
+    assert_same_on_both_ranks(rank0, rank1)
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    assert not (out / "adapter_config.json").exists() and not (out / "adapter_model.safetensors").exists()
+    assert "hwattn_causal_sdpa" not in (out / "config.json").read_text()
+
+    # Under FSDP the merge goes through the gathered adapter, saved in out/adapter: that adapter is
+    # the trained one, and the merged model computes what base + that adapter computes.
+    cpu_plan = hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu")
+    with_adapter, _ = load_adapter_model(out / "adapter", cpu_plan)
+    adapter = {k: v for k, v in with_adapter.named_parameters() if "lora_" in k}
+    assert adapter.keys() == rank0.keys()
+    for name, value in adapter.items():
+        assert torch.equal(value, rank0[name]), name
+    merged, tokenizer = hwrun.load(hwrun.plan(str(out), device="cpu"))
+    assert not any("lora_" in k for k, _ in merged.named_parameters())  # a plain model, no PEFT
+    base, _ = hwrun.load(cpu_plan)
+    ids = tokenizer("The queen said to the king", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = merged(input_ids=ids).logits
+        torch.testing.assert_close(logits, with_adapter(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+        assert (logits - base(input_ids=ids).logits).abs().max() > 1e-2  # the adapter is in it
+
+
+@pytest.mark.slow
+@pytest.mark.facts("X18")
+def test_two_process_fsdp2_resume_continues_the_uninterrupted_loss_curve(tmp_path, data):
+    """First launch: 3 steps (checkpoint-3) and, for reference, 6 uninterrupted steps; second launch:
+    resume='auto' to max_steps=6. LoRA and full fine-tuning. A constant LR, so that changing
+    max_steps does not change the schedule; the losses after the resume then depend only on the
+    restored weights, AdamW state, RNG and data position."""
+    import torch
+
+    modes = {"lora": {**LORA}, "full": {**LORA, "lora": None, "lr": 3e-4}}
+    for options in modes.values():
+        options["lr_scheduler_type"] = "constant"
+    launch_fsdp(tmp_path, data, *[(tmp_path / f"{mode}-straight", {**o, "max_steps": 6}) for mode, o in modes.items()],
+                *[(tmp_path / f"{mode}-resumed", o) for mode, o in modes.items()])
+    for mode in modes:
+        first, _ = ranks(tmp_path / f"{mode}-resumed")
+        assert all(i["step"] == 3 and i["resumed_from"] is None for i in first), mode
+    launch_fsdp(tmp_path, data, *[(tmp_path / f"{mode}-resumed", {**o, "max_steps": 6, "resume": "auto"})
+                                  for mode, o in modes.items()])
+
+    for mode in modes:
+        out = tmp_path / f"{mode}-resumed"
+        resumed, (rank0, rank1) = ranks(out)
+        straight, (reference, _) = ranks(tmp_path / f"{mode}-straight")
+        assert all(i["resumed_from"] == str(out / "checkpoint-3") and i["step"] == 6 for i in resumed), mode
+        assert all(i["types"] == ["DTensor"] for i in resumed + straight), mode  # sharded, both launches
+        assert_same_on_both_ranks(rank0, rank1)
+        steps = [s for s, _ in resumed[0]["losses"]]
+        assert steps == [s for s, _ in straight[0]["losses"]] == list(range(1, 7)), mode
+        for (step, loss), (_, uninterrupted) in zip(resumed[0]["losses"], straight[0]["losses"], strict=True):
+            assert loss == pytest.approx(uninterrupted, abs=1e-4), (mode, step)
+        assert reference.keys() == rank0.keys()
+        for name in reference:  # the same final weights as the run that was never stopped
+            torch.testing.assert_close(rank0[name], reference[name], rtol=1e-4, atol=1e-5, msg=name)

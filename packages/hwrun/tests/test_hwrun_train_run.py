@@ -167,7 +167,9 @@ def test_merged_output_is_a_plain_model_equal_to_base_plus_adapter(tiny, cpu_pla
     assert result.merged
     assert (merged_out / "config.json").is_file() and (merged_out / "model.safetensors").is_file()
     assert not (merged_out / "adapter_config.json").exists()
-    assert "hwattn_causal_sdpa" not in (merged_out / "config.json").read_text()  # training's attention is undone
+    saved_config = (merged_out / "config.json").read_text()
+    assert "hwattn_causal_sdpa" not in saved_config  # training's attention is undone
+    assert '"use_cache": false' not in saved_config  # and so is training's use_cache=False
 
     merged, tokenizer = hwrun.load(hwrun.plan(str(merged_out), device="cpu"))
     with_adapter, _ = load_adapter_model(adapter_out, cpu_plan)

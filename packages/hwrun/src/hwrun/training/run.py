@@ -190,8 +190,9 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     dataset = data if documents is None else build_dataset(documents, tokenizer, block_size)
     if isinstance(dataset, PackedDataset):
         reasons["data"] = f"{len(dataset)} packed blocks of {dataset.blocks.shape[1]} tokens, no padding"
+    use_cache = getattr(model.config, "use_cache", None) if hasattr(model, "config") else None
     if hasattr(model, "config"):
-        model.config.use_cache = False
+        model.config.use_cache = False  # training needs no KV cache; restored before the final save
 
     patch = apply_fused_loss(model, compiled=plan.compile is not None) if fused_loss else None
     reasons["loss"] = patch.reason if patch is not None else "model's own loss (fused_loss=False)"
@@ -227,6 +228,8 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
             stopper.uninstall()
         if restore_attention is not None:
             base_model.set_attn_implementation(restore_attention)
+        if use_cache is not None:
+            base_model.config.use_cache = use_cache
     if patch is not None:
         patch.undo()
 
@@ -272,6 +275,18 @@ def _tokens_per_step(dataset: Any, batch_size: int, grad_accum: int, world: int)
     return block * batch_size * grad_accum * world
 
 
+def _retie_gathered(state_dict: dict[str, Any], model: Any) -> None:
+    """Gathering FSDP shards copies every parameter, so weights the model ties (lm_head = embed_tokens)
+    come back as separate tensors; save_pretrained finds ties by shared storage and would then write
+    both. Point each alias at one tensor again, so the saved model is what a single-process run saves."""
+    first: dict[int, str] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if name in state_dict:
+            primary = first.setdefault(id(parameter), name)
+            if primary != name:
+                state_dict[name] = state_dict[primary]
+
+
 def _save_final(trainer: Any, tokenizer: Any, output_dir: Path, is_lora: bool, merge: bool, qlora: bool,
                 plan: RunPlan) -> bool:
     """Save the final model into `output_dir` (main process only); returns True when merged."""
@@ -286,6 +301,8 @@ def _save_final(trainer: Any, tokenizer: Any, output_dir: Path, is_lora: bool, m
     merged = False
     if trainer.is_world_process_zero():
         model = trainer.accelerator.unwrap_model(trainer.model)
+        if state_dict:
+            _retie_gathered(state_dict, model)
         if not is_lora:
             model.save_pretrained(output_dir, safe_serialization=True, state_dict=state_dict)
             tokenizer.save_pretrained(output_dir)
