@@ -158,6 +158,11 @@ def ranks(out):
             [load_file(out / f"rank{r}.safetensors") for r in (0, 1)])
 
 
+def assert_sharded(info, *, steps):
+    """Both ranks of a 2-process run trained `steps` steps on sharded parameters (DTensors only)."""
+    assert all(i["world"] == 2 and i["step"] == steps and i["types"] == ["DTensor"] for i in info), info
+
+
 def assert_same_on_both_ranks(rank0, rank1):
     import torch
 
@@ -178,7 +183,7 @@ def test_two_process_fsdp2_lora_saves_the_gathered_adapter(tmp_path, data):
     info, (rank0, rank1) = ranks(out)
     # If this fails, accelerate now builds FSDP on CPU: drop "cpu" from FSDP_UNSUPPORTED_KINDS.
     assert all(i["accelerate_kept_fsdp_on_cpu"] is False for i in info)
-    assert all(i["world"] == 2 and i["step"] == 3 and i["types"] == ["DTensor"] for i in info)  # sharded
+    assert_sharded(info, steps=3)
     assert all(len(i["losses"]) == 3 and all(math.isfinite(loss) for _, loss in i["losses"]) for i in info)
     assert_same_on_both_ranks(rank0, rank1)
     assert any("lora_B" in k for k in rank0)
@@ -214,7 +219,7 @@ def test_two_process_fsdp2_full_fine_tuning_saves_the_whole_model(full_and_merge
 
     out = full_and_merged[0]
     info, (rank0, rank1) = ranks(out)
-    assert all(i["world"] == 2 and i["step"] == 3 and i["types"] == ["DTensor"] for i in info)  # sharded
+    assert_sharded(info, steps=3)
     assert all(not i["merged"] and all(math.isfinite(loss) for _, loss in i["losses"]) for i in info)
     assert_same_on_both_ranks(rank0, rank1)  # every parameter trainable, gathered, equal on both ranks
 
@@ -246,7 +251,7 @@ def test_two_process_fsdp2_merge_saves_a_plain_model_equal_to_base_plus_adapter(
 
     out = full_and_merged[1]
     info, (rank0, rank1) = ranks(out)
-    assert all(i["world"] == 2 and i["step"] == 3 and i["types"] == ["DTensor"] for i in info)  # sharded
+    assert_sharded(info, steps=3)
     assert all(i["merged"] for i in info)  # TrainResult.merged on both ranks
     assert_same_on_both_ranks(rank0, rank1)
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
