@@ -98,13 +98,16 @@ def _truncate(tokens: list[int], eos: set[int]) -> list[int]:
     return tokens
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+def _eos_token_id(model: Any, tokenizer: Any) -> Any:
+    """The model's EOS id(s), else the tokenizer's (None when neither has one)."""
     eos = model.generation_config.eos_token_id
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        return set()
-    return set(eos) if isinstance(eos, (list, tuple)) else {int(eos)}
+    return tokenizer.eos_token_id if eos is None else eos
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    from .fastdecode import eos_ids
+
+    return set(eos_ids(model, _eos_token_id(model, tokenizer)))
 
 
 def choose_decode(plan: RunPlan, requested: str, batching: str, do_sample: bool) -> tuple[str, str]:
@@ -238,9 +241,7 @@ def _continuous(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], m
     from transformers import GenerationConfig
 
     encoded = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
-    eos = model.generation_config.eos_token_id
-    if eos is None:
-        eos = tokenizer.eos_token_id
+    eos = _eos_token_id(model, tokenizer)
     config = GenerationConfig(
         max_new_tokens=max_new_tokens, eos_token_id=eos if eos is not None else -1,
         pad_token_id=tokenizer.pad_token_id, **{k: v for k, v in sampling.items() if v is not None},

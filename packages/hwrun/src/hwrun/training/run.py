@@ -190,9 +190,8 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     dataset = data if documents is None else build_dataset(documents, tokenizer, block_size)
     if isinstance(dataset, PackedDataset):
         reasons["data"] = f"{len(dataset)} packed blocks of {dataset.blocks.shape[1]} tokens, no padding"
-    use_cache = getattr(model.config, "use_cache", None) if hasattr(model, "config") else None
-    if hasattr(model, "config"):
-        model.config.use_cache = False  # training needs no KV cache; restored before the final save
+    use_cache = getattr(model.config, "use_cache", None)
+    model.config.use_cache = False  # training needs no KV cache; restored before the final save
 
     patch = apply_fused_loss(model, compiled=plan.compile is not None) if fused_loss else None
     reasons["loss"] = patch.reason if patch is not None else "model's own loss (fused_loss=False)"
