@@ -7,7 +7,8 @@ X18: Intel GPUs use the `xccl` collective backend, one process per XPU (`torchru
 `ddp_backend="hccl"`. G16: after choosing devices, launch one process per Gaudi; without a count
 `hwdist launch` starts one per selected device, as `accelerate launch` does. Each rank runs
 hwrun.train (Trainer, DDP); afterwards the ranks compare a checksum of their trained LoRA weights
-with hwdist.all_gather_object, and must agree. On this CPU machine the backend is gloo and the
+with hwdist.all_gather_object, and must agree; then every rank destroys the group
+(hwdist.shutdown(adopted=True)), as a script under torchrun should. On this CPU machine the backend is gloo and the
 two processes share the CPU. `--plan-only` prints the backend and launch decisions for this
 machine and two others without starting anything (no launcher needed).
 """
@@ -70,19 +71,21 @@ def main(argv: list[str] | None = None) -> int:
                          output_dir=output, resume=False, save_steps=10_000, plot=False, disable_tqdm=True,
                          callbacks=[Checksum()])
 
-    with hwdist.init() as ctx:  # adopts the process group Trainer started (or starts a world of 1)
+    ctx = hwdist.init()  # adopts the process group Trainer started (or starts a world of 1)
+    try:
         everyone = hwdist.all_gather_object((ctx.rank, seen["checksum"], result.global_step))
-        if ctx.is_main:
-            print(f"backend {ctx.backend}, world size {ctx.world_size} (Trainer: world_size={seen['world']}, "
-                  f"ddp_backend={seen['ddp_backend']}, {seen['parallel_mode']})")
-            for rank, checksum, steps in everyone:
-                print(f"  rank {rank}: {steps} steps, LoRA weight checksum {checksum:.10f}")
-            agree = len({checksum for _, checksum, _ in everyone}) == 1
-            print(f"ranks agree: {agree}")
-            if not agree:
-                return 1
+    finally:
+        hwdist.shutdown(adopted=True)  # the script ends here: destroy Trainer's group on every rank
+    if ctx.is_main:
+        print(f"backend {ctx.backend}, world size {ctx.world_size} (Trainer: world_size={seen['world']}, "
+              f"ddp_backend={seen['ddp_backend']}, {seen['parallel_mode']})")
+        for rank, checksum, steps in everyone:
+            print(f"  rank {rank}: {steps} steps, LoRA weight checksum {checksum:.10f}")
+        agree = len({checksum for _, checksum, _ in everyone}) == 1
+        print(f"ranks agree: {agree}")
+        if not agree:
+            return 1
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -110,6 +110,18 @@ def test_adopts_a_group_started_elsewhere_and_leaves_it_running():
     assert dist.is_initialized()  # not ours to destroy
 
 
+def test_shutdown_adopted_destroys_a_group_started_elsewhere():
+    # the end of a script under torchrun after Trainer started the group (accelerate's end_training)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    hwdist.init()
+    hwdist.shutdown(adopted=True)
+    assert not dist.is_initialized() and not hwdist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # no hwdist context at all
+    hwdist.shutdown(adopted=True)
+    assert not dist.is_initialized()
+    hwdist.shutdown(adopted=True)  # idempotent with nothing running
+
+
 def test_bad_timeout_is_rejected():
     with pytest.raises(hwdist.DistEnvError, match="must be positive"):
         hwdist.init(timeout=0)

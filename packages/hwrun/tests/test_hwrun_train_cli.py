@@ -28,6 +28,7 @@ def test_train_cli_lora_logs_plots_and_resumes(files, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "dtype" in printed and "float32" in printed  # the plan is shown first
     assert "step 1/2  loss" in printed and "step 2/2  loss" in printed
+    assert "{'loss'" not in printed and "'train_runtime'" not in printed  # loss lines only, no raw log dicts
     assert "LoRA adapter saved in" in printed and "hwrun generate --model" in printed
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "adapter_model.safetensors").is_file()

@@ -35,6 +35,8 @@ WORKER = textwrap.dedent('''
     with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
         json.dump({"world": captured["world"], "backend": captured["backend"], "step": result.global_step,
                    "mode": captured["parallel_mode"], "losses": result.losses}, handle)
+    import hwdist
+    hwdist.shutdown(adopted=True)  # destroy Trainer's gloo group before exit (gloo can abort at exit otherwise)
 ''')
 
 

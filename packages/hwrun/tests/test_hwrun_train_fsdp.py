@@ -11,14 +11,21 @@ resume='auto' continues the uninterrupted loss curve; weights are equal on both 
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import textwrap
 
 import hwenv
 import hwrun
 import pytest
-from hwrun.testing import launch_cpu_workers
+from hwrun.testing import (
+    assert_adapter_matches,
+    assert_merged_is_base_plus_adapter,
+    assert_same_on_both_ranks,
+    assert_same_training,
+    assert_saved_full_model,
+    launch_worker_runs,
+    rank_outputs,
+)
 from hwrun.training import TrainingConfigError, training_keywords
 
 WORKER = textwrap.dedent('''
@@ -70,6 +77,8 @@ WORKER = textwrap.dedent('''
             json.dump({"world": captured["world"], "step": result.global_step, "losses": result.losses,
                        "types": captured["types"], "resumed_from": result.resumed_from,
                        "merged": result.merged, **seen}, handle)
+    import hwdist
+    hwdist.shutdown(adopted=True)  # destroy Trainer's gloo group before exit (gloo can abort at exit otherwise)
 ''')
 
 
@@ -130,32 +139,13 @@ def test_deepspeed_without_the_package_is_refused_before_anything_loads(tmp_path
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None, reason="deepspeed is installed")
-def test_transformers_own_deepspeed_error_is_what_hwrun_replaces(tmp_path):
-    from transformers import TrainingArguments
-
-    with pytest.raises(ImportError, match="deepspeed"):
-        TrainingArguments(output_dir=str(tmp_path), deepspeed="ds_zero2.json", use_cpu=True, report_to="none")
-
-
 LORA = {"lora": True, "max_steps": 3, "lr": 3e-3, "batch_size": 2, "block_size": 32}
 
 
 def launch_fsdp(tmp_path, data, *runs):
     """One 2-process `hwdist launch` of WORKER doing `runs` ((out, train() options), in order)."""
-    worker = tmp_path / "worker.py"
-    worker.write_text(WORKER, encoding="utf-8")
-    plan = json.dumps([{"out": str(out), "options": options} for out, options in runs])
-    done = launch_cpu_workers(worker, hwrun.DEFAULT_MODEL, str(data), plan)
+    done = launch_worker_runs(WORKER, tmp_path, hwrun.DEFAULT_MODEL, data, list(runs))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-
-
-def ranks(out):
-    """(info, gathered trainable weights) of rank 0 and rank 1, as WORKER wrote them into `out`."""
-    from safetensors.torch import load_file
-
-    return ([json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)],
-            [load_file(out / f"rank{r}.safetensors") for r in (0, 1)])
 
 
 def assert_sharded(info, *, steps):
@@ -163,24 +153,16 @@ def assert_sharded(info, *, steps):
     assert all(i["world"] == 2 and i["step"] == steps and i["types"] == ["DTensor"] for i in info), info
 
 
-def assert_same_on_both_ranks(rank0, rank1):
-    import torch
-
-    assert rank0 and rank0.keys() == rank1.keys()
-    for name in rank0:
-        assert torch.equal(rank0[name], rank1[name]), name
-
-
 @pytest.mark.slow
 @pytest.mark.facts("X18")
 def test_two_process_fsdp2_lora_saves_the_gathered_adapter(tmp_path, data):
     import torch
-    from hwrun.training import check_checkpoint, load_adapter_model
+    from hwrun.training import check_checkpoint
 
     out = tmp_path / "out"
     launch_fsdp(tmp_path, data, (out, LORA))
 
-    info, (rank0, rank1) = ranks(out)
+    info, (rank0, rank1) = rank_outputs(out)
     # If this fails, accelerate now builds FSDP on CPU: drop "cpu" from FSDP_UNSUPPORTED_KINDS.
     assert all(i["accelerate_kept_fsdp_on_cpu"] is False for i in info)
     assert_sharded(info, steps=3)
@@ -189,11 +171,7 @@ def test_two_process_fsdp2_lora_saves_the_gathered_adapter(tmp_path, data):
     assert any("lora_B" in k for k in rank0)
     assert any(torch.count_nonzero(v) for k, v in rank0.items() if "lora_B" in k)  # it trained
 
-    model, _ = load_adapter_model(out, hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu"))
-    saved = {k: v for k, v in model.named_parameters() if "lora_" in k}
-    assert saved.keys() == rank0.keys()
-    for name, value in saved.items():  # the whole gathered adapter, not one rank's shard
-        assert value.shape == rank0[name].shape and torch.equal(value, rank0[name]), name
+    assert_adapter_matches(out, rank0)  # the whole gathered adapter, not one rank's shard
     assert check_checkpoint(out / "checkpoint-3") is None  # the FSDP checkpoint is complete
 
 
@@ -211,46 +189,25 @@ def full_and_merged(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.facts("X18")
 def test_two_process_fsdp2_full_fine_tuning_saves_the_whole_model(full_and_merged):
-    from pathlib import Path
-
-    import torch
     from hwrun.training import check_checkpoint
-    from safetensors.torch import load_file
 
     out = full_and_merged[0]
-    info, (rank0, rank1) = ranks(out)
+    info, (rank0, rank1) = rank_outputs(out)
     assert_sharded(info, steps=3)
     assert all(not i["merged"] and all(math.isfinite(loss) for _, loss in i["losses"]) for i in info)
     assert_same_on_both_ranks(rank0, rank1)  # every parameter trainable, gathered, equal on both ranks
 
-    # One plain safetensors file (no index, no shards) with the base model's tensors at full shape;
-    # a tied lm_head is stored once, as without FSDP (gathering copies it apart from embed_tokens).
-    files = sorted(p.name for p in out.iterdir() if p.name.startswith("model"))
-    assert files == ["model.safetensors"] and (out / "config.json").is_file()
-    assert not (out / "adapter_config.json").exists()
-    base = load_file(Path(hwrun.DEFAULT_MODEL) / "model.safetensors")
-    saved = load_file(out / "model.safetensors")
-    assert saved.keys() == base.keys() == rank0.keys()
-    for name, value in saved.items():
-        assert value.shape == base[name].shape and torch.equal(value, rank0[name]), name
-    assert any(not torch.equal(saved[k], base[k]) for k in base)  # it trained
-
-    model, _ = hwrun.load(hwrun.plan(str(out), device="cpu"))
-    loaded = dict(model.named_parameters())
-    assert loaded.keys() == rank0.keys()
-    for name, value in loaded.items():
-        assert torch.equal(value, rank0[name]), name
+    # One plain safetensors file with the base model's tensors at full shape; a tied lm_head is
+    # stored once, as without FSDP (gathering copies it apart from embed_tokens).
+    assert_saved_full_model(out, rank0)
     assert check_checkpoint(out / "checkpoint-3") is None
 
 
 @pytest.mark.slow
 @pytest.mark.facts("X18")
 def test_two_process_fsdp2_merge_saves_a_plain_model_equal_to_base_plus_adapter(full_and_merged):
-    import torch
-    from hwrun.training import load_adapter_model
-
     out = full_and_merged[1]
-    info, (rank0, rank1) = ranks(out)
+    info, (rank0, rank1) = rank_outputs(out)
     assert_sharded(info, steps=3)
     assert all(i["merged"] for i in info)  # TrainResult.merged on both ranks
     assert_same_on_both_ranks(rank0, rank1)
@@ -260,20 +217,7 @@ def test_two_process_fsdp2_merge_saves_a_plain_model_equal_to_base_plus_adapter(
 
     # Under FSDP the merge goes through the gathered adapter, saved in out/adapter: that adapter is
     # the trained one, and the merged model computes what base + that adapter computes.
-    cpu_plan = hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu")
-    with_adapter, _ = load_adapter_model(out / "adapter", cpu_plan)
-    adapter = {k: v for k, v in with_adapter.named_parameters() if "lora_" in k}
-    assert adapter.keys() == rank0.keys()
-    for name, value in adapter.items():
-        assert torch.equal(value, rank0[name]), name
-    merged, tokenizer = hwrun.load(hwrun.plan(str(out), device="cpu"))
-    assert not any("lora_" in k for k, _ in merged.named_parameters())  # a plain model, no PEFT
-    base, _ = hwrun.load(cpu_plan)
-    ids = tokenizer("The queen said to the king", return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        logits = merged(input_ids=ids).logits
-        torch.testing.assert_close(logits, with_adapter(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
-        assert (logits - base(input_ids=ids).logits).abs().max() > 1e-2  # the adapter is in it
+    assert_merged_is_base_plus_adapter(out, rank0)
 
 
 @pytest.mark.slow
@@ -283,30 +227,23 @@ def test_two_process_fsdp2_resume_continues_the_uninterrupted_loss_curve(tmp_pat
     resume='auto' to max_steps=6. LoRA and full fine-tuning. A constant LR, so that changing
     max_steps does not change the schedule; the losses after the resume then depend only on the
     restored weights, AdamW state, RNG and data position."""
-    import torch
-
     modes = {"lora": {**LORA}, "full": {**LORA, "lora": None, "lr": 3e-4}}
     for options in modes.values():
         options["lr_scheduler_type"] = "constant"
     launch_fsdp(tmp_path, data, *[(tmp_path / f"{mode}-straight", {**o, "max_steps": 6}) for mode, o in modes.items()],
                 *[(tmp_path / f"{mode}-resumed", o) for mode, o in modes.items()])
     for mode in modes:
-        first, _ = ranks(tmp_path / f"{mode}-resumed")
+        first, _ = rank_outputs(tmp_path / f"{mode}-resumed")
         assert all(i["step"] == 3 and i["resumed_from"] is None for i in first), mode
     launch_fsdp(tmp_path, data, *[(tmp_path / f"{mode}-resumed", {**o, "max_steps": 6, "resume": "auto"})
                                   for mode, o in modes.items()])
 
     for mode in modes:
         out = tmp_path / f"{mode}-resumed"
-        resumed, (rank0, rank1) = ranks(out)
-        straight, (reference, _) = ranks(tmp_path / f"{mode}-straight")
+        resumed, (rank0, rank1) = rank_outputs(out)
+        straight, (reference, _) = rank_outputs(tmp_path / f"{mode}-straight")
         assert all(i["resumed_from"] == str(out / "checkpoint-3") and i["step"] == 6 for i in resumed), mode
         assert all(i["types"] == ["DTensor"] for i in resumed + straight), mode  # sharded, both launches
         assert_same_on_both_ranks(rank0, rank1)
-        steps = [s for s, _ in resumed[0]["losses"]]
-        assert steps == [s for s, _ in straight[0]["losses"]] == list(range(1, 7)), mode
-        for (step, loss), (_, uninterrupted) in zip(resumed[0]["losses"], straight[0]["losses"], strict=True):
-            assert loss == pytest.approx(uninterrupted, abs=1e-4), (mode, step)
-        assert reference.keys() == rank0.keys()
-        for name in reference:  # the same final weights as the run that was never stopped
-            torch.testing.assert_close(rank0[name], reference[name], rtol=1e-4, atol=1e-5, msg=name)
+        # the losses and final weights of the run that was never stopped
+        assert_same_training(resumed[0]["losses"], straight[0]["losses"], rank0, reference, steps=6)

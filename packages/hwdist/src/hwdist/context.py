@@ -202,13 +202,16 @@ def is_initialized() -> bool:
     return _current is not None
 
 
-def shutdown() -> None:
-    """Destroy the group `init()` started (a group adopted from elsewhere is left running); idempotent."""
+def shutdown(*, adopted: bool = False) -> None:
+    """Destroy the group `init()` started; idempotent. A group adopted from elsewhere (Trainer,
+    accelerate) is left running unless `adopted=True`, which destroys whatever default group is
+    running, as `Accelerator.end_training()` does: call it on every rank at the end of a script,
+    since torch does not destroy a gloo group at exit and can abort there ("terminate called")."""
     global _current
     ctx, _current = _current, None
-    if ctx is None or not ctx.owns_group:
+    if not adopted and (ctx is None or not ctx.owns_group):
         return
     import torch.distributed as dist
 
-    if dist.is_initialized():
+    if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

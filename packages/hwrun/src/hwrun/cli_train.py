@@ -63,13 +63,18 @@ def run_train(args: argparse.Namespace) -> int:
     if not args.resume and latest_complete_checkpoint(args.output) is not None:
         print(f"note: {args.output} holds checkpoints from an earlier run; starting fresh "
               "(pass --resume to continue from the newest one)")
-    result = train(
-        run_plan, args.data, lora=lora, qlora=args.qlora, epochs=args.epochs, max_steps=args.max_steps,
-        lr=args.lr, batch_size=args.batch_size, grad_accum=args.grad_accum, seed=args.seed,
-        output_dir=args.output, resume="auto" if args.resume else False, block_size=args.block_size,
-        merge=args.merge, save_steps=args.save_steps, disable_tqdm=args.no_progress,
-        echo=print if args.no_progress else None,
-    )
+    try:
+        result = train(
+            run_plan, args.data, lora=lora, qlora=args.qlora, epochs=args.epochs, max_steps=args.max_steps,
+            lr=args.lr, batch_size=args.batch_size, grad_accum=args.grad_accum, seed=args.seed,
+            output_dir=args.output, resume="auto" if args.resume else False, block_size=args.block_size,
+            merge=args.merge, save_steps=args.save_steps, disable_tqdm=args.no_progress,
+            echo=print if args.no_progress else None,
+        )
+    finally:
+        import hwdist
+
+        hwdist.shutdown(adopted=True)  # the command ends here: destroy the group Trainer started, if any
     if result.resumed_from:
         print(f"resumed from {result.resumed_from}")
     last = f"{result.losses[-1][1]:.4f}" if result.losses else "n/a"

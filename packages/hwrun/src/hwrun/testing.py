@@ -77,3 +77,116 @@ def launch_cpu_workers(script: str | Path, *args: str, nproc: int = 2, timeout: 
     argv = [sys.executable, "-m", "hwdist", "launch", "--kind", "cpu", "--nproc-per-node", str(nproc),
             "--master-port", str(port), str(script), *map(str, args)]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def launch_worker_runs(worker_source: str, folder: str | Path, model: str | Path, data: str | Path,
+                       runs: list[tuple[str | Path, dict]], *, timeout: float = 600) -> object:
+    """Write `worker_source` into `folder` and run it as 2 CPU processes (`launch_cpu_workers`),
+    passing model, data and `runs` ((output folder, train() keywords), done in order) as a JSON
+    list of {"out", "options"}. The worker writes rank{r}.json / rank{r}.safetensors per run."""
+    import json
+
+    worker = Path(folder) / "worker.py"
+    worker.write_text(worker_source, encoding="utf-8")
+    plan = json.dumps([{"out": str(out), "options": options} for out, options in runs])
+    return launch_cpu_workers(worker, str(model), str(data), plan, timeout=timeout)
+
+
+def rank_outputs(out: str | Path, nproc: int = 2) -> tuple[list[dict], list[dict]]:
+    """(info dicts, trainable-weight dicts) that each rank's worker wrote into `out`."""
+    import json
+
+    from safetensors.torch import load_file
+
+    out = Path(out)
+    return ([json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)],
+            [load_file(out / f"rank{r}.safetensors") for r in range(nproc)])
+
+
+def assert_same_on_both_ranks(rank0: dict, rank1: dict) -> None:
+    """Two ranks' weight dicts hold the same names and bit-identical tensors (and are not empty)."""
+    import torch
+
+    assert rank0 and rank0.keys() == rank1.keys()
+    for name in rank0:
+        assert torch.equal(rank0[name], rank1[name]), name
+
+
+def assert_adapter_matches(folder: str | Path, weights: dict, base: str | Path | None = None) -> object:
+    """The LoRA adapter saved in `folder` loads on CPU and holds exactly `weights` (name -> tensor);
+    returns the loaded base + adapter model."""
+    import torch
+
+    import hwrun
+    from hwrun.training import load_adapter_model
+
+    model, _ = load_adapter_model(folder, hwrun.plan(str(base or hwrun.DEFAULT_MODEL), device="cpu"))
+    saved = {k: v for k, v in model.named_parameters() if "lora_" in k}
+    assert saved.keys() == weights.keys()
+    for name, value in saved.items():
+        assert torch.equal(value, weights[name]), name
+    return model
+
+
+def assert_merged_is_base_plus_adapter(out: str | Path, weights: dict) -> None:
+    """`out` holds a plain merged model (no PEFT) whose logits equal base + the adapter saved
+    beside it in `out/adapter` (which must hold `weights`), and differ from the base's."""
+    import torch
+
+    import hwrun
+
+    out = Path(out)
+    assert not (out / "adapter_config.json").exists() and (out / "model.safetensors").is_file()
+    with_adapter = assert_adapter_matches(out / "adapter", weights)
+    merged, tokenizer = hwrun.load(hwrun.plan(str(out), device="cpu"))
+    assert not any("lora_" in k for k, _ in merged.named_parameters())  # a plain model, no PEFT
+    base, _ = hwrun.load(hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu"))
+    ids = tokenizer("The queen said to the king", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = merged(input_ids=ids).logits
+        torch.testing.assert_close(logits, with_adapter(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+        assert (logits - base(input_ids=ids).logits).abs().max() > 1e-2  # the adapter is in it
+
+
+def assert_saved_full_model(out: str | Path, weights: dict, base: str | Path | None = None) -> None:
+    """`out` holds one plain `model.safetensors` (no index, no shards, no adapter) with every
+    tensor of the base model at full shape, equal to `weights`, not all equal to the base's, and
+    `hwrun.load` gives a model whose parameters are `weights`."""
+    import torch
+    from safetensors.torch import load_file
+
+    import hwrun
+
+    out = Path(out)
+    files = sorted(p.name for p in out.iterdir() if p.name.startswith("model"))
+    assert files == ["model.safetensors"] and (out / "config.json").is_file(), files
+    assert not (out / "adapter_config.json").exists()
+    original = load_file(Path(base or hwrun.DEFAULT_MODEL) / "model.safetensors")
+    saved = load_file(out / "model.safetensors")
+    assert saved.keys() == original.keys() == weights.keys()
+    for name, value in saved.items():  # whole tensors, not one rank's shard
+        assert value.shape == original[name].shape and torch.equal(value, weights[name]), name
+    assert any(not torch.equal(saved[k], original[k]) for k in original)  # it trained
+    model, _ = hwrun.load(hwrun.plan(str(out), device="cpu"))
+    loaded = dict(model.named_parameters())
+    assert loaded.keys() == weights.keys()
+    for name, value in loaded.items():
+        assert torch.equal(value, weights[name]), name
+
+
+def assert_same_training(losses: list, reference_losses: list, weights: dict, reference_weights: dict,
+                         *, steps: int | None = None) -> None:
+    """Two runs followed one curve: the same logged steps (1..`steps` when given), per-step losses
+    equal to 1e-4, and final weights equal to rtol 1e-4 / atol 1e-5 (reduction order may differ)."""
+    import math
+
+    import torch
+
+    assert [s for s, _ in losses] == [s for s, _ in reference_losses]
+    if steps is not None:
+        assert [s for s, _ in losses] == list(range(1, steps + 1))
+    for (step, loss), (_, expected) in zip(losses, reference_losses, strict=True):
+        assert math.isclose(loss, expected, rel_tol=0, abs_tol=1e-4), (step, loss, expected)
+    assert weights and weights.keys() == reference_weights.keys()
+    for name in reference_weights:
+        torch.testing.assert_close(weights[name], reference_weights[name], rtol=1e-4, atol=1e-5, msg=name)

@@ -4,10 +4,11 @@ bitsandbytes), atomic resumable checkpoints, a clean stop on SIGTERM/SIGINT, and
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -185,8 +186,15 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
         per_device_train_batch_size=batch_size, gradient_accumulation_steps=grad_accum, seed=seed,
         data_seed=seed, save_steps=save_steps, ddp_find_unused_parameters=False, **training_overrides)
 
+    reasons = {}
+    if _deepspeed_zero3(args):
+        # ZeRO-3 partitions the weights while from_pretrained loads them (zero.Init), and
+        # Transformers refuses a device_map then; DeepSpeed places each rank's shard itself.
+        plan = replace(plan, device_map=None)
+        _init_deepspeed_comm(args)
+        reasons["sharding"] = "DeepSpeed ZeRO-3: weights partitioned at load (no device_map)"
     model, tokenizer, load_reason = _load_model(plan, qlora=qlora, full=settings is None)
-    reasons = {"model": load_reason}
+    reasons["model"] = load_reason
     dataset = data if documents is None else build_dataset(documents, tokenizer, block_size)
     if isinstance(dataset, PackedDataset):
         reasons["data"] = f"{len(dataset)} packed blocks of {dataset.blocks.shape[1]} tokens, no padding"
@@ -219,6 +227,10 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     trainer = HwTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                         data_collator=default_data_collator,
                         callbacks=[*callbacks, stopper, LossLog(echo)])
+    if echo is not None:
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # LossLog's lines replace its raw log dicts
     installed = stopper.install()
     try:
         output = trainer.train(resume_from_checkpoint=resume_from)
@@ -253,6 +265,52 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
         lora=settings is not None, merged=merged, interrupted=interrupted, resumed_from=resume_from,
         loss_plot=plot_path, tokens_per_step=_tokens_per_step(dataset, batch_size, grad_accum, world),
         train_runtime=output.metrics.get("train_runtime"), metrics=dict(output.metrics), reasons=reasons)
+
+
+def _deepspeed_zero3(args: Any) -> bool:
+    """True when `args` train with DeepSpeed ZeRO-3; rejects (before the model loads) a ZeRO-3
+    config that would leave nothing to save at the end as one safetensors model."""
+    config = getattr(args, "hf_deepspeed_config", None)
+    if config is None or not config.is_zero3():
+        return False
+    if not config.is_true("zero_optimization.stage3_gather_16bit_weights_on_model_save"):
+        raise TrainingConfigError(
+            f"deepspeed={args.deepspeed!r} uses ZeRO stage 3 without "
+            "zero_optimization.stage3_gather_16bit_weights_on_model_save=true: each rank then holds only "
+            "its shard and neither Trainer's checkpoints nor hwrun's final model could be written as "
+            "safetensors. Fix: set \"stage3_gather_16bit_weights_on_model_save\": true in the "
+            "zero_optimization section, or use stage 2."
+        )
+    return True
+
+
+def _init_deepspeed_comm(args: Any) -> None:
+    """Start deepspeed.comm on the process group Trainer's arguments started, before zero.Init
+    partitions the weights at load. accelerate does this itself only for accelerator groups; on a
+    CPU (gloo) group deepspeed.comm would still be down and zero.Init would see a world of 1."""
+    if args.world_size <= 1:
+        return
+    from deepspeed import comm
+
+    if not comm.is_initialized():
+        logger.info("ZeRO-3 on a %s group of %d: starting deepspeed.comm on it before the model loads",
+                    args.ddp_backend or "default", args.world_size)
+        comm.init_distributed(dist_backend=args.ddp_backend, auto_mpi_discovery=False)
+
+
+@contextlib.contextmanager
+def _zero3_suspended() -> Iterator[None]:
+    """While active, from_pretrained loads whole weights even if Trainer's arguments enabled
+    ZeRO-3: under it zero.Init partitions at load, a collective that hangs when one rank loads
+    alone (the merge after training). Transformers' ZeRO-3 flag is restored on exit."""
+    from transformers.integrations import deepspeed
+
+    saved = deepspeed._hf_deepspeed_config_weak_ref
+    deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        deepspeed._hf_deepspeed_config_weak_ref = saved
 
 
 def _use_causal_sdpa(model: Any, dataset: Any) -> str | None:
@@ -292,11 +350,12 @@ def _save_final(trainer: Any, tokenizer: Any, output_dir: Path, is_lora: bool, m
     from .adapters import merge_adapter_folder, save_adapter, save_merged
 
     trainer.accelerator.wait_for_everyone()
-    # Under FSDP every rank holds shards (DTensors): gather the full state dict first (a collective,
-    # so on all ranks; rank 0 gets it on CPU). Merging needs whole weights, so under FSDP it goes
-    # through a saved adapter, as for QLoRA.
-    sharded = bool(getattr(trainer, "is_fsdp_enabled", False))
-    state_dict = trainer.accelerator.get_state_dict(trainer.model) if sharded else None
+    # Under FSDP (DTensors) and DeepSpeed ZeRO-3 (partitioned parameters) every rank holds shards:
+    # gather the full state dict first (a collective, so on all ranks; rank 0 gets it). Merging needs
+    # whole weights, so there it goes through a saved adapter, as for QLoRA.
+    sharded = bool(getattr(trainer, "is_fsdp_enabled", False)) or _deepspeed_zero3(trainer.args)
+    engine = trainer.deepspeed if getattr(trainer, "is_deepspeed_enabled", False) else trainer.model
+    state_dict = trainer.accelerator.get_state_dict(engine) if sharded else None
     merged = False
     if trainer.is_world_process_zero():
         model = trainer.accelerator.unwrap_model(trainer.model)
@@ -310,7 +369,8 @@ def _save_final(trainer: Any, tokenizer: Any, output_dir: Path, is_lora: bool, m
         elif qlora or sharded:
             adapter_dir = output_dir / "adapter"
             save_adapter(model, tokenizer, adapter_dir, state_dict=state_dict)
-            merge_adapter_folder(adapter_dir, output_dir, plan)
+            with _zero3_suspended():  # rank 0 alone loads the whole base to merge into
+                merge_adapter_folder(adapter_dir, output_dir, plan)
             merged = True
         else:
             save_merged(model, tokenizer, output_dir)

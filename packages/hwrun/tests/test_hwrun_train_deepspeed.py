@@ -1,0 +1,166 @@
+"""DeepSpeed ZeRO through `hwrun.train(..., deepspeed=config)`: 2 CPU processes (gloo) under
+`hwdist launch`, DeepSpeed's CPU accelerator, no gate lifted.
+
+ZeRO-2 LoRA trains with DeepSpeed's ZeRO optimizer and saves the adapter. ZeRO-3 partitions the
+weights while they load (hwrun drops the plan's device_map for it, which Transformers refuses
+under ZeRO-3) and gathers them for the final save: full fine-tuning matches a plain DDP run of the
+same settings (losses and weights), merge=True gives base + adapter, resume='auto' continues the
+uninterrupted loss curve. A ZeRO-3 config that would leave only shards to save is refused first."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+import hwrun
+import pytest
+from hwrun.testing import (
+    assert_adapter_matches,
+    assert_merged_is_base_plus_adapter,
+    assert_same_on_both_ranks,
+    assert_same_training,
+    assert_saved_full_model,
+    launch_worker_runs,
+    rank_outputs,
+)
+from hwrun.training import TrainingConfigError
+
+WORKER = textwrap.dedent('''
+    import json, os, sys
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator, comm over gloo
+    import deepspeed
+    import hwdist, hwrun
+    from safetensors.torch import save_file
+    from transformers import TrainerCallback
+
+    # argv: model, data, then a JSON list of runs {"out": folder, "options": train() keywords}, done in order
+    model, data, runs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    rank = int(os.environ["RANK"])
+    for run in runs:
+        out, options, captured = run["out"], run["options"], {}
+
+        class Capture(TrainerCallback):
+            def on_train_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+                captured["optimizer"] = type(getattr(optimizer, "optimizer", optimizer)).__name__
+                trainable = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
+                captured["partitioned"] = all(hasattr(p, "ds_id") for _, p in trainable)
+                # ZeRO-3 ranks hold shards: gather them (a collective, every rank) to compare whole weights
+                with deepspeed.zero.GatheredParameters([p for _, p in trainable], modifier_rank=None):
+                    captured["state"] = {k: p.detach().clone().contiguous() for k, p in trainable}
+                captured["world"] = args.world_size
+
+        plan = hwrun.plan(model, device="cpu")
+        result = hwrun.train(plan, data, output_dir=out, disable_tqdm=True, plot=False, save_steps=3,
+                             callbacks=[Capture()], **options)
+        save_file(captured["state"], os.path.join(out, f"rank{rank}.safetensors"))
+        with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
+            json.dump({"world": captured["world"], "step": result.global_step, "losses": result.losses,
+                       "merged": result.merged, "resumed_from": result.resumed_from, "reasons": result.reasons,
+                       "optimizer": captured["optimizer"], "partitioned": captured["partitioned"]}, handle)
+    hwdist.shutdown(adopted=True)  # destroy Trainer's gloo group before exit
+''')
+
+ZERO2 = {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto",
+         "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "gradient_clipping": "auto"}
+ZERO3 = {**ZERO2, "zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}}
+LORA = {"lora": True, "max_steps": 3, "lr": 3e-3, "batch_size": 2, "block_size": 32}
+FULL = {**LORA, "lora": None, "lr": 3e-4}
+CONSTANT = {"lr_scheduler_type": "constant"}  # changing max_steps then leaves the schedule alone
+
+
+def launch(root, *runs):
+    done = launch_worker_runs(WORKER, root, hwrun.DEFAULT_MODEL, root / "train.txt", list(runs))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One launch, in order: full fine-tuning with plain DDP (the reference) and with ZeRO-3, LoRA
+    with ZeRO-2, LoRA + merge with ZeRO-3, and ZeRO-3 full fine-tuning for 6 steps straight and for
+    3 steps; then a second launch resumes the 3-step run to 6."""
+    root = tmp_path_factory.mktemp("deepspeed")
+    (root / "train.txt").write_text("The king said to the queen that the castle was cold. " * 30, encoding="utf-8")
+    launch(root, (root / "ddp-full", FULL), (root / "zero3-full", {**FULL, "deepspeed": ZERO3}),
+           (root / "zero2-lora", {**LORA, "deepspeed": ZERO2}),
+           (root / "zero3-merge", {**LORA, "merge": True, "deepspeed": ZERO3}),
+           (root / "zero3-straight", {**FULL, **CONSTANT, "max_steps": 6, "deepspeed": ZERO3}),
+           (root / "zero3-resumed", {**FULL, **CONSTANT, "deepspeed": ZERO3}))
+    first, _ = rank_outputs(root / "zero3-resumed")
+    assert all(i["step"] == 3 and i["resumed_from"] is None for i in first)
+    launch(root, (root / "zero3-resumed", {**FULL, **CONSTANT, "max_steps": 6, "resume": "auto", "deepspeed": ZERO3}))
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.facts("X18")
+def test_zero2_lora_trains_with_deepspeeds_optimizer_and_saves_the_adapter(runs):
+    import torch
+    from hwrun.training import check_checkpoint
+
+    out = runs / "zero2-lora"
+    info, (rank0, rank1) = rank_outputs(out)
+    assert all(i["world"] == 2 and i["step"] == 3 and i["optimizer"] == "DeepSpeedZeroOptimizer" for i in info)
+    assert all(not i["partitioned"] and "sharding" not in i["reasons"] for i in info)  # ZeRO-2 keeps whole weights
+    losses = [loss for _, loss in info[0]["losses"]]
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+    assert_same_on_both_ranks(rank0, rank1)
+    assert any(torch.count_nonzero(v) for k, v in rank0.items() if "lora_B" in k)  # it trained
+    assert_adapter_matches(out, rank0)
+    assert check_checkpoint(out / "checkpoint-3") is None
+
+
+@pytest.mark.slow
+@pytest.mark.facts("X18")
+def test_zero3_full_fine_tuning_matches_plain_ddp_and_saves_the_whole_model(runs):
+    from hwrun.training import check_checkpoint
+
+    out = runs / "zero3-full"
+    info, (rank0, rank1) = rank_outputs(out)
+    reference, (ddp, _) = rank_outputs(runs / "ddp-full")
+    assert all(i["optimizer"] == "DeepSpeedZeroOptimizer_Stage3" and i["partitioned"] for i in info)
+    assert all("ZeRO-3" in i["reasons"]["sharding"] and "device_map" in i["reasons"]["sharding"] for i in info)
+    assert all(i["optimizer"] == "AdamW" and not i["partitioned"] for i in reference)  # the reference is plain DDP
+    assert_same_on_both_ranks(rank0, rank1)  # gathered from the two ranks' partitions
+    assert_same_training(info[0]["losses"], reference[0]["losses"], rank0, ddp, steps=3)
+    assert_saved_full_model(out, rank0)
+    assert check_checkpoint(out / "checkpoint-3") is None
+
+
+@pytest.mark.slow
+@pytest.mark.facts("X18")
+def test_zero3_merge_saves_a_plain_model_equal_to_base_plus_adapter(runs):
+    out = runs / "zero3-merge"
+    info, (rank0, rank1) = rank_outputs(out)
+    assert all(i["merged"] and i["partitioned"] for i in info)
+    assert_same_on_both_ranks(rank0, rank1)
+    assert_merged_is_base_plus_adapter(out, rank0)  # through the gathered adapter, saved first
+
+
+@pytest.mark.slow
+@pytest.mark.facts("X18")
+def test_zero3_resume_continues_the_uninterrupted_loss_curve(runs):
+    out = runs / "zero3-resumed"
+    resumed, (rank0, rank1) = rank_outputs(out)
+    straight, (reference, _) = rank_outputs(runs / "zero3-straight")
+    assert all(i["resumed_from"] == str(out / "checkpoint-3") and i["step"] == 6 and i["partitioned"] for i in resumed)
+    assert_same_on_both_ranks(rank0, rank1)
+    assert_same_training(resumed[0]["losses"], straight[0]["losses"], rank0, reference, steps=6)
+
+
+def test_zero3_without_gathered_save_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the option was rejected")
+
+    monkeypatch.setattr("hwrun.training.run._load_model", refuse)
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    data = tmp_path / "train.txt"
+    data.write_text("The king said to the queen that the castle was cold. " * 30, encoding="utf-8")
+    config = {**ZERO3, "zero_optimization": {"stage": 3}}
+    plan = hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu")
+    with pytest.raises(TrainingConfigError) as caught:
+        hwrun.train(plan, data, lora=True, max_steps=2, block_size=32, output_dir=tmp_path / "out",
+                    plot=False, deepspeed=config)
+    message = str(caught.value)
+    assert "ZeRO stage 3" in message and "stage3_gather_16bit_weights_on_model_save" in message
+    assert "use stage 2" in message
+    assert not (tmp_path / "out").exists()
