@@ -32,6 +32,7 @@ WORKER = textwrap.dedent('''
     import hwdist, hwrun
     from safetensors.torch import save_file
     from transformers import TrainerCallback
+    from transformers.integrations import is_deepspeed_zero3_enabled
 
     # argv: model, data, then a JSON list of runs {"out": folder, "options": train() keywords}, done in order
     model, data, runs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
@@ -56,7 +57,8 @@ WORKER = textwrap.dedent('''
         with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
             json.dump({"world": captured["world"], "step": result.global_step, "losses": result.losses,
                        "merged": result.merged, "resumed_from": result.resumed_from, "reasons": result.reasons,
-                       "optimizer": captured["optimizer"], "partitioned": captured["partitioned"]}, handle)
+                       "optimizer": captured["optimizer"], "partitioned": captured["partitioned"],
+                       "zero3_flag_after": is_deepspeed_zero3_enabled()}, handle)
     hwdist.shutdown(adopted=True)  # destroy Trainer's gloo group before exit
 ''')
 
@@ -119,6 +121,7 @@ def test_zero3_full_fine_tuning_matches_plain_ddp_and_saves_the_whole_model(runs
     reference, (ddp, _) = rank_outputs(runs / "ddp-full")
     assert all(i["optimizer"] == "DeepSpeedZeroOptimizer_Stage3" and i["partitioned"] for i in info)
     assert all("ZeRO-3" in i["reasons"]["sharding"] and "device_map" in i["reasons"]["sharding"] for i in info)
+    assert not any(i["zero3_flag_after"] for i in info)  # later loads in the process get whole weights
     assert all(i["optimizer"] == "AdamW" and not i["partitioned"] for i in reference)  # the reference is plain DDP
     assert_same_on_both_ranks(rank0, rank1)  # gathered from the two ranks' partitions
     assert_same_training(info[0]["losses"], reference[0]["losses"], rank0, ddp, steps=3)
@@ -147,12 +150,16 @@ def test_zero3_resume_continues_the_uninterrupted_loss_curve(runs):
     assert_same_training(resumed[0]["losses"], straight[0]["losses"], rank0, reference, steps=6)
 
 
-def test_zero3_without_gathered_save_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+@pytest.fixture()
+def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the option was rejected")
 
     monkeypatch.setattr("hwrun.training.run._load_model", refuse)
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+
+
+def test_zero3_without_gathered_save_is_refused_before_the_model_loads(tmp_path, no_model_load):
     data = tmp_path / "train.txt"
     data.write_text("The king said to the queen that the castle was cold. " * 30, encoding="utf-8")
     config = {**ZERO3, "zero_optimization": {"stage": 3}}
@@ -161,6 +168,27 @@ def test_zero3_without_gathered_save_is_refused_before_the_model_loads(tmp_path,
         hwrun.train(plan, data, lora=True, max_steps=2, block_size=32, output_dir=tmp_path / "out",
                     plot=False, deepspeed=config)
     message = str(caught.value)
-    assert "ZeRO stage 3" in message and "stage3_gather_16bit_weights_on_model_save" in message
-    assert "use stage 2" in message
+    assert message.startswith("deepspeed={") and "ZeRO stage 3" in message
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    assert not is_deepspeed_zero3_enabled()  # no ZeRO-3 flag left for later loads in this process
+    assert "stage3_gather_16bit_weights_on_model_save" in message and "use stage 2" in message
     assert not (tmp_path / "out").exists()
+
+
+def test_zero3_from_accelerate_launch_is_checked_the_same_way(tmp_path, no_model_load, monkeypatch):
+    # `accelerate launch --use_deepspeed --zero_stage 3` without --zero3_save_16bit_model: no deepspeed=
+    # keyword, TrainingArguments builds the plugin from these variables
+    for name, value in {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
+                        "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": "false"}.items():
+        monkeypatch.setenv(name, value)
+    data = tmp_path / "train.txt"
+    data.write_text("The king said to the queen that the castle was cold. " * 30, encoding="utf-8")
+    plan = hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu")
+    with pytest.raises(TrainingConfigError, match=r"accelerate's DeepSpeed plugin .* ZeRO stage 3 .*"
+                       r"--zero3_save_16bit_model true"):
+        hwrun.train(plan, data, lora=True, max_steps=2, block_size=32, output_dir=tmp_path / "out", plot=False)
+    assert not (tmp_path / "out").exists()
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    assert not is_deepspeed_zero3_enabled()

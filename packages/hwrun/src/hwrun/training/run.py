@@ -187,7 +187,8 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
         data_seed=seed, save_steps=save_steps, ddp_find_unused_parameters=False, **training_overrides)
 
     reasons = {}
-    if _deepspeed_zero3(args):
+    zero3 = _deepspeed_zero3(args)
+    if zero3:
         # ZeRO-3 partitions the weights while from_pretrained loads them (zero.Init), and
         # Transformers refuses a device_map then; DeepSpeed places each rank's shard itself.
         plan = replace(plan, device_map=None)
@@ -255,6 +256,8 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     merged = False
     if interrupted is None:
         merged = _save_final(trainer, tokenizer, output_dir, settings is not None, merge, qlora, plan)
+    if zero3:
+        _release_zero3()  # later loads in this process (hwrun.load, generate) get whole weights again
     points = loss_points(trainer.state.log_history)
     plot_path = None
     if plot and trainer.is_world_process_zero():
@@ -268,18 +271,23 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
 
 
 def _deepspeed_zero3(args: Any) -> bool:
-    """True when `args` train with DeepSpeed ZeRO-3; rejects (before the model loads) a ZeRO-3
-    config that would leave nothing to save at the end as one safetensors model."""
-    config = getattr(args, "hf_deepspeed_config", None)
+    """True when `args` train with DeepSpeed ZeRO-3 (from deepspeed=..., or from `accelerate launch
+    --use_deepspeed`'s plugin); rejects, before the model loads, a ZeRO-3 config that would leave
+    nothing to save at the end as one safetensors model."""
+    plugin = getattr(args, "deepspeed_plugin", None)
+    config = getattr(plugin, "hf_ds_config", None)
     if config is None or not config.is_zero3():
         return False
     if not config.is_true("zero_optimization.stage3_gather_16bit_weights_on_model_save"):
+        source = (f"deepspeed={args.deepspeed!r}" if args.deepspeed else
+                  "accelerate's DeepSpeed plugin (accelerate launch --use_deepspeed)")
+        _release_zero3()  # these arguments are abandoned: leave no ZeRO-3 flag for later loads
         raise TrainingConfigError(
-            f"deepspeed={args.deepspeed!r} uses ZeRO stage 3 without "
+            f"{source} uses ZeRO stage 3 without "
             "zero_optimization.stage3_gather_16bit_weights_on_model_save=true: each rank then holds only "
             "its shard and neither Trainer's checkpoints nor hwrun's final model could be written as "
             "safetensors. Fix: set \"stage3_gather_16bit_weights_on_model_save\": true in the "
-            "zero_optimization section, or use stage 2."
+            "zero_optimization section (accelerate: --zero3_save_16bit_model true), or use stage 2."
         )
     return True
 
@@ -298,6 +306,14 @@ def _init_deepspeed_comm(args: Any) -> None:
         comm.init_distributed(dist_backend=args.ddp_backend, auto_mpi_discovery=False)
 
 
+def _release_zero3() -> None:
+    """Clear Transformers' process-wide ZeRO-3 flag (a weak reference to the arguments' DeepSpeed
+    config, set when they were built), which would make every later from_pretrained partition."""
+    from transformers.integrations import deepspeed
+
+    deepspeed.unset_hf_deepspeed_config()
+
+
 @contextlib.contextmanager
 def _zero3_suspended() -> Iterator[None]:
     """While active, from_pretrained loads whole weights even if Trainer's arguments enabled
@@ -306,7 +322,7 @@ def _zero3_suspended() -> Iterator[None]:
     from transformers.integrations import deepspeed
 
     saved = deepspeed._hf_deepspeed_config_weak_ref
-    deepspeed.unset_hf_deepspeed_config()
+    _release_zero3()
     try:
         yield
     finally:
