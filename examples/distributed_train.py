@@ -8,8 +8,8 @@ X18: Intel GPUs use the `xccl` collective backend, one process per XPU (`torchru
 `hwdist launch` starts one per selected device, as `accelerate launch` does. Each rank runs
 hwrun.train (Trainer, DDP); afterwards the ranks compare a checksum of their trained LoRA weights
 with hwdist.all_gather_object, and must agree; then every rank destroys the group
-(hwdist.shutdown(adopted=True)), as a script under torchrun should. On this CPU machine the backend is gloo and the
-two processes share the CPU. `--plan-only` prints the backend and launch decisions for this
+(hwdist.shutdown(adopted=True)), as a script under torchrun should. On this CPU machine the
+backend is gloo and the two processes share the CPU. `--plan-only` prints the backend and launch decisions for this
 machine and two others without starting anything (no launcher needed).
 """
 
@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         if not agree:
             return 1
     return 0
+
 
 if __name__ == "__main__":
     raise SystemExit(main())
