@@ -43,8 +43,8 @@ def show_plan() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-steps", type=int, default=3)
-    parser.add_argument("--output", default=None, help="output folder, the same for every rank "
-                        "(default: one per launch under the temporary folder)")
+    parser.add_argument("--output", default=None, help="output folder, the same for every rank, new or "
+                        "empty (default: one per launch under the temporary folder)")
     parser.add_argument("--plan-only", action="store_true", help="print the decisions and stop")
     args = parser.parse_args(argv)
     if args.plan_only:
@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     import hwrun
     from transformers import TrainerCallback
 
-    output = args.output or os.path.join(tempfile.gettempdir(), f"hwstack-ddp-{os.environ.get('MASTER_PORT', 'single')}")
+    # one folder per launch, the same on every rank: the ranks share their parent, the launcher
+    output = args.output or os.path.join(tempfile.gettempdir(),
+                                         f"hwstack-ddp-{os.environ.get('MASTER_PORT', 'single')}-{os.getppid()}")
     seen = {}
 
     class Checksum(TrainerCallback):

@@ -54,3 +54,27 @@ def test_train_cli_needs_data():
     with pytest.raises(SystemExit) as info:
         main(["train"])
     assert info.value.code == 2
+
+
+def test_lora_options_without_lora_are_refused(files, tmp_path, capsys):
+    model, data = files
+    out = tmp_path / "o"
+    assert main(["train", "--data", str(data), "--model", str(model), "--device", "cpu", "--output", str(out),
+                 "--lora-r", "8", "--lora-targets", "q_proj"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hwrun: error: ") and "--lora-r, --lora-targets given without --lora" in err
+    assert "full fine-tuning" in err and not out.exists()
+
+
+def test_a_second_fresh_run_into_the_same_output_is_refused(files, tmp_path, capsys):
+    model, data = files
+    out = tmp_path / "out"
+    common = ["train", "--data", str(data), "--model", str(model), "--lora", "--batch-size", "4", "--block-size",
+              "32", "--output", str(out), "--max-steps", "1", "--save-steps", "1", "--no-progress", "--device", "cpu"]
+    assert main(common) == 0
+    saved = (out / "adapter_model.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main(common) == 2  # no --resume: it would replace that run's adapter and checkpoints
+    err = capsys.readouterr().err
+    assert err.startswith("hwrun: error: ") and "already holds an earlier run" in err and "--resume" in err
+    assert (out / "adapter_model.safetensors").read_bytes() == saved

@@ -132,3 +132,23 @@ def test_block_size_longer_than_model_is_an_error(tmp_path):
     path.write_text("abc", encoding="utf-8")
     with pytest.raises(TrainingDataError, match="model_max_length=64"):
         build_dataset(path, CharTokenizer(), block_size=128)
+
+
+def test_jsonl_keeps_line_separators_that_json_leaves_inside_strings(tmp_path):
+    # json.dumps(ensure_ascii=False) writes U+2028, \x0c, \x1c... unescaped; str.splitlines() would split there
+    texts = ["a\u2028b", "c\x0cd", "e\x1cf"]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\r\n" for t in texts), encoding="utf-8")
+    docs = read_documents(path)
+    assert [d.text for d in docs] == texts
+    assert [d.source for d in docs] == [f"{path}:{n}" for n in (1, 2, 3)]  # line numbers as an editor shows them
+
+
+@pytest.mark.parametrize("name", ["data.json", "table.csv", "rows.parquet"])
+def test_structured_files_are_not_read_as_text(tmp_path, name):
+    path = tmp_path / name
+    path.write_text('[{"text": "hello"}]\n', encoding="utf-8")
+    with pytest.raises(TrainingDataError) as caught:
+        read_documents(path)
+    message = str(caught.value)
+    assert str(path) in message and "would otherwise train on its markup" in message and ".jsonl" in message

@@ -24,8 +24,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--lora", action="store_true", help="train LoRA adapters (PEFT) instead of every weight")
     p.add_argument("--qlora", action="store_true", help="LoRA on a 4-bit bitsandbytes base (X15, G11)")
     p.add_argument("--merge", action="store_true", help="save LoRA merged into the base weights")
-    p.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default 16)")
-    p.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha (default 32)")
+    p.add_argument("--lora-r", type=int, default=None, help="LoRA rank (default 16; needs --lora or --qlora)")
+    p.add_argument("--lora-alpha", type=int, default=None, help="LoRA alpha (default 32; needs --lora or --qlora)")
     p.add_argument("--lora-targets", default=None, help="comma-separated module names (default: per architecture)")
     p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps (default: --epochs over the data)")
     p.add_argument("--epochs", type=float, default=1.0, help="passes over the data when --max-steps is not given")
@@ -50,19 +50,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_train(args: argparse.Namespace) -> int:
     """Carry out `hwrun train` for parsed `args`; returns the exit status."""
-    from .training import LoraSettings, train, train_plan
-    from .training.checkpoints import latest_complete_checkpoint
+    from .training import LoraSettings, TrainingConfigError, train, train_plan
 
     run_plan = train_plan(args.model, device=args.device, dtype=args.dtype, attention=args.attention,
                           compile=args.compile, trust_remote_code=args.trust_remote_code)
     print(run_plan.render())
     lora = None
+    given = [f"--{name.replace('_', '-')}" for name in ("lora_r", "lora_alpha", "lora_targets")
+             if getattr(args, name) is not None]
+    if given and not (args.lora or args.qlora):
+        raise TrainingConfigError(
+            f"{', '.join(given)} given without --lora or --qlora: this run would be full fine-tuning of "
+            "every weight and ignore them. Fix: add --lora (or --qlora), or drop those options."
+        )
     if args.lora or args.qlora:
         targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()) if args.lora_targets else None
-        lora = LoraSettings(r=args.lora_r, alpha=args.lora_alpha, target_modules=targets)
-    if not args.resume and latest_complete_checkpoint(args.output) is not None:
-        print(f"note: {args.output} holds checkpoints from an earlier run; starting fresh "
-              "(pass --resume to continue from the newest one)")
+        lora = LoraSettings(r=16 if args.lora_r is None else args.lora_r,
+                            alpha=32 if args.lora_alpha is None else args.lora_alpha, target_modules=targets)
     try:
         result = train(
             run_plan, args.data, lora=lora, qlora=args.qlora, epochs=args.epochs, max_steps=args.max_steps,

@@ -97,6 +97,8 @@ def load_adapter_model(path: str | os.PathLike, plan: RunPlan | None = None, *, 
     model = PeftModel.from_pretrained(model, os.fspath(path), is_trainable=False)
     model.eval()
     tokenizer_source = path if (Path(path) / "tokenizer_config.json").is_file() else base
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+    tokenizer = AutoTokenizer.from_pretrained(
+        tokenizer_source, trust_remote_code=plan.trust_remote_code,
+        **({"local_files_only": True} if kwargs.get("local_files_only") else {}))
     logger.info("Loaded %s + LoRA adapter %s", base, path)
     return model, tokenizer

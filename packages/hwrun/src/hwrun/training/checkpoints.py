@@ -33,14 +33,17 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_manifest(folder: str | Path, step: int) -> Path:
-    """fsync every file in `folder`, then write the manifest (file sizes, step) last, fsynced."""
+def write_manifest(folder: str | Path, step: int, run: dict | None = None) -> Path:
+    """fsync every file in `folder`, then write the manifest (file sizes, step, and `run`: what
+    kind of run wrote it, checked on resume) last, fsynced."""
     folder = Path(folder)
     files = {}
     for file in sorted(p for p in folder.rglob("*") if p.is_file()):
         _fsync_path(file)
         files[file.relative_to(folder).as_posix()] = file.stat().st_size
     manifest = {"format": 1, "step": step, "complete": True, "files": files}
+    if run:
+        manifest["run"] = dict(run)
     target = folder / MANIFEST_NAME
     with open(target, "w", encoding="utf-8") as handle:
         json.dump(manifest, handle, indent=1, sort_keys=True)
@@ -145,3 +148,14 @@ def publish(staged: Path, final: Path) -> None:
     _fsync_path(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def checkpoint_run(folder: str | Path) -> dict:
+    """The `run` record (e.g. {"kind": "lora", "model": ...}) a complete checkpoint's manifest
+    holds; {} for checkpoints written before hwrun recorded it."""
+    try:
+        manifest = json.loads((Path(folder) / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    run = manifest.get("run")
+    return run if isinstance(run, dict) else {}

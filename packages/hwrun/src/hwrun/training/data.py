@@ -20,6 +20,8 @@ logger = logging.getLogger(__name__)
 
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
+#: formats that are not text to train on as they stand (their markup would be learnt)
+STRUCTURED_SUFFIXES = (".json", ".csv", ".tsv", ".parquet", ".arrow", ".xlsx", ".gz", ".zip")
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,10 @@ def _read_utf8(path: Path) -> str:
 
 def _read_jsonl(path: Path) -> list[Document]:
     documents = []
-    for number, line in enumerate(_read_utf8(path).splitlines(), start=1):
+    # split on "\n" only: str.splitlines() also splits on U+2028, \x0c, \x1c..., which JSON keeps
+    # unescaped inside strings (json.dumps(ensure_ascii=False)), and line numbers would drift
+    for number, line in enumerate(_read_utf8(path).split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         where = f"{path}:{number}"
@@ -98,6 +103,13 @@ def read_documents(path: str | Path) -> list[Document]:
                 documents.append(Document(text, str(file)))
     elif path.suffix.lower() in JSONL_SUFFIXES:
         documents = _read_jsonl(path)
+    elif path.suffix.lower() in STRUCTURED_SUFFIXES:
+        raise TrainingDataError(
+            f"Training data {str(path)!r} is a {path.suffix} file; hwrun reads plain text, JSONL "
+            f"({', '.join(JSONL_SUFFIXES)}) or a folder of .txt files, and would otherwise train on "
+            "its markup. Fix: for JSON lines, rename it to .jsonl (one {\"text\": ...} object per "
+            "line); for other formats, load them into a dataset and pass that to train()."
+        )
     else:
         text = _read_utf8(path)
         documents = [Document(text, str(path))] if text.strip() else []

@@ -87,8 +87,12 @@ def _lora_settings(lora: Any, qlora: bool) -> LoraSettings | None:
 
 
 def _check_numbers(epochs: float, max_steps: int, lr: float, batch_size: int, grad_accum: int,
-                   block_size: int) -> None:
+                   block_size: int, seed: int = 42, save_steps: int = 100) -> None:
     problems = []
+    if not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**32):
+        problems.append(f"seed={seed!r} (must be an int in 0..2**32-1, numpy's seed range)")
+    if not (isinstance(save_steps, int) and not isinstance(save_steps, bool) and save_steps >= 1):
+        problems.append(f"save_steps={save_steps!r} (must be an int >= 1; checkpoints are what resume needs)")
     if not (isinstance(batch_size, int) and batch_size >= 1):
         problems.append(f"batch_size={batch_size!r} (must be an int >= 1)")
     if not (isinstance(grad_accum, int) and grad_accum >= 1):
@@ -99,8 +103,8 @@ def _check_numbers(epochs: float, max_steps: int, lr: float, batch_size: int, gr
         problems.append(f"lr={lr!r} (must be a positive finite number)")
     if not isinstance(max_steps, int) or (max_steps < 1 and max_steps != -1):
         problems.append(f"max_steps={max_steps!r} (must be >= 1, or -1 to use epochs)")
-    if max_steps == -1 and not (isinstance(epochs, (int, float)) and epochs > 0):
-        problems.append(f"epochs={epochs!r} (must be > 0 when max_steps=-1)")
+    if max_steps == -1 and not (isinstance(epochs, (int, float)) and epochs > 0 and math.isfinite(epochs)):
+        problems.append(f"epochs={epochs!r} (must be a finite number > 0 when max_steps=-1)")
     if problems:
         raise TrainingConfigError("Invalid training options: " + "; ".join(problems) + ". Fix those values.")
 
@@ -167,7 +171,14 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     from .trainer import GracefulStop, HwTrainer, LossLog
 
     # -- everything that can be rejected is rejected before the model loads --
-    _check_numbers(epochs, max_steps, lr, batch_size, grad_accum, block_size)
+    _check_numbers(epochs, max_steps, lr, batch_size, grad_accum, block_size, seed, save_steps)
+    if plan.adapter is not None:
+        raise TrainingConfigError(
+            f"plan.model={plan.model!r} with adapter {plan.adapter!r}: train() fine-tunes a base model "
+            "and would train the base without the adapter (full fine-tuning) or wrap it in a second "
+            "PEFT layer (LoRA). Fix: train from the base model, or merge the adapter first "
+            "(hwrun.training.adapters.merge_adapter_folder(adapter, out, plan)) and train the merged model."
+        )
     qlora = bool(qlora) or plan.quantization == "4bit"
     if plan.quantization == "8bit":
         raise TrainingConfigError("plan.quantization='8bit' cannot be fine-tuned by hwrun; train LoRA on a "
@@ -181,6 +192,9 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     documents = read_documents(data) if isinstance(data, (str, os.PathLike)) else None
     output_dir = Path(output_dir)
     resume_from = resolve_resume(resume, output_dir)
+    run_record = {"kind": "qlora" if qlora else ("lora" if settings is not None else "full"),
+                  "model": plan.model}
+    _check_output_dir(output_dir, plan, resume_from, run_record)
     args = training_arguments(
         plan, output_dir, num_train_epochs=epochs, max_steps=max_steps, learning_rate=lr,
         per_device_train_batch_size=batch_size, gradient_accumulation_steps=grad_accum, seed=seed,
@@ -228,6 +242,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     trainer = HwTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                         data_collator=default_data_collator,
                         callbacks=[*callbacks, stopper, LossLog(echo)])
+    trainer.hw_run = run_record
     if echo is not None:
         from transformers.trainer_callback import PrinterCallback
 
@@ -268,6 +283,46 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
         lora=settings is not None, merged=merged, interrupted=interrupted, resumed_from=resume_from,
         loss_plot=plot_path, tokens_per_step=_tokens_per_step(dataset, batch_size, grad_accum, world),
         train_runtime=output.metrics.get("train_runtime"), metrics=dict(output.metrics), reasons=reasons)
+
+
+#: files a finished run leaves in output_dir itself (the final model, adapter or merged)
+FINAL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "adapter_config.json",
+               "adapter_model.safetensors")
+
+
+def _check_output_dir(output_dir: Path, plan: RunPlan, resume_from: str | None, run: dict) -> None:
+    """Refuse, before the model loads, an output_dir whose contents the run would destroy or mix:
+    the model's own folder, an earlier run's final model or checkpoints on a fresh start, or a
+    checkpoint of a different kind of run (LoRA vs full) on resume."""
+    from .checkpoints import check_checkpoint, checkpoint_run, list_checkpoints
+
+    source = Path(plan.model)
+    if source.exists() and output_dir.resolve() == source.resolve():
+        raise TrainingConfigError(
+            f"output_dir={str(output_dir)!r} is the folder of the model being trained; the final save "
+            "would overwrite its weights. Fix: pass another output_dir (e.g. --output my-finetune)."
+        )
+    if resume_from is not None:
+        earlier = checkpoint_run(resume_from)
+        if earlier and earlier.get("kind") != run["kind"]:
+            raise TrainingConfigError(
+                f"Cannot resume from {resume_from!r}: it was written by a {earlier.get('kind')} run and this "
+                f"is a {run['kind']} run, whose weights and optimizer state do not match it. Fix: resume "
+                f"with the same kind ({'--lora' if earlier.get('kind') == 'lora' else earlier.get('kind')}), "
+                "or start this run in a new output_dir."
+            )
+        return
+    found = [name for name in FINAL_FILES if (output_dir / name).is_file()]
+    # complete checkpoints only: a partial one (a save that crashed) holds nothing to keep, and
+    # resume='auto' skips it and starts fresh, as documented
+    found += [folder.name for _, folder in list_checkpoints(output_dir) if check_checkpoint(folder) is None]
+    if found:
+        raise TrainingConfigError(
+            f"output_dir={str(output_dir)!r} already holds an earlier run ({', '.join(sorted(found)[:6])}"
+            f"{', ...' if len(found) > 6 else ''}) and this run starts fresh: its final save and checkpoint "
+            "rotation would replace or delete those files. Fix: resume='auto' (--resume) to continue that "
+            "run, a new output_dir, or move the old folder away yourself."
+        )
 
 
 def _deepspeed_zero3(args: Any) -> bool:

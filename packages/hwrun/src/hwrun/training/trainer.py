@@ -23,6 +23,9 @@ class HwTrainer(Trainer):
     to `checkpoint-N` only once every file is fsynced and the manifest says complete."""
 
     _hw_staging: Path | None = None
+    #: what kind of run this is ({"kind": "lora" | "qlora" | "full", "model": ...}), stamped into
+    #: every checkpoint's manifest so that a resume by a different kind of run is refused
+    hw_run: dict | None = None
 
     def _get_output_dir(self, trial: Any) -> str:
         if self._hw_staging is not None:
@@ -48,7 +51,7 @@ class HwTrainer(Trainer):
         if self.args.should_save:
             staged = staging / f"checkpoint-{step}"
             final = run_dir / f"checkpoint-{step}"
-            write_manifest(staged, step)
+            write_manifest(staged, step, self.hw_run)
             publish(staged, final)
             shutil.rmtree(staging, ignore_errors=True)
             if self.state.best_model_checkpoint and str(staging) in self.state.best_model_checkpoint:

@@ -1,0 +1,109 @@
+"""What `hwrun.train` does with an output folder that is not new: nothing on disk is lost.
+
+A fresh run into a folder with an earlier run's final model or checkpoints, into the model's own
+folder, or a resume by a different kind of run (LoRA vs full) is refused before the model loads,
+and every file already there is left byte for byte as it was."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import hwrun
+import pytest
+from hwrun.training import TrainingConfigError
+
+FAST = {"batch_size": 4, "block_size": 32, "disable_tqdm": True, "plot": False}
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def earlier(tmp_path_factory):
+    """(plan, data, folder): a finished 2-step LoRA run with checkpoints 1 and 2 and a final adapter."""
+    root = tmp_path_factory.mktemp("earlier")
+    data = root / "train.txt"
+    data.write_text("The king said to the queen that the castle was cold. " * 40, encoding="utf-8")
+    plan = hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu")
+    out = root / "out"
+    hwrun.train(plan, data, lora=True, max_steps=2, save_steps=1, output_dir=out, **FAST)
+    assert (out / "adapter_model.safetensors").is_file() and (out / "checkpoint-2").is_dir()
+    return plan, data, out
+
+
+@pytest.fixture()
+def no_load(monkeypatch):
+    monkeypatch.setattr(hwrun, "load", lambda plan: pytest.fail("the model must not load"))
+    monkeypatch.setattr("hwrun.training.run._load_model", lambda *a, **k: pytest.fail("the model must not load"))
+
+
+def test_a_fresh_run_into_an_earlier_runs_folder_is_refused(earlier, no_load):
+    plan, data, out = earlier
+    before = digest(out)
+    for lora in (True, None):
+        with pytest.raises(TrainingConfigError) as caught:
+            hwrun.train(plan, data, lora=lora, max_steps=2, resume=False, output_dir=out, **FAST)
+        message = str(caught.value)
+        assert f"output_dir={str(out)!r} already holds an earlier run" in message
+        assert "adapter_model.safetensors" in message and "checkpoint-2" in message
+        assert "--resume" in message and "new output_dir" in message
+    assert digest(out) == before
+
+
+def test_a_resume_by_another_kind_of_run_is_refused(earlier, no_load):
+    plan, data, out = earlier
+    before = digest(out)
+    with pytest.raises(TrainingConfigError) as caught:
+        hwrun.train(plan, data, lora=None, max_steps=3, resume="auto", output_dir=out, **FAST)
+    message = str(caught.value)
+    assert "checkpoint-2" in message and "written by a lora run and this is a full run" in message
+    assert "--lora" in message
+    assert digest(out) == before
+
+
+def test_the_same_kind_resumes(earlier, tmp_path):
+    plan, data, out = earlier
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    result = hwrun.train(plan, data, lora=True, max_steps=3, save_steps=1, resume="auto", output_dir=copy, **FAST)
+    assert result.resumed_from == str(copy / "checkpoint-2") and result.global_step == 3
+
+
+def test_a_final_model_without_checkpoints_is_kept_too(tmp_path, no_load, earlier):
+    plan, data, _ = earlier
+    out = tmp_path / "merged"
+    out.mkdir()
+    (out / "config.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(TrainingConfigError, match=r"already holds an earlier run \(config\.json\)"):
+        hwrun.train(plan, data, lora=True, max_steps=1, resume="auto", output_dir=out, **FAST)
+    assert (out / "config.json").read_text(encoding="utf-8") == "{}"
+
+
+def test_a_partial_checkpoint_alone_does_not_block_a_fresh_start(tmp_path, earlier, no_load):
+    plan, data, _ = earlier
+    out = tmp_path / "crashed"
+    (out / "checkpoint-1").mkdir(parents=True)  # no manifest: a save that never finished
+    with pytest.raises(pytest.fail.Exception, match="must not load"):  # gets as far as loading
+        hwrun.train(plan, data, lora=True, max_steps=1, resume="auto", output_dir=out, **FAST)
+
+
+def test_the_models_own_folder_is_refused(tmp_path, earlier, no_load):
+    _, data, _ = earlier
+    model = tmp_path / "model"
+    shutil.copytree(hwrun.DEFAULT_MODEL, model)
+    before = digest(model)
+    with pytest.raises(TrainingConfigError, match="is the folder of the model being trained"):
+        hwrun.train(hwrun.plan(str(model), device="cpu"), data, max_steps=1, resume=False, output_dir=model, **FAST)
+    assert digest(model) == before
+
+
+def test_an_adapter_plan_is_refused(earlier, tmp_path, no_load):
+    _, data, out = earlier
+    adapter_plan = hwrun.plan(str(out), device="cpu")
+    assert adapter_plan.adapter is not None
+    with pytest.raises(TrainingConfigError, match="train from the base model, or merge the adapter first"):
+        hwrun.train(adapter_plan, data, lora=True, max_steps=1, output_dir=tmp_path / "again", **FAST)
