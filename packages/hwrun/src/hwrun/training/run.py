@@ -285,6 +285,8 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
         train_runtime=output.metrics.get("train_runtime"), metrics=dict(output.metrics), reasons=reasons)
 
 
+_KIND_FLAGS = {"lora": "--lora", "qlora": "--qlora", "full": "no --lora/--qlora"}
+
 #: files a finished run leaves in output_dir itself (the final model, adapter or merged)
 FINAL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "adapter_config.json",
                "adapter_model.safetensors")
@@ -308,7 +310,7 @@ def _check_output_dir(output_dir: Path, plan: RunPlan, resume_from: str | None, 
             raise TrainingConfigError(
                 f"Cannot resume from {resume_from!r}: it was written by a {earlier.get('kind')} run and this "
                 f"is a {run['kind']} run, whose weights and optimizer state do not match it. Fix: resume "
-                f"with the same kind ({'--lora' if earlier.get('kind') == 'lora' else earlier.get('kind')}), "
+                f"with the same kind ({_KIND_FLAGS.get(earlier.get('kind'), earlier.get('kind'))}), "
                 "or start this run in a new output_dir."
             )
         return
