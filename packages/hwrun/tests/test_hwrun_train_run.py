@@ -239,3 +239,7 @@ def test_bad_data_and_resume_are_rejected_before_loading(tiny, cpu_plan, tmp_pat
         hwrun.train(cpu_plan, bad, lora=True, max_steps=1, output_dir=tmp_path / "x")
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         hwrun.train(cpu_plan, tiny[1], lora=True, max_steps=1, output_dir=tmp_path / "none", resume=True)
+    # packing runs on the tokenizer alone, before the weights load (full fine-tuning loads without hwrun.load)
+    monkeypatch.setattr("hwrun.training.run._load_model", lambda *a, **k: pytest.fail("the model must not load"))
+    with pytest.raises(TrainingDataError, match=r"block_size=100000 is longer than the tokenizer's model_max_length"):
+        hwrun.train(cpu_plan, tiny[1], max_steps=1, block_size=100_000, output_dir=tmp_path / "x")

@@ -123,6 +123,22 @@ def _check_qlora(plan: RunPlan) -> None:
         ) from error
 
 
+def _data_tokenizer(plan: RunPlan) -> Any:
+    """The plan's tokenizer alone (no weights), loaded as `hwrun.load` loads it, to pack the data."""
+    from transformers import AutoTokenizer
+
+    import hwrun
+    from hwrun.errors import ModelSourceError
+
+    offline = hwrun.from_pretrained_kwargs(plan).get("local_files_only")
+    try:
+        return AutoTokenizer.from_pretrained(plan.model, trust_remote_code=plan.trust_remote_code,
+                                             **({"local_files_only": True} if offline else {}))
+    except OSError as exc:
+        raise ModelSourceError(f"model={plan.model!r}: its tokenizer could not be loaded to prepare the "
+                               f"training data: {exc}") from exc
+
+
 def _load_model(plan: RunPlan, *, qlora: bool, full: bool):
     """(model, tokenizer, reason): the base model through hwrun's own loading decisions."""
     import hwrun
@@ -195,6 +211,9 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     run_record = {"kind": "qlora" if qlora else ("lora" if settings is not None else "full"),
                   "model": plan.model}
     _check_output_dir(output_dir, plan, resume_from, run_record)
+    # tokenise and pack before the weights load, so data problems (block_size beyond the
+    # tokenizer's limit, too little text) surface first
+    dataset = data if documents is None else build_dataset(documents, _data_tokenizer(plan), block_size)
     args = training_arguments(
         plan, output_dir, num_train_epochs=epochs, max_steps=max_steps, learning_rate=lr,
         per_device_train_batch_size=batch_size, gradient_accumulation_steps=grad_accum, seed=seed,
@@ -210,7 +229,6 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
         reasons["sharding"] = "DeepSpeed ZeRO-3: weights partitioned at load (no device_map)"
     model, tokenizer, load_reason = _load_model(plan, qlora=qlora, full=settings is None)
     reasons["model"] = load_reason
-    dataset = data if documents is None else build_dataset(documents, tokenizer, block_size)
     if isinstance(dataset, PackedDataset):
         reasons["data"] = f"{len(dataset)} packed blocks of {dataset.blocks.shape[1]} tokens, no padding"
     use_cache = getattr(model.config, "use_cache", None)
