@@ -107,3 +107,43 @@ def test_an_adapter_plan_is_refused(earlier, tmp_path, no_load):
     assert adapter_plan.adapter is not None
     with pytest.raises(TrainingConfigError, match="train from the base model, or merge the adapter first"):
         hwrun.train(adapter_plan, data, lora=True, max_steps=1, output_dir=tmp_path / "again", **FAST)
+
+
+def test_a_failed_final_save_leaves_the_earlier_final_model(earlier, tmp_path, monkeypatch):
+    """Resume a finished run; its new final save fails half way: the old adapter in output_dir is
+    untouched. The next resume publishes the new one and leaves no staging folder behind."""
+    import hwrun.training.adapters as adapters
+
+    plan, data, _ = earlier
+    copy = tmp_path / "out"
+    constant = {**FAST, "lr_scheduler_type": "constant"}  # a resume to more steps still trains (LR > 0)
+    hwrun.train(plan, data, lora=True, max_steps=2, save_steps=1, output_dir=copy, **constant)
+    before = digest(copy)
+    real_save = adapters.save_adapter
+
+    def save_then_fail(model, tokenizer, folder, **kwargs):
+        real_save(model, tokenizer, folder, **kwargs)
+        (Path(folder) / "adapter_model.safetensors").write_bytes(b"half")  # a torn write
+        raise OSError("disk full")
+
+    monkeypatch.setattr(adapters, "save_adapter", save_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        hwrun.train(plan, data, lora=True, max_steps=3, save_steps=1, resume="auto", output_dir=copy, **constant)
+    after = digest(copy)
+    assert {k: v for k, v in after.items() if not k.startswith((".staging-", "checkpoint-3/"))} == before
+
+    monkeypatch.setattr(adapters, "save_adapter", real_save)
+    result = hwrun.train(plan, data, lora=True, max_steps=4, save_steps=1, resume="auto", output_dir=copy, **constant)
+    assert result.global_step == 4 and not any(p.name.startswith(".staging-") for p in copy.iterdir())
+    assert digest(copy)["adapter_model.safetensors"] != before["adapter_model.safetensors"]
+
+
+def test_a_merged_final_save_replaces_the_adapter_it_was_resumed_over(earlier, tmp_path):
+    plan, data, out = earlier
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    result = hwrun.train(plan, data, lora=True, merge=True, max_steps=3, save_steps=1, resume="auto",
+                         output_dir=copy, **FAST)
+    assert result.merged
+    assert not (copy / "adapter_config.json").exists() and not (copy / "adapter_model.safetensors").exists()
+    assert (copy / "model.safetensors").is_file() and hwrun.plan(str(copy), device="cpu").adapter is None

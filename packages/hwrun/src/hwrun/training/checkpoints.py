@@ -159,3 +159,45 @@ def checkpoint_run(folder: str | Path) -> dict:
         return {}
     run = manifest.get("run")
     return run if isinstance(run, dict) else {}
+
+
+#: files a finished run leaves in output_dir itself (the final model, adapter or merged model)
+FINAL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "adapter_config.json",
+               "adapter_model.safetensors")
+FINAL_STAGING = f"{STAGING_PREFIX}final"
+
+
+def final_staging(output_dir: str | Path) -> Path:
+    """An empty folder inside `output_dir` (same filesystem, so renames are atomic) that the final
+    save is written into first; whatever an earlier, interrupted final save left there is removed."""
+    staging = Path(output_dir) / FINAL_STAGING
+    if staging.exists():
+        logger.warning("Removing %s, left by an earlier final save that did not finish.", staging)
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def publish_final(staged: Path, output_dir: str | Path) -> None:
+    """Move the finished final save from `staged` into `output_dir`: every file is fsynced first,
+    then each entry takes one os.replace, so no file in `output_dir` is ever half written. Final
+    model files of another kind that `staged` lacks (an adapter where a merged model is saved now,
+    old weight shards) are removed, so the folder holds exactly one model."""
+    output_dir = Path(output_dir)
+    for file in staged.rglob("*"):
+        if file.is_file():
+            _fsync_path(file)
+    stale = [output_dir / name for name in FINAL_FILES]
+    stale += list(output_dir.glob("model-*-of-*.safetensors"))
+    if (output_dir / "adapter" / "adapter_config.json").is_file():
+        stale.append(output_dir / "adapter")
+    for path in stale:
+        if not (staged / path.name).exists() and path.exists():
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    for entry in sorted(staged.iterdir()):
+        target = output_dir / entry.name
+        if entry.is_dir() and target.is_dir():
+            shutil.rmtree(target)  # an earlier final save's adapter/ folder
+        os.replace(entry, target)
+    _fsync_path(output_dir)
+    shutil.rmtree(staged, ignore_errors=True)

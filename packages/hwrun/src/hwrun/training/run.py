@@ -305,16 +305,11 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
 
 _KIND_FLAGS = {"lora": "--lora", "qlora": "--qlora", "full": "no --lora/--qlora"}
 
-#: files a finished run leaves in output_dir itself (the final model, adapter or merged)
-FINAL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "adapter_config.json",
-               "adapter_model.safetensors")
-
-
 def _check_output_dir(output_dir: Path, plan: RunPlan, resume_from: str | None, run: dict) -> None:
     """Refuse, before the model loads, an output_dir whose contents the run would destroy or mix:
     the model's own folder, an earlier run's final model or checkpoints on a fresh start, or a
     checkpoint of a different kind of run (LoRA vs full) on resume."""
-    from .checkpoints import check_checkpoint, checkpoint_run, list_checkpoints
+    from .checkpoints import FINAL_FILES, check_checkpoint, checkpoint_run, list_checkpoints
 
     source = Path(plan.model)
     if source.exists() and output_dir.resolve() == source.resolve():
@@ -439,6 +434,7 @@ def _save_final(trainer: Any, tokenizer: Any, output_dir: Path, is_lora: bool, m
                 plan: RunPlan) -> bool:
     """Save the final model into `output_dir` (main process only); returns True when merged."""
     from .adapters import merge_adapter_folder, save_adapter, save_merged
+    from .checkpoints import final_staging, publish_final
 
     trainer.accelerator.wait_for_everyone()
     # Under FSDP (DTensors) and DeepSpeed ZeRO-3 (partitioned parameters) every rank holds shards:
@@ -452,20 +448,24 @@ def _save_final(trainer: Any, tokenizer: Any, output_dir: Path, is_lora: bool, m
         model = trainer.accelerator.unwrap_model(trainer.model)
         if state_dict:
             _retie_gathered(state_dict, model)
+        # written into output_dir/.staging-final first and moved into place only when complete,
+        # so a failure mid-save leaves output_dir (a resumed run's earlier final model) as it was
+        staging = final_staging(output_dir)
         if not is_lora:
-            model.save_pretrained(output_dir, safe_serialization=True, state_dict=state_dict)
-            tokenizer.save_pretrained(output_dir)
+            model.save_pretrained(staging, safe_serialization=True, state_dict=state_dict)
+            tokenizer.save_pretrained(staging)
         elif not merge:
-            save_adapter(model, tokenizer, output_dir, state_dict=state_dict)
+            save_adapter(model, tokenizer, staging, state_dict=state_dict)
         elif qlora or sharded:
-            adapter_dir = output_dir / "adapter"
+            adapter_dir = staging / "adapter"
             save_adapter(model, tokenizer, adapter_dir, state_dict=state_dict)
             with _zero3_suspended():  # rank 0 alone loads the whole base to merge into
-                merge_adapter_folder(adapter_dir, output_dir, plan)
+                merge_adapter_folder(adapter_dir, staging, plan)
             merged = True
         else:
-            save_merged(model, tokenizer, output_dir)
+            save_merged(model, tokenizer, staging)
             merged = True
+        publish_final(staging, output_dir)
         logger.info("Final %s saved to %s", "merged model" if merged else
                     ("adapter" if is_lora else "model"), output_dir)
     trainer.accelerator.wait_for_everyone()
