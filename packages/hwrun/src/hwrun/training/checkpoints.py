@@ -191,13 +191,16 @@ def publish_final(staged: Path, output_dir: str | Path) -> None:
     stale += list(output_dir.glob("model-*-of-*.safetensors"))
     if (output_dir / "adapter" / "adapter_config.json").is_file():
         stale.append(output_dir / "adapter")
-    for path in stale:
-        if not (staged / path.name).exists() and path.exists():
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-    for entry in sorted(staged.iterdir()):
+    stale = [path for path in stale if path.exists() and not (staged / path.name).exists()]
+    for entry in sorted(staged.iterdir()):  # the new model first, so a crash here leaves one in place
         target = output_dir / entry.name
         if entry.is_dir() and target.is_dir():
             shutil.rmtree(target)  # an earlier final save's adapter/ folder
         os.replace(entry, target)
+    for path in stale:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
     _fsync_path(output_dir)
     shutil.rmtree(staged, ignore_errors=True)
