@@ -53,6 +53,17 @@ def from_pretrained_kwargs(plan: RunPlan) -> dict[str, Any]:
     return kwargs
 
 
+def load_tokenizer(plan: RunPlan, source: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer of `source` (default: the plan's model) with the plan's `trust_remote_code`,
+    local files only where `from_pretrained_kwargs` loads the weights so (a local folder, or offline)."""
+    from transformers import AutoTokenizer
+
+    offline = from_pretrained_kwargs(plan).get("local_files_only")
+    return AutoTokenizer.from_pretrained(source if source is not None else plan.model,
+                                         trust_remote_code=plan.trust_remote_code,
+                                         **({"local_files_only": True} if offline else {}))
+
+
 def apply_env(plan: RunPlan) -> dict[str, str]:
     """Set the plan's variables (e.g. PT_ENABLE_INT64_SUPPORT=1 on Gaudi, G4) that are not set yet; returns those set."""
     changed = {}
@@ -73,7 +84,7 @@ def load(plan: RunPlan) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     source = resolve_source(plan.model)
     apply_env(plan)
     kwargs = from_pretrained_kwargs(plan)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if plan.adapter is not None:
         from .training.adapters import load_adapter_model
@@ -81,10 +92,7 @@ def load(plan: RunPlan) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         model, tokenizer = load_adapter_model(plan.adapter, plan)
         return _finish(model, tokenizer, plan)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            plan.model, trust_remote_code=plan.trust_remote_code,
-            **({"local_files_only": True} if kwargs.get("local_files_only") else {}),
-        )
+        tokenizer = load_tokenizer(plan)
         model = AutoModelForCausalLM.from_pretrained(plan.model, **kwargs)
     except OSError as exc:
         if source.local:

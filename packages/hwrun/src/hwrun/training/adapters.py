@@ -80,9 +80,10 @@ def load_adapter_model(path: str | os.PathLike, plan: RunPlan | None = None, *, 
     """Load the base model named in `path`'s adapter_config.json (with `plan`'s device, dtype and
     attention via `hwrun.from_pretrained_kwargs`) and attach the adapter; returns (model, tokenizer)."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     import hwrun
+    from hwrun.load import load_tokenizer
 
     base = adapter_base_model(path)
     if plan is None:
@@ -97,8 +98,6 @@ def load_adapter_model(path: str | os.PathLike, plan: RunPlan | None = None, *, 
     model = PeftModel.from_pretrained(model, os.fspath(path), is_trainable=False)
     model.eval()
     tokenizer_source = path if (Path(path) / "tokenizer_config.json").is_file() else base
-    tokenizer = AutoTokenizer.from_pretrained(
-        tokenizer_source, trust_remote_code=plan.trust_remote_code,
-        **({"local_files_only": True} if kwargs.get("local_files_only") else {}))
+    tokenizer = load_tokenizer(plan, tokenizer_source)
     logger.info("Loaded %s + LoRA adapter %s", base, path)
     return model, tokenizer

@@ -125,28 +125,25 @@ def _check_qlora(plan: RunPlan) -> None:
 
 def _data_tokenizer(plan: RunPlan) -> Any:
     """The plan's tokenizer alone (no weights), loaded as `hwrun.load` loads it, to pack the data."""
-    from transformers import AutoTokenizer
-
-    import hwrun
     from hwrun.errors import ModelSourceError
+    from hwrun.load import load_tokenizer
 
-    offline = hwrun.from_pretrained_kwargs(plan).get("local_files_only")
     try:
-        return AutoTokenizer.from_pretrained(plan.model, trust_remote_code=plan.trust_remote_code,
-                                             **({"local_files_only": True} if offline else {}))
+        return load_tokenizer(plan)
     except OSError as exc:
         raise ModelSourceError(f"model={plan.model!r}: its tokenizer could not be loaded to prepare the "
                                f"training data: {exc}") from exc
 
 
-def _load_model(plan: RunPlan, *, qlora: bool, full: bool):
-    """(model, tokenizer, reason): the base model through hwrun's own loading decisions."""
+def _load_model(plan: RunPlan, *, qlora: bool, full: bool, tokenizer: Any):
+    """(model, tokenizer, reason): the base model through hwrun's own loading decisions. LoRA goes
+    through `hwrun.load` (its tokenizer, padding set up); QLoRA and full fine-tuning keep `tokenizer`."""
     import hwrun
 
     if not qlora and not full:
         model, tokenizer = hwrun.load(plan)
         return model, tokenizer, f"base model in {plan.dtype} via hwrun.load (plan)"
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     kwargs = dict(hwrun.from_pretrained_kwargs(plan))
     if qlora:
@@ -162,7 +159,6 @@ def _load_model(plan: RunPlan, *, qlora: bool, full: bool):
         reason = "full fine-tuning keeps float32 master weights (mixed precision computes in " \
                  f"{plan.dtype}); pure {plan.dtype} AdamW updates lose small steps"
     model = AutoModelForCausalLM.from_pretrained(plan.model, **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(plan.model, trust_remote_code=plan.trust_remote_code)
     return model, tokenizer, reason
 
 
@@ -213,7 +209,8 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     _check_output_dir(output_dir, plan, resume_from, run_record)
     # tokenise and pack before the weights load, so data problems (block_size beyond the
     # tokenizer's limit, too little text) surface first
-    dataset = data if documents is None else build_dataset(documents, _data_tokenizer(plan), block_size)
+    data_tokenizer = _data_tokenizer(plan)
+    dataset = data if documents is None else build_dataset(documents, data_tokenizer, block_size)
     args = training_arguments(
         plan, output_dir, num_train_epochs=epochs, max_steps=max_steps, learning_rate=lr,
         per_device_train_batch_size=batch_size, gradient_accumulation_steps=grad_accum, seed=seed,
@@ -227,7 +224,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
         plan = replace(plan, device_map=None)
         _init_deepspeed_comm(args)
         reasons["sharding"] = "DeepSpeed ZeRO-3: weights partitioned at load (no device_map)"
-    model, tokenizer, load_reason = _load_model(plan, qlora=qlora, full=settings is None)
+    model, tokenizer, load_reason = _load_model(plan, qlora=qlora, full=settings is None, tokenizer=data_tokenizer)
     reasons["model"] = load_reason
     if isinstance(dataset, PackedDataset):
         reasons["data"] = f"{len(dataset)} packed blocks of {dataset.blocks.shape[1]} tokens, no padding"
@@ -288,7 +285,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
                        output_dir)
     merged = False
     if interrupted is None:
-        merged = _save_final(trainer, tokenizer, output_dir, settings is not None, merge, qlora, plan)
+        merged = _save_final(trainer, tokenizer, output_dir, settings is not None, merge, qlora, plan, zero3)
     if zero3:
         _release_zero3()  # later loads in this process (hwrun.load, generate) get whole weights again
     points = loss_points(trainer.state.log_history)
@@ -431,7 +428,7 @@ def _retie_gathered(state_dict: dict[str, Any], model: Any) -> None:
 
 
 def _save_final(trainer: Any, tokenizer: Any, output_dir: Path, is_lora: bool, merge: bool, qlora: bool,
-                plan: RunPlan) -> bool:
+                plan: RunPlan, zero3: bool) -> bool:
     """Save the final model into `output_dir` (main process only); returns True when merged."""
     from .adapters import merge_adapter_folder, save_adapter, save_merged
     from .checkpoints import final_staging, publish_final
@@ -440,7 +437,7 @@ def _save_final(trainer: Any, tokenizer: Any, output_dir: Path, is_lora: bool, m
     # Under FSDP (DTensors) and DeepSpeed ZeRO-3 (partitioned parameters) every rank holds shards:
     # gather the full state dict first (a collective, so on all ranks; rank 0 gets it). Merging needs
     # whole weights, so there it goes through a saved adapter, as for QLoRA.
-    sharded = bool(getattr(trainer, "is_fsdp_enabled", False)) or _deepspeed_zero3(trainer.args)
+    sharded = bool(getattr(trainer, "is_fsdp_enabled", False)) or zero3
     engine = trainer.deepspeed if getattr(trainer, "is_deepspeed_enabled", False) else trainer.model
     state_dict = trainer.accelerator.get_state_dict(engine) if sharded else None
     merged = False
