@@ -157,6 +157,30 @@ class StepProfiler:
         self.callback = _Callback()
 
 
+def gpu_state() -> dict | None:
+    """SM clock (MHz), power (W), temperature (C) and clock-throttle reasons of GPU 0 now (NVML),
+    or None where NVML is missing: the steps just timed ran in this state."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        return {"sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+                "temperature_c": pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
+                "throttle_reasons": hex(getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons",
+                                                getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None))(handle))}
+    except Exception as exc:  # NVML present but not answering: say so in the results
+        return {"error": str(exc)[:200]}
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
 def run_one(name: str, model_dir: str, sizes: dict, smoke: bool, profile: bool = False) -> dict:
     """Run configuration `name` in this process and return its measurements."""
     import torch
@@ -225,6 +249,7 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool, profile: bool =
                      "compile": None if plan.compile is None else str(plan.compile.backend),
                      **dict(result.reasons)}
     wall = time.perf_counter() - started
+    gpu = gpu_state() if cuda else None
     steps = timer.step_seconds()
     timed = steps[sizes["warmup"]:]
     median = statistics.median(timed)
@@ -234,7 +259,7 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool, profile: bool =
     breaks = {str(reason): count for reason, count in counters["graph_break"].items()}
     result = {"config": name, "tokens_per_s": sizes["batch"] * sizes["seq"] / median, "median_step_s": median,
               "step_s": steps, "peak_bytes": peak, "wall_s": wall, "decisions": decisions,
-              "graph_breaks": breaks, "frames_compiled": counters["stats"].get("unique_graphs", 0)}
+              "graph_breaks": breaks, "frames_compiled": counters["stats"].get("unique_graphs", 0), "gpu": gpu}
     if profiler is not None and profiler.table:
         result["profile"] = profiler.table
     return result
@@ -251,7 +276,33 @@ def gib(value: float | None) -> str:
     return "n/a" if value is None else f"{value / 2**30:.1f}"
 
 
-def write_outputs(out: Path, results: list[dict], meta: dict) -> str:
+def combine_runs(runs: list[dict]) -> list[dict]:
+    """One row per configuration, in first-run order. A configuration listed more than once in
+    --configs (interleaved with the others, so drift in GPU clocks hits each alike) gets the median
+    of its runs' tokens/s and step times, the largest peak, and every run's figure in `runs_tokens_per_s`."""
+    order: dict[str, list[dict]] = {}
+    for run in runs:
+        order.setdefault(run["config"], []).append(run)
+    rows = []
+    for group in order.values():
+        good = [r for r in group if "tokens_per_s" in r]
+        if not good:
+            rows.append(group[0])
+            continue
+        row = dict(good[0])
+        if len(group) > 1:
+            row["tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in good)
+            row["median_step_s"] = statistics.median(r["median_step_s"] for r in good)
+            row["peak_bytes"] = max((r["peak_bytes"] or 0) for r in good) or None
+            row["runs_tokens_per_s"] = [round(r["tokens_per_s"]) if "tokens_per_s" in r else r.get("error")
+                                        for r in group]
+            row["gpu_runs"] = [r.get("gpu") for r in good]
+        rows.append(row)
+    return rows
+
+
+def write_outputs(out: Path, runs: list[dict], meta: dict) -> str:
+    results = combine_runs(runs)
     ok = {r["config"]: r for r in results if "tokens_per_s" in r}
     plain_best = max((ok[c] for c in PLAIN if c in ok), key=lambda r: r["tokens_per_s"], default=None)
     ratios = {}
@@ -275,6 +326,9 @@ def write_outputs(out: Path, results: list[dict], meta: dict) -> str:
         note = ", ".join(f"{k}={v}" for k, v in d.items() if k in ("dtype", "compile", "bf16", "torch_compile", "torch_compile_mode") and v)
         if "loss" in d:
             note += f"; loss: {d['loss']}"
+        if r.get("runs_tokens_per_s"):
+            note += f"; median of {len(r['runs_tokens_per_s'])} interleaved runs: " + " / ".join(
+                f"{v:,}" if isinstance(v, int) else "failed" for v in r["runs_tokens_per_s"])
         lines.append(f"| {r['config']} | {r['tokens_per_s']:,.0f} | {vs} | {r['median_step_s'] * 1000:.1f} | "
                      f"{gib(r['peak_bytes'])} | {note} |")
     lines.append("")
@@ -285,7 +339,7 @@ def write_outputs(out: Path, results: list[dict], meta: dict) -> str:
         lines.append(f"QLoRA peak / LoRA peak: **{ratios['qlora_peak_vs_lora_peak']:.0%}** (goal <= 40%)")
     table = "\n".join(lines) + "\n"
     (out / "train.md").write_text(table)
-    (out / "train.json").write_text(json.dumps({"meta": meta, "results": results, "ratios": ratios},
+    (out / "train.json").write_text(json.dumps({"meta": meta, "results": results, "runs": runs, "ratios": ratios},
                                                indent=2, default=str))
     import matplotlib
 
@@ -314,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="output folder for train.json / train.md / train.png")
     parser.add_argument("--smoke", action="store_true", help="tiny model on CPU, to check the script")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
+    parser.add_argument("--configs", default=",".join(CONFIGS),
+                        help=f"subset of {','.join(CONFIGS)}; a name listed again runs again (median of its runs)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per configuration")
     parser.add_argument("--profile", action="store_true", help="add a torch.profiler kernel table per config")
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -333,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         print("No CUDA device: run on the H200, or pass --smoke to check the script on CPU.", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]  # a name twice = run twice, interleaved
     unknown = sorted(set(configs) - set(CONFIGS))
     if unknown:
         parser.error(f"unknown configs {unknown}; choose from {','.join(CONFIGS)}")
@@ -352,8 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     results = []
-    for name in configs:
-        result_file = work / f"{name}.json"
+    for index, name in enumerate(configs):
+        result_file = work / f"{name}-{index}.json"
         argv_child = [sys.executable, os.path.abspath(__file__), "--one", name, "--model-dir", str(model_dir),
                       "--result", str(result_file), *(["--smoke"] if args.smoke else []),
                       *(["--profile"] if args.profile else [])]
