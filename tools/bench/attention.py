@@ -67,6 +67,19 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def shape_parser(description: str) -> argparse.ArgumentParser:
+    """The attention micro-benchmarks' arguments: --out and the LoRA benchmark's attention shape
+    (batch 8, 32 query / 8 KV heads, head dim 64, sequence 1024)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--seq", type=int, default=1024)
+    return parser
+
+
 def time_call(fn, device: str, warmup: int, repeats: int) -> float:
     """Median milliseconds of `fn()`: CUDA events on CUDA, perf_counter elsewhere; warm-up first."""
     for _ in range(warmup):

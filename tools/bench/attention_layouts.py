@@ -17,7 +17,6 @@ Usage: python tools/bench/attention_layouts.py --out DIR
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import traceback
@@ -25,18 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from attention import time_call  # noqa: E402
+from attention import shape_parser, time_call  # noqa: E402
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--seq", type=int, default=1024)
-    args = parser.parse_args(argv)
+    args = shape_parser(__doc__.splitlines()[0]).parse_args(argv)
 
     import torch
     import torch.nn.functional as F

@@ -9,25 +9,17 @@ Usage: python tools/bench/sdpa_backends.py --out DIR [--batch 8 --heads 32 --kv-
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from attention import time_call  # noqa: E402
+from attention import shape_parser, time_call  # noqa: E402
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--seq", type=int, default=1024)
-    args = parser.parse_args(argv)
+    args = shape_parser(__doc__.splitlines()[0]).parse_args(argv)
 
     import torch
     import torch.nn.functional as F
