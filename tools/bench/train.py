@@ -159,7 +159,7 @@ class StepProfiler:
 
 def gpu_state() -> dict | None:
     """SM clock (MHz), power (W), temperature (C) and clock-throttle reasons of GPU 0 now (NVML),
-    or None where NVML is missing: the steps just timed ran in this state."""
+    or None where NVML is missing; read as soon as training returns (after hwrun's final save)."""
     try:
         import pynvml
     except ImportError:
