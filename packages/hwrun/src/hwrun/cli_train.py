@@ -65,8 +65,8 @@ def run_train(args: argparse.Namespace) -> int:
         )
     if args.lora or args.qlora:
         targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()) if args.lora_targets else None
-        lora = LoraSettings(r=16 if args.lora_r is None else args.lora_r,
-                            alpha=32 if args.lora_alpha is None else args.lora_alpha, target_modules=targets)
+        given_numbers = {"r": args.lora_r, "alpha": args.lora_alpha}  # None: LoraSettings' own default
+        lora = LoraSettings(target_modules=targets, **{k: v for k, v in given_numbers.items() if v is not None})
     try:
         result = train(
             run_plan, args.data, lora=lora, qlora=args.qlora, epochs=args.epochs, max_steps=args.max_steps,

@@ -87,7 +87,7 @@ def _lora_settings(lora: Any, qlora: bool) -> LoraSettings | None:
 
 
 def _check_numbers(epochs: float, max_steps: int, lr: float, batch_size: int, grad_accum: int,
-                   block_size: int, seed: int = 42, save_steps: int = 100) -> None:
+                   block_size: int, seed: int, save_steps: int) -> None:
     problems = []
     if not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**32):
         problems.append(f"seed={seed!r} (must be an int in 0..2**32-1, numpy's seed range)")
@@ -135,9 +135,10 @@ def _data_tokenizer(plan: RunPlan) -> Any:
                                f"training data: {exc}") from exc
 
 
-def _load_model(plan: RunPlan, *, qlora: bool, full: bool, tokenizer: Any):
+def _load_model(plan: RunPlan, *, qlora: bool, full: bool, tokenizer: Any | None):
     """(model, tokenizer, reason): the base model through hwrun's own loading decisions. LoRA goes
-    through `hwrun.load` (its tokenizer, padding set up); QLoRA and full fine-tuning keep `tokenizer`."""
+    through `hwrun.load` (its tokenizer, padding set up); QLoRA and full fine-tuning keep `tokenizer`
+    (the one that packed the data), or load it when the caller passed a ready dataset."""
     import hwrun
 
     if not qlora and not full:
@@ -158,6 +159,8 @@ def _load_model(plan: RunPlan, *, qlora: bool, full: bool, tokenizer: Any):
         kwargs.pop("torch_dtype", None)
         reason = "full fine-tuning keeps float32 master weights (mixed precision computes in " \
                  f"{plan.dtype}); pure {plan.dtype} AdamW updates lose small steps"
+    if tokenizer is None:
+        tokenizer = _data_tokenizer(plan)
     model = AutoModelForCausalLM.from_pretrained(plan.model, **kwargs)
     return model, tokenizer, reason
 
@@ -208,8 +211,8 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
                   "model": plan.model}
     _check_output_dir(output_dir, plan, resume_from, run_record)
     # tokenise and pack before the weights load, so data problems (block_size beyond the
-    # tokenizer's limit, too little text) surface first
-    data_tokenizer = _data_tokenizer(plan)
+    # tokenizer's limit, too little text) surface first; a ready dataset needs no tokenizer here
+    data_tokenizer = _data_tokenizer(plan) if documents is not None else None
     dataset = data if documents is None else build_dataset(documents, data_tokenizer, block_size)
     args = training_arguments(
         plan, output_dir, num_train_epochs=epochs, max_steps=max_steps, learning_rate=lr,
@@ -301,6 +304,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
 
 
 _KIND_FLAGS = {"lora": "--lora", "qlora": "--qlora", "full": "no --lora/--qlora"}
+
 
 def _check_output_dir(output_dir: Path, plan: RunPlan, resume_from: str | None, run: dict) -> None:
     """Refuse, before the model loads, an output_dir whose contents the run would destroy or mix:
