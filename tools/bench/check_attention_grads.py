@@ -5,7 +5,8 @@ wrong gradients for one input/gradient layout (q/k/v contiguous in (batch, heads
 gradient a transposed view). The layouts in a compiled model are inductor's choice, so this runs the
 path itself: a Llama with the benchmark's attention shape (32/8 heads, head dim 64), LoRA on
 q/k/v/o with random A and B, attention `hwattn_causal_sdpa`, bf16, `torch.compile` (inductor), one
-forward + backward with labels. Reference: the same weights in float32 with eager attention. Each
+forward + backward with labels; then the same with hwrun.train's layer path applied (RoPE table,
+fused q/k/v and gate/up projections, fused chunked loss). Reference: the same weights in float32 with eager attention. Each
 LoRA gradient's relative error ||g - g_ref|| / ||g_ref|| is reported; bf16 rounding gives about
 1e-2, a wrong kernel gives O(1). The uncompiled bf16 SDPA model is the control.
 
@@ -41,6 +42,9 @@ def main(argv=None) -> int:
 
     import hwattn
     import torch
+    from hwrun.training.fused_loss import apply_fused_loss
+    from hwrun.training.fused_projections import apply_fused_projections
+    from hwrun.training.rope_table import apply_rope_table
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -73,7 +77,16 @@ def main(argv=None) -> int:
     compiled_model = build(torch.bfloat16, name)
     compiled_model.base_model.model.forward = torch.compile(compiled_model.base_model.model.forward, backend=backend)
     compiled = relative_errors(lora_grads(compiled_model, ids), reference)
-    for label, errors in (("bf16_sdpa_eager", eager), ("bf16_sdpa_compiled", compiled)):
+    # hwrun.train's own layer path on top: RoPE table, fused q/k/v + gate/up, fused chunked loss
+    hwrun_model = build(torch.bfloat16, name)
+    inner = hwrun_model.base_model.model
+    patches = [apply_rope_table(inner, sizes["seq"]), apply_fused_projections(hwrun_model),
+               apply_fused_loss(inner, compiled=True)]
+    print("hwrun path:", [p.reason for p in patches], flush=True)
+    inner.forward = torch.compile(inner.forward, backend=backend)
+    hwrun_path = relative_errors(lora_grads(hwrun_model, ids), reference)
+    for label, errors in (("bf16_sdpa_eager", eager), ("bf16_sdpa_compiled", compiled),
+                          ("bf16_hwrun_path_compiled", hwrun_path)):
         worst = max(errors, key=errors.get)
         results["rows"][label] = {"max_relative_error": errors[worst], "worst_parameter": worst,
                                   "median_relative_error": sorted(errors.values())[len(errors) // 2]}

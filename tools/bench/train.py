@@ -11,6 +11,7 @@ One ~1.24B-parameter Llama built from a config (hidden 2048, 16 layers, 32/8 hea
                       itself and adds its own training path (packed blocks, fused chunked loss)
   hwrun_qlora         hwrun.train(qlora=True): 4-bit NF4 base (bitsandbytes), for peak memory
   hwrun_model_loss    as hwrun with fused_loss=False (the model's own loss), to see what the fused loss costs
+  hwrun_unfused       as hwrun with fused_projections=False and rope_table=False (hwrun before them)
   hwrun_reduce_overhead  as hwrun with torch_compile_mode="reduce-overhead" (CUDA graphs over the step)
   plain_bf16_compile_reduce_overhead  plain Trainer with the same mode: what the flag alone gives
 
@@ -44,7 +45,7 @@ FULL = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_
             num_key_value_heads=8, vocab_size=128256, seq=1024, batch=8, warmup=5, steps=10)
 SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=512, seq=64, batch=4, warmup=2, steps=3)
-CONFIGS = ("plain_fp32", "plain_bf16", "plain_bf16_compile", "hwrun", "hwrun_qlora", "hwrun_model_loss",
+CONFIGS = ("plain_fp32", "plain_bf16", "plain_bf16_compile", "hwrun", "hwrun_qlora", "hwrun_model_loss", "hwrun_unfused",
            "hwrun_reduce_overhead", "plain_bf16_compile_reduce_overhead")
 PLAIN = ("plain_fp32", "plain_bf16", "plain_bf16_compile")  # the baseline set
 PLAIN_EXTRA = ("plain_bf16_compile_reduce_overhead",)  # context rows, not in the baseline set
@@ -235,6 +236,7 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool, profile: bool =
 
         qlora = name == "hwrun_qlora"
         fused_loss = name != "hwrun_model_loss"
+        layers = {"fused_projections": False, "rope_table": False} if name == "hwrun_unfused" else {}
         overrides = {"torch_compile_mode": "reduce-overhead"} if name == "hwrun_reduce_overhead" and not smoke else {}
         if smoke:
             plan = train_plan(model_dir, device="cpu", dtype="bfloat16", compile=False if qlora else backend)
@@ -243,7 +245,7 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool, profile: bool =
             plan = train_plan(model_dir, compile=False if qlora else None)
         result = hwrun.train(plan, dataset, lora=LoraSettings(r=16, alpha=32, target_modules=LORA_TARGETS),
                              qlora=qlora, max_steps=total, batch_size=sizes["batch"], output_dir=out,
-                             save_steps=10**9, plot=False, callbacks=callbacks, disable_tqdm=True, fused_loss=fused_loss, **overrides,
+                             save_steps=10**9, plot=False, callbacks=callbacks, disable_tqdm=True, fused_loss=fused_loss, **layers, **overrides,
                              logging_steps=10_000, resume=False)
         decisions = {"device": plan.device, "dtype": plan.dtype, "torch_compile_mode": overrides.get("torch_compile_mode"),
                      "compile": None if plan.compile is None else str(plan.compile.backend),

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .checkpoints import resolve_resume
 from .errors import QLoRAUnsupportedError, TrainingConfigError
 from .lora import LoraSettings, lora_config
+from .patches import ModelPatch
 
 if TYPE_CHECKING:
     from hwrun.plan import RunPlan
@@ -169,7 +170,8 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
           epochs: float = 1.0, max_steps: int = -1, lr: float = 2e-4, batch_size: int = 8,
           grad_accum: int = 1, seed: int = 42, output_dir: str | os.PathLike = "hwrun-train",
           resume: bool | str | None = "auto", block_size: int = 512, merge: bool = False,
-          save_steps: int = 100, fused_loss: bool = True, plot: bool = True,
+          save_steps: int = 100, fused_loss: bool = True, fused_projections: bool = True,
+          rope_table: bool = True, plot: bool = True,
           callbacks: Sequence[Any] = (), echo: Callable[[str], Any] | None = None,
           **training_overrides: Any) -> TrainResult:
     """Fine-tune `plan.model` on `data` (text file, JSONL with "text", folder of .txt, or a
@@ -178,11 +180,15 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     Checkpoints go to `output_dir/checkpoint-N` (atomic); the final model (adapter, or merged with
     `merge=True`) to `output_dir` itself, so `hwrun generate --model output_dir` loads it.
     `training_overrides` are TrainingArguments keywords (e.g. fsdp=..., deepspeed=...).
+    `fused_loss`, `fused_projections` (LoRA on a frozen base, one process or DDP) and `rope_table`
+    (packed blocks) switch hwrun's own training path off one by one; each logs why where it cannot apply.
     """
     from .arguments import training_arguments
     from .data import PackedDataset, build_dataset, read_documents
     from .fused_loss import apply_fused_loss
+    from .fused_projections import apply_fused_projections
     from .plot import loss_points, write_loss_plot
+    from .rope_table import apply_rope_table
     from .trainer import GracefulStop, HwTrainer, LossLog
 
     # -- everything that can be rejected is rejected before the model loads --
@@ -237,6 +243,10 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     patch = apply_fused_loss(model, compiled=plan.compile is not None) if fused_loss else None
     reasons["loss"] = patch.reason if patch is not None else "model's own loss (fused_loss=False)"
     base_model = model
+    layer_patches = []
+    if rope_table and isinstance(dataset, PackedDataset):
+        layer_patches.append(apply_rope_table(model, int(dataset.blocks.shape[1])))
+        reasons["rope"] = layer_patches[-1].reason
     restore_attention = _use_causal_sdpa(model, dataset)
     if restore_attention is not None:
         reasons["attention"] = ("sdpa, causal kernel with no mask built (packed blocks have no padding; "
@@ -253,6 +263,10 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
         set_seed(seed)  # LoRA A matrices are random: same seed, same adapter init, same run
         model = get_peft_model(model, lora_config(model.config, settings))
         reasons["lora"] = f"r={settings.r} on {','.join(sorted(model.peft_config['default'].target_modules))}"
+        if fused_projections:
+            why_not = _fusion_blocker(args, qlora)
+            layer_patches.append(apply_fused_projections(model) if why_not is None else ModelPatch(False, why_not))
+            reasons["projections"] = layer_patches[-1].reason
 
     from transformers import default_data_collator
 
@@ -275,6 +289,8 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
             base_model.set_attn_implementation(restore_attention)
         if use_cache is not None:
             base_model.config.use_cache = use_cache
+        for layer_patch in reversed(layer_patches):
+            layer_patch.undo()  # separate weights again before the final save or merge
     if patch is not None:
         patch.undo()
 
@@ -411,6 +427,18 @@ def _use_causal_sdpa(model: Any, dataset: Any) -> str | None:
 
     model.set_attn_implementation(hwattn.register_causal_sdpa())
     return "sdpa"
+
+
+def _fusion_blocker(args: Any, qlora: bool) -> str | None:
+    """Why the projections of this run stay separate, or None: fusing shares one storage between
+    frozen weights, which FSDP and DeepSpeed shard per parameter, and 4-bit layers cannot concatenate."""
+    if qlora:
+        return "not fused: the 4-bit base layers are not plain Linear layers"
+    if getattr(args, "fsdp", None) or os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
+        return "not fused: FSDP shards each weight on its own"
+    if getattr(args, "deepspeed", None) or getattr(args, "deepspeed_plugin", None) is not None:
+        return "not fused: DeepSpeed partitions each weight on its own"
+    return None
 
 
 def _tokens_per_step(dataset: Any, batch_size: int, grad_accum: int, world: int) -> int:
