@@ -8,7 +8,8 @@ q/k/v/o with random A and B, attention `hwattn_causal_sdpa`, bf16, `torch.compil
 forward + backward with labels; then the same with hwrun.train's layer path applied (RoPE table,
 fused q/k/v and gate/up projections, fused chunked loss). Reference: the same weights in float32 with eager attention. Each
 LoRA gradient's relative error ||g - g_ref|| / ||g_ref|| is reported; bf16 rounding gives about
-1e-2, a wrong kernel gives O(1). The uncompiled bf16 SDPA model is the control.
+1e-2 on the smoke size and 0.12 at sequence 1024, a wrong kernel gives O(1). The uncompiled bf16
+SDPA model is the control: each compiled row passes within 1.5x its error (+0.02).
 
     python tools/bench/check_attention_grads.py --out DIR          # CUDA
     python tools/bench/check_attention_grads.py --out DIR --smoke  # tiny, CPU, aot_eager
@@ -94,7 +95,14 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "check_attention_grads.json").write_text(json.dumps(results, indent=2))
-    return 0 if all(r["max_relative_error"] < 0.1 for r in results["rows"].values()) else 1
+    # bf16 rounding grows with the sequence (about 0.12 at 1024 on the H200): judge the compiled paths
+    # against the uncompiled bf16 control; a wrong kernel is O(1) off
+    control = results["rows"]["bf16_sdpa_eager"]["max_relative_error"]
+    results["passed"] = control < 0.5 and all(r["max_relative_error"] <= 1.5 * control + 0.02
+                                              for r in results["rows"].values())
+    (out / "check_attention_grads.json").write_text(json.dumps(results, indent=2))
+    print("passed" if results["passed"] else "FAILED", f"(control {control:.3g})", flush=True)
+    return 0 if results["passed"] else 1
 
 
 if __name__ == "__main__":

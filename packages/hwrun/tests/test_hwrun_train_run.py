@@ -66,6 +66,9 @@ def test_lora_lowers_loss_and_changes_only_adapter_weights(tiny, cpu_plan, tmp_p
     result = hwrun.train(cpu_plan, tiny[1], lora=True, max_steps=8, lr=3e-3, output_dir=out, **FAST)
     assert result.global_step == 8 and result.interrupted is None and result.lora
     assert "causal kernel with no mask" in result.reasons["attention"]  # packed blocks: hwattn.causal
+    layers = hwrun.load(cpu_plan)[0].config.num_hidden_layers
+    assert result.reasons["projections"] == f"one matmul for q/k/v in {layers} layers and gate/up in {layers} layers"
+    assert result.reasons["rope"] == "RoPE cos/sin from a precomputed table of 32 positions"
     assert [s for s, _ in result.losses] == list(range(1, 9))
     assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
     assert not (out / "config.json").exists()  # the adapter alone, not a copy of the base
