@@ -8,7 +8,8 @@ One ~1.24B-parameter Llama built from a config (hidden 2048, 16 layers, 32/8 hea
   plain_bf16          model loaded in bfloat16, bf16=True
   plain_bf16_compile  as plain_bf16 plus torch_compile=True
   hwrun               hwrun.training.train_plan(model) + hwrun.train: hwrun picks bf16 + compile
-                      itself and adds its own training path (packed blocks, fused chunked loss)
+                      itself and adds its own training path (packed blocks, fused chunked loss,
+                      fused q/k/v + gate/up projections, RoPE table)
   hwrun_qlora         hwrun.train(qlora=True): 4-bit NF4 base (bitsandbytes), for peak memory
   hwrun_model_loss    as hwrun with fused_loss=False (the model's own loss), to see what the fused loss costs
   hwrun_unfused       as hwrun with fused_projections=False and rope_table=False (hwrun before them)
