@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .patches import ModelPatch
+from .rope_table import rotary_module
 
 logger = logging.getLogger(__name__)
 
@@ -76,11 +77,9 @@ class _FusedGroup:
         lora = [_lora_linear(m) for m in modules]
         if any(lora) and not all(lora):
             raise _Unfusable("some of the projections have LoRA and some do not")
-        if not all(lora) and not all(_plain_linear(m) for m in modules):
-            raise _Unfusable("a projection is not a torch.nn.Linear (quantized or custom)")
-        bases = [_base(m) for m in modules]
+        bases = [_base(m) for m in modules]  # without LoRA, the projections themselves
         if not all(_plain_linear(b) for b in bases):
-            raise _Unfusable("a base layer is not a torch.nn.Linear (quantized or custom)")
+            raise _Unfusable("a projection's base layer is not a torch.nn.Linear (quantized or custom)")
         weights = [b.weight for b in bases]
         if any(w.requires_grad for w in weights):
             raise _Unfusable("the base weights are trained (fusing is for frozen bases)")
@@ -174,14 +173,20 @@ def _mlp_forward(self, x):
     return self.down_proj(self.act_fn(gate) * up)
 
 
+def _check_hidden(weight: Any) -> Any:
+    """A small fixed random (1, 4, in_features) input for the patch-time check of a projection group."""
+    import torch
+
+    return torch.randn(1, 4, weight.shape[1], dtype=weight.dtype, device=weight.device,
+                       generator=torch.Generator(weight.device).manual_seed(0))
+
+
 def _attention_check_inputs(model: Any, weight: Any):
     import torch
 
-    hidden = torch.randn(1, 4, weight.shape[1], dtype=weight.dtype, device=weight.device,
-                         generator=torch.Generator(weight.device).manual_seed(0))
-    rotary = getattr(model.get_decoder(), "rotary_emb", None)
-    positions = torch.arange(4, device=weight.device).unsqueeze(0)
-    return (hidden,), {"position_embeddings": rotary(hidden, positions), "attention_mask": None}
+    hidden = _check_hidden(weight)
+    positions = torch.arange(hidden.shape[1], device=weight.device).unsqueeze(0)
+    return (hidden,), {"position_embeddings": rotary_module(model)(hidden, positions), "attention_mask": None}
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -251,7 +256,7 @@ def apply_fused_projections(model: Any) -> ModelPatch:
         groups = (("q/k/v", attention, _QKV, "_hwrun_qkv", _attention_forward,
                    lambda w: _attention_check_inputs(base_model, w)),
                   ("gate/up", mlp, _GATE_UP, "_hwrun_gate_up", _mlp_forward,
-                   lambda w: ((_mlp_check_input(w),), {})))
+                   lambda w: ((_check_hidden(w),), {})))
         for label, module, names, attribute, forward, check in groups:
             if label in skipped:
                 continue
@@ -278,10 +283,3 @@ def apply_fused_projections(model: Any) -> ModelPatch:
         reason += " (" + "; ".join(f"{k} not fused: {v}" for k, v in skipped.items()) + ")"
     logger.info("Fused projections: %s.", reason)
     return ModelPatch(True, reason, undo)
-
-
-def _mlp_check_input(weight: Any) -> Any:
-    import torch
-
-    return torch.randn(1, 4, weight.shape[1], dtype=weight.dtype, device=weight.device,
-                       generator=torch.Generator(weight.device).manual_seed(0))

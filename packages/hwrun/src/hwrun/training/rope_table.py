@@ -19,14 +19,15 @@ logger = logging.getLogger(__name__)
 _FLAG = "_hwrun_rope_table"
 
 
-def _rotary_module(model: Any) -> Any | None:
+def rotary_module(model: Any) -> Any | None:
+    """The decoder's Transformers rotary embedding module (`decoder.rotary_emb`), or None."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     return getattr(decoder, "rotary_emb", None)
 
 
 def rope_table_support(model: Any) -> str | None:
     """None when `model`'s rotary embedding can be served from a fixed table, else the reason not."""
-    rotary = _rotary_module(model)
+    rotary = rotary_module(model)
     if rotary is None or not hasattr(rotary, "inv_freq") or not hasattr(rotary, "attention_scaling"):
         return "the model has no Transformers rotary module (decoder.rotary_emb with inv_freq)"
     rope_type = str(getattr(rotary, "rope_type", "default"))
@@ -40,7 +41,7 @@ def apply_rope_table(model: Any, positions: int) -> ModelPatch:
     reversible with `.undo()`). A longer sequence falls back to the module's own computation."""
     import torch
 
-    rotary = _rotary_module(model)
+    rotary = rotary_module(model)
     if rotary is not None and getattr(rotary, _FLAG, False):
         return ModelPatch(True, "already applied")
     reason = rope_table_support(model)
