@@ -13,6 +13,9 @@ One ~1.24B-parameter Llama built from a config (hidden 2048, 16 layers, 32/8 hea
   hwrun_qlora         hwrun.train(qlora=True): 4-bit NF4 base (bitsandbytes), for peak memory
   hwrun_model_loss    as hwrun with fused_loss=False (the model's own loss), to see what the fused loss costs
   hwrun_unfused       as hwrun with fused_projections=False and rope_table=False (hwrun before them)
+  hwrun_torch_loss    as hwrun with loss_kernel="torch" (the loss chunks in the torch form inductor
+                      fuses, instead of hwrun's Triton kernel)
+  hwrun_torch_swiglu  as hwrun with swiglu_kernel="torch" (the MLP's SwiGLU backward as compiled torch)
   hwrun_reduce_overhead  as hwrun with torch_compile_mode="reduce-overhead" (CUDA graphs over the step)
   plain_bf16_compile_reduce_overhead  plain Trainer with the same mode: what the flag alone gives
 
@@ -47,6 +50,7 @@ FULL = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_
 SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=512, seq=64, batch=4, warmup=2, steps=3)
 CONFIGS = ("plain_fp32", "plain_bf16", "plain_bf16_compile", "hwrun", "hwrun_qlora", "hwrun_model_loss", "hwrun_unfused",
+           "hwrun_torch_loss", "hwrun_torch_swiglu",
            "hwrun_reduce_overhead", "plain_bf16_compile_reduce_overhead")
 PLAIN = ("plain_fp32", "plain_bf16", "plain_bf16_compile")  # the baseline set
 PLAIN_EXTRA = ("plain_bf16_compile_reduce_overhead",)  # context rows, not in the baseline set
@@ -238,6 +242,10 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool, profile: bool =
         qlora = name == "hwrun_qlora"
         fused_loss = name != "hwrun_model_loss"
         layers = {"fused_projections": False, "rope_table": False} if name == "hwrun_unfused" else {}
+        if name == "hwrun_torch_loss":
+            layers["loss_kernel"] = "torch"
+        if name == "hwrun_torch_swiglu":
+            layers["swiglu_kernel"] = "torch"
         overrides = {"torch_compile_mode": "reduce-overhead"} if name == "hwrun_reduce_overhead" and not smoke else {}
         if smoke:
             plan = train_plan(model_dir, device="cpu", dtype="bfloat16", compile=False if qlora else backend)

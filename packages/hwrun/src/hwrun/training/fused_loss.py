@@ -11,9 +11,12 @@ tracing, which is why the autograd.Function is built before the model runs."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import dataclass, field
 from typing import Any
+
+from .errors import TrainingConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +64,31 @@ def _chunk_loss_grad_in_place(logits, targets, scale):
     return loss, grad.to(logits.dtype)
 
 
-def chunk_function(compiled: bool = False):
-    """The per-chunk loss/gradient function: out of place for a compiled model, else in place."""
+KERNELS = ("auto", "torch", "triton")
+
+
+def triton_kernel_usable(device_type: str) -> bool:
+    """Whether hwrun's Triton chunk kernel (`ce_kernel`) runs on `device_type`: CUDA with triton
+    installed (torch's CUDA wheels ship it). Other devices use the torch form."""
+    return device_type == "cuda" and importlib.util.find_spec("triton") is not None
+
+
+def check_kernel(kernel: str) -> None:
+    """Reject a `kernel` value that is not one of KERNELS, saying what each one does."""
+    if kernel not in KERNELS:
+        raise TrainingConfigError(f"kernel={kernel!r} is not one of {KERNELS}: 'auto' uses the Triton chunk kernel on "
+                         "CUDA and the torch form elsewhere, 'torch' always the torch form, 'triton' the "
+                         "kernel (CUDA, or any device under TRITON_INTERPRET=1).")
+
+
+def chunk_function(compiled: bool = False, kernel: str = "torch", device_type: str = "cpu"):
+    """The per-chunk loss/gradient function: hwrun's Triton kernel (`kernel='triton'`, or 'auto' on
+    CUDA), else the torch form: out of place for a compiled model, in place otherwise."""
+    check_kernel(kernel)
+    if kernel == "triton" or (kernel == "auto" and triton_kernel_usable(device_type)):
+        from .ce_kernel import chunk_ce_triton
+
+        return chunk_ce_triton
     return _chunk_loss_grad if compiled else _chunk_loss_grad_in_place
 
 
@@ -125,13 +151,29 @@ def _linear_ce():
     return _FUNCTION
 
 
+def prepare_linear_cross_entropy(kernel: str = "auto") -> None:
+    """Define the loss's autograd.Function and, for `kernel` 'triton'/'auto' where triton is
+    installed, register the `hwrun::chunk_ce` op: call it before `torch.compile` traces
+    `linear_cross_entropy` (Dynamo can trace neither a class definition nor an op registration).
+    Idempotent; `apply_fused_loss` calls it."""
+    check_kernel(kernel)
+    _linear_ce()
+    if kernel == "triton" or (kernel == "auto" and importlib.util.find_spec("triton") is not None):
+        from .ce_kernel import chunk_ce_op
+
+        chunk_ce_op()
+
+
 def linear_cross_entropy(hidden: Any, weight: Any, targets: Any, *, num_items_in_batch: Any = None,
-                         chunk_tokens: int = DEFAULT_CHUNK_TOKENS, compiled: bool = False):
+                         chunk_tokens: int = DEFAULT_CHUNK_TOKENS, compiled: bool = False,
+                         kernel: str = "torch"):
     """Mean (or sum / num_items_in_batch) cross-entropy of `hidden @ weight.T` against `targets`.
 
     `hidden` is (N, H), `weight` (V, H), `targets` (N,) with -100 = ignore: the same reduction as
     Transformers' `ForCausalLMLoss` (sum / num_items_in_batch when given, else mean over valid).
     `compiled=True` when the caller runs under `torch.compile` (the fusable form; see the module doc).
+    `kernel` picks the per-chunk softmax/gradient: 'torch', 'triton' (`ce_kernel`) or 'auto' (Triton
+    on CUDA, else torch). Under `torch.compile`, call `prepare_linear_cross_entropy(kernel)` first.
     """
     import torch
 
@@ -141,7 +183,8 @@ def linear_cross_entropy(hidden: Any, weight: Any, targets: Any, *, num_items_in
     else:
         denominator = torch.as_tensor(num_items_in_batch, device=hidden.device)
     scale = 1.0 / denominator.to(torch.float32)
-    return function.apply(hidden, weight, targets, scale, int(chunk_tokens), chunk_function(compiled))
+    chunk_fn = chunk_function(compiled, kernel, hidden.device.type)
+    return function.apply(hidden, weight, targets, scale, int(chunk_tokens), chunk_fn)
 
 
 @dataclass(frozen=True)
@@ -177,10 +220,12 @@ def fused_loss_support(model: Any) -> str | None:
 
 
 def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-                     compiled: bool = False) -> FusedLossPatch:
+                     compiled: bool = False, kernel: str = "auto") -> FusedLossPatch:
     """Make this CausalLM instance compute its training loss with `linear_cross_entropy`
     (explicit, idempotent, reversible via `.undo()`); calls without labels run unchanged.
-    `compiled=True` when the model will run under `torch.compile` (the loss takes its fusable form)."""
+    `compiled=True` when the model will run under `torch.compile` (the loss takes its fusable form);
+    `kernel` as in `linear_cross_entropy` ('auto': the Triton chunk kernel where the model runs on CUDA)."""
+    check_kernel(kernel)
     if getattr(model, _FLAG, False):
         return FusedLossPatch(model, True, "already applied")
     reason = fused_loss_support(model)
@@ -193,7 +238,7 @@ def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 
     original = type(model).forward
     decoder = model.get_decoder()
-    _linear_ce()  # defined now, outside any trace
+    prepare_linear_cross_entropy(kernel)
 
     def forward(input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
@@ -212,13 +257,17 @@ def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         head = model.get_output_embeddings()
         loss = linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight,
                                     targets.reshape(-1), num_items_in_batch=num_items,
-                                    chunk_tokens=chunk_tokens, compiled=compiled)
+                                    chunk_tokens=chunk_tokens, compiled=compiled, kernel=kernel)
         return CausalLMOutputWithPast(loss=loss, logits=None, hidden_states=outputs.hidden_states,
                                       attentions=outputs.attentions)
 
     model.forward = forward
     setattr(model, _FLAG, True)
     how = "out of place, fused by torch.compile" if compiled else "in place"
+    if kernel == "triton":
+        how = "Triton kernel"
+    elif kernel == "auto":
+        how = f"Triton kernel on CUDA, else {how}"
     logger.info("Fused chunked cross-entropy on (%d tokens per chunk, softmax/gradient %s): the full "
                 "logits are never materialised.", chunk_tokens, how)
     return FusedLossPatch(model, True, f"fused chunked cross-entropy ({how})")

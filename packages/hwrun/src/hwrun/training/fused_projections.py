@@ -11,7 +11,11 @@ The frozen base weights are concatenated once; each projection's weight becomes 
 concatenation, so no memory is added. LoRA's trainable A/B parameters stay where PEFT put them
 (its adapter saving is unchanged) and are concatenated per step (a few KiB). `undo()` restores
 separate weights and the original forwards. Patching checks on a small input that the fused
-forward gives what the original gives, and leaves the model as it was where it does not."""
+forward gives what the original gives, and leaves the model as it was where it does not.
+
+With SiLU and gate/up without LoRA, the MLP's `silu(gate) * up` runs through `swiglu` on the
+fused matmul's output: its backward writes [d_gate | d_up] in one pass (a Triton kernel on CUDA)
+instead of a pointwise concatenation of two halves."""
 
 from __future__ import annotations
 
@@ -22,12 +26,14 @@ from typing import Any
 
 from .patches import ModelPatch
 from .rope_table import rotary_module
+from .swiglu import check_swiglu_kernel, prepare_swiglu, swiglu
 
 logger = logging.getLogger(__name__)
 
 _FLAG = "_hwrun_fused_projections"
 _QKV = ("q_proj", "k_proj", "v_proj")
 _GATE_UP = ("gate_proj", "up_proj")
+_SILU = ("SiLUActivation", "SiLU")  # Transformers' ACT2FN["silu"], torch.nn.SiLU
 
 
 class _Unfusable(Exception):
@@ -94,6 +100,7 @@ class _FusedGroup:
         if self.lora and len({m.lora_A[n].weight.dtype for m, n in zip(modules, self.adapters, strict=True)}) != 1:
             raise _Unfusable("the LoRA A matrices differ in dtype")
         self.sizes = [w.shape[0] for w in weights]
+        self.swiglu_kernel = "auto"  # for gate/up: the `swiglu` backward ('auto', 'triton', 'torch')
         self.weight: Any = None
         self.bias: Any = None
 
@@ -121,6 +128,12 @@ class _FusedGroup:
                 if base.bias is not None:
                     base.bias = torch.nn.Parameter(base.bias.clone(), requires_grad=False)
         self.weight = self.bias = None
+
+    def joint(self, x: Any) -> Any:
+        """The base matmul's output, not split: the projections side by side on the last dimension."""
+        import torch.nn.functional as F
+
+        return F.linear(x, self.weight, self.bias)
 
     def __call__(self, x: Any) -> list[Any]:
         """The projections of `x`, as the separate modules compute them."""
@@ -168,8 +181,13 @@ def _attention_forward(self, hidden_states, position_embeddings=None, attention_
 
 
 def _mlp_forward(self, x):
-    """LlamaMLP.forward with gate and up from one fused group."""
-    gate, up = self._hwrun_gate_up(x)
+    """LlamaMLP.forward with gate and up from one fused group. With SiLU and no LoRA on gate/up,
+    `swiglu` takes the one [gate | up] matmul output and writes both halves of its gradient in one
+    pass (the Triton kernel on CUDA)."""
+    group = self._hwrun_gate_up
+    if not group.lora and type(self.act_fn).__name__ in _SILU and group.sizes[0] == group.sizes[1]:
+        return self.down_proj(swiglu(group.joint(x), group.swiglu_kernel))
+    gate, up = group(x)
     return self.down_proj(self.act_fn(gate) * up)
 
 
@@ -236,14 +254,17 @@ def _restore(module: Any, group: _FusedGroup, attribute: str) -> None:
         group.unfuse()
 
 
-def apply_fused_projections(model: Any) -> ModelPatch:
+def apply_fused_projections(model: Any, swiglu_kernel: str = "auto") -> ModelPatch:
     """Fuse q/k/v (with their LoRA A matrices) and gate/up in every decoder layer of `model` (a
     PEFT or plain Transformers causal LM with frozen base weights). Explicit, idempotent,
     reversible (`.undo()`); layers or groups that cannot be fused run as before, with the reason
-    logged."""
+    logged. `swiglu_kernel` is the fused MLP's SwiGLU backward: 'auto' (Triton on CUDA), 'triton'
+    or 'torch'."""
+    check_swiglu_kernel(swiglu_kernel)
     base_model = model.get_base_model() if hasattr(model, "get_base_model") else model
     if getattr(base_model, _FLAG, None) is not None:
         return ModelPatch(True, "already applied")
+    prepare_swiglu()  # its autograd.Function and op exist before any trace
     decoder = base_model.get_decoder() if hasattr(base_model, "get_decoder") else None
     layers = getattr(decoder, "layers", None)
     if layers is None:
@@ -268,6 +289,7 @@ def apply_fused_projections(model: Any) -> ModelPatch:
                 continue
             try:
                 undo.append(_patch_one(module, names, attribute, forward, check))
+                getattr(module, attribute).swiglu_kernel = swiglu_kernel
                 fused[label] += 1
             except _Unfusable as exc:
                 skipped[label] = str(exc)

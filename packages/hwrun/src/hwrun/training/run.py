@@ -171,7 +171,8 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
           grad_accum: int = 1, seed: int = 42, output_dir: str | os.PathLike = "hwrun-train",
           resume: bool | str | None = "auto", block_size: int = 512, merge: bool = False,
           save_steps: int = 100, fused_loss: bool = True, fused_projections: bool = True,
-          rope_table: bool = True, plot: bool = True,
+          rope_table: bool = True, loss_kernel: str = "auto", swiglu_kernel: str = "auto",
+          plot: bool = True,
           callbacks: Sequence[Any] = (), echo: Callable[[str], Any] | None = None,
           **training_overrides: Any) -> TrainResult:
     """Fine-tune `plan.model` on `data` (text file, JSONL with "text", folder of .txt, or a
@@ -182,17 +183,23 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     `training_overrides` are TrainingArguments keywords (e.g. fsdp=..., deepspeed=...).
     `fused_loss`, `fused_projections` (LoRA on a frozen base, one process or DDP) and `rope_table`
     (packed blocks) switch hwrun's own training path off one by one; each logs why where it cannot apply.
+    `loss_kernel` is the fused loss's per-chunk softmax/gradient: 'auto' (hwrun's Triton kernel when
+    training on CUDA, else the torch form), 'torch' or 'triton'; `swiglu_kernel` likewise for the
+    fused MLP's SwiGLU backward.
     """
     from .arguments import training_arguments
     from .data import PackedDataset, build_dataset, read_documents
-    from .fused_loss import apply_fused_loss
+    from .fused_loss import apply_fused_loss, check_kernel, triton_kernel_usable
     from .fused_projections import apply_fused_projections
     from .plot import loss_points, write_loss_plot
     from .rope_table import apply_rope_table
+    from .swiglu import check_swiglu_kernel
     from .trainer import GracefulStop, HwTrainer, LossLog
 
     # -- everything that can be rejected is rejected before the model loads --
     _check_numbers(epochs, max_steps, lr, batch_size, grad_accum, block_size, seed, save_steps)
+    check_kernel(loss_kernel)
+    check_swiglu_kernel(swiglu_kernel)
     if plan.adapter is not None:
         raise TrainingConfigError(
             f"plan.model={plan.model!r} with adapter {plan.adapter!r}: train() fine-tunes a base model "
@@ -240,7 +247,10 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     use_cache = getattr(model.config, "use_cache", None)
     model.config.use_cache = False  # training needs no KV cache; restored before the final save
 
-    patch = apply_fused_loss(model, compiled=plan.compile is not None) if fused_loss else None
+    if loss_kernel == "auto":
+        loss_kernel = "triton" if triton_kernel_usable(args.device.type) else "torch"
+    patch = (apply_fused_loss(model, compiled=plan.compile is not None, kernel=loss_kernel)
+             if fused_loss else None)
     reasons["loss"] = patch.reason if patch is not None else "model's own loss (fused_loss=False)"
     base_model = model
     layer_patches = []
@@ -265,7 +275,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
         reasons["lora"] = f"r={settings.r} on {','.join(sorted(model.peft_config['default'].target_modules))}"
         if fused_projections:
             why_not = _fusion_blocker(args, qlora)
-            layer_patches.append(apply_fused_projections(model) if why_not is None else ModelPatch(False, why_not))
+            layer_patches.append(apply_fused_projections(model, swiglu_kernel) if why_not is None else ModelPatch(False, why_not))
             reasons["projections"] = layer_patches[-1].reason
 
     from transformers import default_data_collator
