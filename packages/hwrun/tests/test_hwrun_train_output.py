@@ -37,7 +37,7 @@ def earlier(tmp_path_factory):
 
 @pytest.fixture()
 def no_load(monkeypatch):
-    monkeypatch.setattr(hwrun, "load", lambda plan: pytest.fail("the model must not load"))
+    monkeypatch.setattr(hwrun, "load", lambda plan, **_: pytest.fail("the model must not load"))
     monkeypatch.setattr("hwrun.training.run._load_model", lambda *a, **k: pytest.fail("the model must not load"))
 
 

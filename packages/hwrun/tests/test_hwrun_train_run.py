@@ -57,13 +57,22 @@ def eval_loss(model, dataset):
         return model(input_ids=batch, labels=batch).loss.item()
 
 
-def test_lora_lowers_loss_and_changes_only_adapter_weights(tiny, cpu_plan, tmp_path):
+def test_lora_lowers_loss_and_changes_only_adapter_weights(tiny, cpu_plan, tmp_path, monkeypatch):
+    import importlib
+
     import torch
     from hwrun.training import build_dataset, load_adapter_model
     from safetensors.torch import load_file
 
+    load_module = importlib.import_module("hwrun.load")
+    tokenizer_loads = []
+    real_load_tokenizer = load_module.load_tokenizer
+    monkeypatch.setattr(load_module, "load_tokenizer",
+                        lambda *a, **k: tokenizer_loads.append(a) or real_load_tokenizer(*a, **k))
     out = tmp_path / "run"
     result = hwrun.train(cpu_plan, tiny[1], lora=True, max_steps=8, lr=3e-3, output_dir=out, **FAST)
+    assert len(tokenizer_loads) == 1  # the tokenizer that packed the data is the one training uses
+    monkeypatch.undo()
     assert result.global_step == 8 and result.interrupted is None and result.lora
     assert "causal kernel with no mask" in result.reasons["attention"]  # packed blocks: hwattn.causal
     layers = hwrun.load(cpu_plan)[0].config.num_hidden_layers
@@ -198,7 +207,7 @@ def test_qlora_trains_a_4bit_base(tiny, cpu_plan, tmp_path):
 def test_qlora_where_bitsandbytes_cannot_run_names_device_and_alternative(tiny, tmp_path, monkeypatch):
     mps_plan = hwrun.plan(tiny[0], device=hwenv.Accelerator("mps", 1))
     loaded = []
-    monkeypatch.setattr(hwrun, "load", lambda plan: loaded.append(plan))
+    monkeypatch.setattr(hwrun, "load", lambda plan, **_: loaded.append(plan))
     with pytest.raises(QLoRAUnsupportedError, match=r"device mps.*What works instead: LoRA") as info:
         hwrun.train(mps_plan, tiny[1], qlora=True, max_steps=1, output_dir=tmp_path / "x")
     assert isinstance(info.value, ValueError)
@@ -220,7 +229,7 @@ def test_qlora_where_bitsandbytes_cannot_run_names_device_and_alternative(tiny, 
     ({"lora": {"target_modules": []}, "bf16": True}, None),
 ])
 def test_bad_options_are_rejected_before_loading(tiny, cpu_plan, tmp_path, monkeypatch, options, message):
-    monkeypatch.setattr(hwrun, "load", lambda plan: pytest.fail("the model must not load"))
+    monkeypatch.setattr(hwrun, "load", lambda plan, **_: pytest.fail("the model must not load"))
     options = {"max_steps": 1, **options}
     if message is None:  # reaches load: everything valid (bf16 AMP is allowed on CPU)
         with pytest.raises(pytest.fail.Exception):
@@ -231,7 +240,7 @@ def test_bad_options_are_rejected_before_loading(tiny, cpu_plan, tmp_path, monke
 
 
 def test_bad_data_and_resume_are_rejected_before_loading(tiny, cpu_plan, tmp_path, monkeypatch):
-    monkeypatch.setattr(hwrun, "load", lambda plan: pytest.fail("the model must not load"))
+    monkeypatch.setattr(hwrun, "load", lambda plan, **_: pytest.fail("the model must not load"))
     empty = tmp_path / "empty.txt"
     empty.write_text("", encoding="utf-8")
     with pytest.raises(TrainingDataError, match="empty"):

@@ -79,8 +79,10 @@ def apply_env(plan: RunPlan) -> dict[str, str]:
     return changed
 
 
-def load(plan: RunPlan) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load the plan's model and tokenizer (eval mode). Raises ModelSourceError when the model cannot be read."""
+def load(plan: RunPlan, *, tokenizer: PreTrainedTokenizerBase | None = None
+         ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load the plan's model and tokenizer (eval mode). Raises ModelSourceError when the model cannot be read.
+    `tokenizer`: one already loaded with `load_tokenizer(plan)`, used instead of loading it again."""
     source = resolve_source(plan.model)
     apply_env(plan)
     kwargs = from_pretrained_kwargs(plan)
@@ -92,7 +94,8 @@ def load(plan: RunPlan) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         model, tokenizer = load_adapter_model(plan.adapter, plan)
         return _finish(model, tokenizer, plan)
     try:
-        tokenizer = load_tokenizer(plan)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(plan)
         model = AutoModelForCausalLM.from_pretrained(plan.model, **kwargs)
     except OSError as exc:
         if source.local:

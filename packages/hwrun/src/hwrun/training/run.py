@@ -138,12 +138,12 @@ def _data_tokenizer(plan: RunPlan) -> Any:
 
 def _load_model(plan: RunPlan, *, qlora: bool, full: bool, tokenizer: Any | None):
     """(model, tokenizer, reason): the base model through hwrun's own loading decisions. LoRA goes
-    through `hwrun.load` (its tokenizer, padding set up); QLoRA and full fine-tuning keep `tokenizer`
-    (the one that packed the data), or load it when the caller passed a ready dataset."""
+    through `hwrun.load` (padding set up); every path keeps `tokenizer` (the one that packed the data),
+    or loads it when the caller passed a ready dataset."""
     import hwrun
 
     if not qlora and not full:
-        model, tokenizer = hwrun.load(plan)
+        model, tokenizer = hwrun.load(plan, tokenizer=tokenizer)
         return model, tokenizer, f"base model in {plan.dtype} via hwrun.load (plan)"
     from transformers import AutoModelForCausalLM
 
