@@ -13,6 +13,7 @@ from hwrun.training.checkpoints import (
     list_checkpoints,
     publish,
     resolve_resume,
+    schedule_change,
     staging_folder,
     write_manifest,
 )
@@ -81,3 +82,20 @@ def test_publish_replaces_an_existing_checkpoint(tmp_path):
     assert check_checkpoint(old) is None
     assert not staged.exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".staging-old")] == []
+
+
+def test_schedule_change_names_both_lengths_or_says_nothing(tmp_path):
+    folder = make_checkpoint(tmp_path, 5)
+    assert schedule_change(folder, 10, 1.0) is None  # no max_steps recorded: nothing to compare
+    state = {"global_step": 5, "max_steps": 10, "num_train_epochs": 2,
+             "log_history": [{"learning_rate": 2e-4, "loss": 3.0}, {"learning_rate": 1e-4, "loss": 2.0}]}
+    (folder / "trainer_state.json").write_text(json.dumps(state), encoding="utf-8")
+    assert schedule_change(folder, 10, 1.0) is None
+    longer = schedule_change(folder, 20, 1.0)
+    assert "max_steps=10 (its last logged learning rate: 0.0001), with max_steps=20" in longer
+    assert "jumps at step 5" in longer and "resume with max_steps=10" in longer
+    assert schedule_change(folder, -1, 2.0) is None  # by epochs, the same number
+    by_epochs = schedule_change(folder, -1, 3.0)
+    assert "a run of epochs=2 (its" in by_epochs and "with epochs=3.0:" in by_epochs
+    (folder / "trainer_state.json").write_text("{broken", encoding="utf-8")
+    assert schedule_change(folder, 20, 1.0) is None  # check_checkpoint reports corruption, not this

@@ -19,7 +19,7 @@ def files(tmp_path_factory):
     return model, data
 
 
-def test_train_cli_lora_logs_plots_and_resumes(files, tmp_path, capsys):
+def test_train_cli_lora_logs_plots_and_resumes(files, tmp_path, capsys, caplog):
     model, data = files
     out = tmp_path / "out"
     common = ["train", "--data", str(data), "--model", str(model), "--lora", "--batch-size", "4",
@@ -35,6 +35,7 @@ def test_train_cli_lora_logs_plots_and_resumes(files, tmp_path, capsys):
 
     assert main([*common, "--max-steps", "4", "--resume"]) == 0
     printed = capsys.readouterr().out
+    assert "a run of max_steps=2" in caplog.text and "rebuilds the learning-rate schedule" in caplog.text
     assert f"resumed from {out / 'checkpoint-2'}" in printed
     assert "step 3/4  loss" in printed and "step 1/4" not in printed
     assert (out / "checkpoint-4").is_dir()

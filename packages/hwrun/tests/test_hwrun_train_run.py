@@ -18,6 +18,7 @@ from hwrun.training import (
     check_checkpoint,
     latest_complete_checkpoint,
 )
+from hwrun.training.checkpoints import schedule_change
 from hwrun.training.trainer import HwTrainer
 
 TEXT = ("The king said to the queen that the castle was cold. The queen said the king should build a "
@@ -131,8 +132,15 @@ def test_sigterm_saves_and_resume_continues_the_same_loss_curve(tiny, cpu_plan, 
     assert check_checkpoint(out / "checkpoint-3") is None
     assert not (out / "adapter_config.json").exists()  # no final model from an interrupted run
 
+    # checkpoint-3's real trainer_state.json: another max_steps would rebuild the LR schedule
+    changed = schedule_change(out / "checkpoint-3", 8, 1.0)
+    assert "max_steps=6" in changed and "max_steps=8" in changed and "jumps at step 3" in changed
+    assert "last logged learning rate" in changed
+    assert schedule_change(out / "checkpoint-3", 6, 1.0) is None
+
     second = hwrun.train(cpu_plan, tiny[1], output_dir=out, resume="auto", **options)
     assert second.resumed_from == str(out / "checkpoint-3")
+    assert second.reasons["resume"] == f"from {out / 'checkpoint-3'}, same schedule"
     assert second.global_step == 6 and second.interrupted is None
     assert [s for s, _ in second.losses] == [s for s, _ in straight.losses] == list(range(1, 7))
     for (step, resumed), (_, uninterrupted) in zip(second.losses, straight.losses, strict=True):

@@ -129,6 +129,31 @@ def resolve_resume(resume: bool | str | os.PathLike | None, output_dir: str | Pa
     return str(folder)
 
 
+def schedule_change(folder: str | Path, max_steps: int, epochs: float) -> str | None:
+    """Why resuming `folder` with these `max_steps`/`epochs` will not continue the earlier run's
+    curve (Trainer rebuilds the learning-rate schedule for the new length), or None when they match."""
+    try:
+        state = json.loads((Path(folder) / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if max_steps > 0:
+        old = state.get("max_steps")
+        if not isinstance(old, int) or old == max_steps:
+            return None
+        was, now = f"max_steps={old}", f"max_steps={max_steps}"
+    else:
+        old = state.get("num_train_epochs")
+        if not isinstance(old, (int, float)) or float(old) == float(epochs):
+            return None
+        was, now = f"epochs={old}", f"epochs={epochs}"
+    rates = [entry["learning_rate"] for entry in state.get("log_history", []) if "learning_rate" in entry]
+    last = f" (its last logged learning rate: {float(rates[-1]):.3g})" if rates else ""
+    return (f"resuming from {str(folder)!r}, written by a run of {was}{last}, with {now}: Trainer "
+            f"rebuilds the learning-rate schedule for {now}, so the learning rate jumps at step "
+            f"{state.get('global_step', '?')} and the losses will not follow one uninterrupted run of "
+            f"either length. To continue that run exactly, resume with {was}.")
+
+
 def staging_folder(run_dir: str | Path, step: int) -> Path:
     """Where the checkpoint of `step` is written before it is renamed into place (same parent,
     so the rename is atomic; a name Trainer's own `checkpoint-N` scan does not match)."""

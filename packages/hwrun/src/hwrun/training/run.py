@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .checkpoints import resolve_resume
+from .checkpoints import resolve_resume, schedule_change
 from .errors import QLoRAUnsupportedError, TrainingConfigError
 from .lora import LoraSettings, lora_config
 from .patches import ModelPatch
@@ -233,6 +233,11 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
         data_seed=seed, save_steps=save_steps, ddp_find_unused_parameters=False, **training_overrides)
 
     reasons = {}
+    if resume_from is not None:
+        changed = schedule_change(resume_from, args.max_steps, args.num_train_epochs)
+        reasons["resume"] = changed or f"from {resume_from}, same schedule"
+        if changed:
+            logger.warning("%s", changed)
     zero3 = _deepspeed_zero3(args)
     if zero3:
         # ZeRO-3 partitions the weights while from_pretrained loads them (zero.Init), and
