@@ -170,7 +170,9 @@ def _replaced_functions(module: Any, functions: dict[str, Any]) -> Iterator[None
 @contextlib.contextmanager
 def fake_xpu(count: int = 1, *, bf16: bool = True, name: str = "Intel(R) Data Center GPU Max 1550",
              memory: int = 64 * GiB) -> Iterator[types.SimpleNamespace]:
-    """Make the real `torch.xpu` report `count` Intel GPUs (the functions are replaced, not the module)."""
+    """Make the real `torch.xpu` report `count` Intel GPUs (the functions are replaced, not the module).
+    It reports devices only: allocating on `xpu` still fails, so import libraries that allocate at
+    import time (bitsandbytes, and peft or TrainingArguments through it) before entering."""
     import torch
 
     names = [name] * count
