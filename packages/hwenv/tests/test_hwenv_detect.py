@@ -34,10 +34,13 @@ def test_fake_cuda_capability(fake_cuda):
     assert (accel.kind, accel.count, accel.capability) == ("cuda", 2, (8, 0))
 
 
-def test_gaudi_wins_over_xpu_by_order(fake_gaudi, fake_xpu):
+def test_two_claiming_platforms_are_an_error_naming_both(fake_gaudi, fake_xpu, monkeypatch):
     fake_xpu(count=1)
     fake_gaudi(count=2)
-    assert detect().kind == "hpu"
+    with pytest.raises(hwenv.PlatformConflictError, match=r"Intel Gaudi \(HPU\).*Intel GPU \(XPU\).*HWENV_DEVICE"):
+        detect()
+    monkeypatch.setenv("HWENV_DEVICE", "xpu")  # the override chooses between them
+    assert detect().kind == "xpu"
 
 
 def test_override_picks_a_kind(fake_xpu, monkeypatch):

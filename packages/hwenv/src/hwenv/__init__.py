@@ -12,6 +12,8 @@ from .errors import (
     GaudiGroupError,
     HlSmiParseError,
     HwenvError,
+    PlatformConflictError,
+    PlatformError,
     PluginMissingError,
     SelectionError,
 )
@@ -24,7 +26,7 @@ from .gaudi import (
     parse_hl_smi_csv,
     read_hl_smi,
 )
-from .kinds import DETECTION_ORDER, KINDS
+from .platforms import Platform, get_platform, platforms, register_platform
 from .probes import ProbeResult, run_probe
 from .selection import Selection, current_selection, select
 from .versions import (
@@ -37,10 +39,20 @@ from .versions import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    """`DETECTION_ORDER` and `KINDS` are read from the platform registry (plug-ins included)."""
+    if name in ("DETECTION_ORDER", "KINDS"):
+        from . import kinds
+
+        return getattr(kinds, name)
+    raise AttributeError(f"module 'hwenv' has no attribute {name!r}")
+
 __all__ = [
     "Accelerator", "AffinityEntry", "AffinityMaskError", "DETECTION_ORDER", "DeviceOverrideError",
     "GaudiGroupError", "HlSmiParseError", "HlSmiRow", "HwenvError", "KINDS", "OVERRIDE_VARIABLE",
-    "PluginMissingError", "Problem", "ProbeResult", "Report", "SUPPORTED_PARTIAL_GROUPS", "Selection",
+    "Platform", "PlatformConflictError", "PlatformError", "PluginMissingError", "get_platform", "platforms",
+    "register_platform", "Problem", "ProbeResult", "Report", "SUPPORTED_PARTIAL_GROUPS", "Selection",
     "SelectionError", "accelerate_sees_gaudi", "at_least", "check_group", "current_selection", "detect",
     "diagnose", "format_affinity_mask", "index_to_module", "installed_version", "module_to_index",
     "parse_affinity_mask", "parse_hl_smi_csv", "parse_version", "read_hl_smi", "run_probe", "select",

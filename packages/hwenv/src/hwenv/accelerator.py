@@ -6,8 +6,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from .errors import DeviceOverrideError
-from .kinds import DETECTION_ORDER, KIND_NAMES, KINDS
+from .errors import DeviceOverrideError, PlatformConflictError, PlatformError
+from .platforms import Platform, get_platform, kinds, platforms
 from .probes import ProbeResult, run_probe
 from .versions import installed_version
 
@@ -33,26 +33,38 @@ class Accelerator:
     accelerate_version: str | None = None
     source: str = "given"
     reasons: tuple[str, ...] = field(default=(), compare=False)
+    bf16_source: str = field(default="", compare=False)
+    memory_source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
+        try:
+            get_platform(self.kind)
+        except PlatformError:
             raise DeviceOverrideError(
-                f"Unknown accelerator kind {self.kind!r}; valid kinds are {', '.join(DETECTION_ORDER)}."
-            )
+                f"Unknown accelerator kind {self.kind!r}; valid kinds are {', '.join(kinds())}."
+            ) from None
         if self.count < 0:
             raise DeviceOverrideError(f"Accelerator count must be >= 0, got {self.count}.")
 
     @property
+    def platform(self) -> Platform:
+        """This kind's `Platform`: every device fact other packages ask."""
+        return get_platform(self.kind)
+
+    @property
+    def device_type(self) -> str:
+        """The torch device type: `xpu`, `cuda` (NVIDIA and ROCm), `hpu`, `mps`, `cpu`."""
+        return self.platform.device_type
+
+    @property
     def device(self) -> str:
         """The torch device string of the first device: `xpu:0`, `cuda:0`, `hpu`, `mps`, `cpu`."""
-        if self.kind in ("xpu", "cuda"):
-            return f"{self.kind}:0"
-        return self.kind
+        return self.platform.device
 
     @property
     def name(self) -> str:
         """A human name of the kind, e.g. `Intel GPU (XPU)`."""
-        return KIND_NAMES[self.kind]
+        return self.platform.display_name
 
     @property
     def memory_per_device(self) -> int | None:
@@ -83,37 +95,53 @@ def _from_probe(result: ProbeResult, source: str, reasons: tuple[str, ...]) -> A
         accelerate_version=installed_version("accelerate"),
         source=source,
         reasons=reasons,
+        bf16_source=result.bf16_source,
+        memory_source=result.memory_source,
     )
 
 
 def detect(environ: Mapping[str, str] | None = None) -> Accelerator:
     """The accelerator this process will use.
 
-    `HWENV_DEVICE` (like DeepSpeed's `DS_ACCELERATOR`) picks a kind and is validated: an
-    unknown kind, or a kind that is not usable here, is a `DeviceOverrideError`. Without it,
-    the first usable kind in `hpu -> xpu -> cuda -> mps -> cpu` wins; why each earlier kind
-    was skipped is kept in `reasons`.
+    `HWENV_DEVICE` (like DeepSpeed's `DS_ACCELERATOR`) picks a registered kind and is validated:
+    an unknown kind, or a kind that is not usable here, is a `DeviceOverrideError`. Without it,
+    every registered platform is probed; exactly one accelerator may claim the machine (two is a
+    `PlatformConflictError` naming both, as in vLLM), and the CPU is the fallback. Why each
+    other kind was not chosen is kept in `reasons`.
     """
     env = os.environ if environ is None else environ
     override = env.get(OVERRIDE_VARIABLE, "").strip()
     if override:
         kind = override.lower()
-        if kind not in KINDS:
+        try:
+            platform = get_platform(kind)
+        except PlatformError:
             raise DeviceOverrideError(
                 f"{OVERRIDE_VARIABLE}={override!r} is not an accelerator kind hwenv knows; "
-                f"use one of {', '.join(DETECTION_ORDER)}, or unset it to detect."
-            )
+                f"use one of {', '.join(kinds())}, or unset it to detect."
+            ) from None
         result = run_probe(kind)
         if not result.available:
             raise DeviceOverrideError(
-                f"{OVERRIDE_VARIABLE}={override!r} asks for {KIND_NAMES[kind]}, but it is not usable here: "
+                f"{OVERRIDE_VARIABLE}={override!r} asks for {platform.display_name}, but it is not usable here: "
                 f"{result.reason}. Unset {OVERRIDE_VARIABLE} to detect, or install that device's stack."
             )
         return _from_probe(result, OVERRIDE_VARIABLE, ())
-    reasons: list[str] = []
-    for kind in DETECTION_ORDER:
-        result = run_probe(kind)
-        if result.available:
-            return _from_probe(result, "detected", tuple(reasons))
-        reasons.append(f"{kind}: {result.reason}")
-    raise AssertionError("unreachable: the CPU probe is always available")
+    results = {p.kind: run_probe(p.kind) for p in platforms()}
+    return choose(results)
+
+
+def choose(results: Mapping[str, ProbeResult]) -> Accelerator:
+    """The accelerator among probe `results` (kind -> result): the one claiming accelerator, else CPU."""
+    claiming = [kind for kind, result in results.items() if result.available and get_platform(kind).is_accelerator]
+    if len(claiming) > 1:
+        listed = " and ".join(f"{get_platform(k).display_name} ({k}, {results[k].count} device(s))" for k in claiming)
+        raise PlatformConflictError(
+            f"Two accelerator platforms claim this machine: {listed}. Set {OVERRIDE_VARIABLE} to one of "
+            f"{', '.join(claiming)} to choose."
+        )
+    chosen = claiming[0] if claiming else next(
+        kind for kind, result in results.items() if result.available and not get_platform(kind).is_accelerator
+    )
+    reasons = tuple(f"{kind}: {result.reason}" for kind, result in results.items() if not result.available)
+    return _from_probe(results[chosen], "detected", reasons)

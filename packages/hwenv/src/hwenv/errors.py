@@ -32,3 +32,11 @@ class SelectionError(HwenvError, ValueError):
 
 class PluginMissingError(HwenvError, ImportError):
     """A device's PyTorch plugin (e.g. `habana_frameworks`) is not installed."""
+
+
+class PlatformError(HwenvError, ValueError):
+    """An unknown device kind, a duplicate or broken platform plug-in."""
+
+
+class PlatformConflictError(HwenvError, RuntimeError):
+    """Two accelerator platforms both claim this machine; `HWENV_DEVICE` must choose."""

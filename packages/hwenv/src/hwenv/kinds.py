@@ -1,29 +1,24 @@
-"""The accelerator kinds hwstack knows, in the one detection order used everywhere."""
+"""Compatibility names over the platform registry: the kinds, their order, names and variables.
+
+New code asks `hwenv.get_platform(kind)` instead; these stay for callers of earlier releases.
+Computed on first access from the registry, so plug-in kinds appear in them.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
-Kind = Literal["hpu", "xpu", "cuda", "mps", "cpu"]
 
-#: Detection order: Gaudi first (it is never present by accident), then Intel GPU, NVIDIA, Apple, CPU.
-DETECTION_ORDER: tuple[str, ...] = ("hpu", "xpu", "cuda", "mps", "cpu")
-KINDS: frozenset[str] = frozenset(DETECTION_ORDER)
+def __getattr__(name: str) -> Any:
+    from .platforms import platforms
 
-#: The variable that restricts which devices of a kind a process sees.
-VISIBLE_DEVICES_VARIABLE: dict[str, str | None] = {
-    "xpu": "ZE_AFFINITY_MASK",
-    "hpu": "HABANA_VISIBLE_MODULES",
-    "cuda": "CUDA_VISIBLE_DEVICES",
-    "mps": None,
-    "cpu": None,
-}
-
-#: Human names used in reports and error messages.
-KIND_NAMES: dict[str, str] = {
-    "xpu": "Intel GPU (XPU)",
-    "hpu": "Intel Gaudi (HPU)",
-    "cuda": "NVIDIA GPU (CUDA)",
-    "mps": "Apple GPU (MPS)",
-    "cpu": "CPU",
-}
+    every = platforms()
+    if name == "DETECTION_ORDER":
+        return tuple(p.kind for p in every)
+    if name == "KINDS":
+        return frozenset(p.kind for p in every)
+    if name == "VISIBLE_DEVICES_VARIABLE":
+        return {p.kind: p.visible_devices_variable for p in every}
+    if name == "KIND_NAMES":
+        return {p.kind: p.display_name for p in every}
+    raise AttributeError(f"module 'hwenv.kinds' has no attribute {name!r}")

@@ -1,0 +1,87 @@
+"""Intel GPUs through `torch.xpu` (Level Zero); facts read from PyTorch's `torch/xpu/__init__.py`.
+
+- bf16: `is_bf16_supported(including_emulation=True)` is True on *every* available XPU; only
+  `including_emulation=False` tells native bf16 from emulated (integrated GPUs) (X17, INTEL.md S1).
+- memory: `torch.xpu.mem_get_info`, as Accelerate's `get_max_memory` reads it (INTEL.md S5);
+  where the driver cannot report it (integrated GPUs, WSL) the property `total_memory` is used
+  and the assumption is said in `ProbeResult.memory_source`.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from ..probes import ProbeResult, torch_missing, torch_module
+from .base import Platform
+
+PLATFORM = Platform(
+    kind="xpu",
+    device_type="xpu",
+    display_name="Intel GPU (XPU)",
+    probe="hwenv.platforms.xpu:probe",
+    priority=20,
+    visible_devices=("ZE_AFFINITY_MASK",),
+    selection_grammar="affinity-mask",
+    dist_backend="xccl",
+    dist_backend_note="built into torch's XPU wheels from torch 2.8 (X18)",
+    compile_backend="inductor",
+    graph_api="xpu_graphs",
+    triton=True,  # torch's XPU wheels ship Intel's Triton backend (pytorch-triton-xpu)
+    memory_api="torch.xpu.mem_get_info",
+    bf16_api="torch.xpu.is_bf16_supported(including_emulation=False)",
+    torch_module="torch.xpu",
+    vendor="intel",
+)
+
+
+def native_bf16(xpu) -> tuple[bool, str]:
+    """Whether the XPU computes bf16 natively, and how that was read."""
+    try:
+        takes_flag = "including_emulation" in inspect.signature(xpu.is_bf16_supported).parameters
+    except (TypeError, ValueError):
+        takes_flag = False
+    if takes_flag:
+        native = bool(xpu.is_bf16_supported(including_emulation=False))
+        emulated = not native and bool(xpu.is_bf16_supported(including_emulation=True))
+        note = "native" if native else "emulated only (integrated GPU)" if emulated else "not supported"
+        return native, f"torch.xpu.is_bf16_supported(including_emulation=False): {note}"
+    return bool(xpu.is_bf16_supported()), "torch.xpu.is_bf16_supported() (this torch has no including_emulation)"
+
+
+def memory(xpu, count: int) -> tuple[tuple[int, ...], str]:
+    """Total memory per device and where it came from: `mem_get_info`, else `total_memory` (said)."""
+    sizes: list[int] = []
+    try:
+        for index in range(count):
+            sizes.append(int(xpu.mem_get_info(index)[1]))
+        return tuple(sizes), "torch.xpu.mem_get_info"
+    except Exception as error:  # integrated GPUs and WSL cannot report free memory
+        why = f"torch.xpu.mem_get_info failed ({type(error).__name__}: {error})"
+    sizes = []
+    for index in range(count):
+        total = getattr(xpu.get_device_properties(index), "total_memory", None)
+        if not isinstance(total, int):
+            return (), f"{why}; get_device_properties has no total_memory: memory unknown"
+        sizes.append(total)
+    return tuple(sizes), f"{why}; assumed get_device_properties().total_memory is all usable"
+
+
+def probe() -> ProbeResult:
+    """Intel GPU through `torch.xpu` (X1, X3): count, names, native bf16, memory."""
+    if (missing := torch_missing("xpu")) is not None:
+        return missing
+    torch = torch_module()
+    xpu = getattr(torch, "xpu", None)
+    if xpu is None:
+        return ProbeResult("xpu", False, reason=f"torch {torch.__version__} has no torch.xpu module")
+    if not xpu.is_available():
+        built = getattr(getattr(torch, "version", None), "xpu", None)
+        why = "torch.xpu.is_available() is False"
+        if not built:
+            why += " (this torch build has no XPU backend)"
+        return ProbeResult("xpu", False, reason=why, details={"torch.version.xpu": str(built)})
+    count = int(xpu.device_count())
+    names = tuple(str(xpu.get_device_name(index)) for index in range(count))
+    bf16, bf16_source = native_bf16(xpu)
+    sizes, memory_source = memory(xpu, count)
+    return ProbeResult("xpu", True, count, names, bf16, sizes, bf16_source=bf16_source, memory_source=memory_source)
