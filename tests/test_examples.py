@@ -250,9 +250,9 @@ def test_continuous_batching_on_this_cpu(child_env):
 
 @example("continuous_batching.py")
 @pytest.mark.facts("X11")
-def test_continuous_batching_decisions_on_fake_xpu_and_gaudi(in_process, fake_xpu):
-    fake_xpu(count=1)
-    out = in_process("continuous_batching.py", "--plan-only")
+def test_continuous_batching_decisions_on_fake_xpu_and_gaudi(in_process):
+    with hwenv.testing.fake_xpu(count=1):  # one machine, one accelerator: two claiming is an error
+        out = in_process("continuous_batching.py", "--plan-only")
     assert "device xpu:0: batching=continuous" in out
     assert "use_cuda_graph=None use_async_batching=None (None: Transformers decides (X11))" in out
     with hwenv.testing.fake_gaudi(8):
@@ -400,9 +400,9 @@ def test_distributed_train_two_processes_agree(child_env, tmp_path):
 
 @example("distributed_train.py")
 @pytest.mark.facts("X18", "G15", "G16")
-def test_distributed_decisions_on_fake_xpus_and_gaudi(in_process, fake_xpu):
-    fake_xpu(count=2)
-    out = in_process("distributed_train.py", "--plan-only")
+def test_distributed_decisions_on_fake_xpus_and_gaudi(in_process):
+    with hwenv.testing.fake_xpu(count=2):  # one machine, one accelerator: two claiming is an error
+        out = in_process("distributed_train.py", "--plan-only")
     assert "this machine: xpu x2: backend xccl, ddp_backend=xccl" in out  # X18
     assert ("--nproc-per-node=2 examples/distributed_train.py env={'ZE_ENABLE_PCI_ID_DEVICE_ORDER': '1'}"
             in out)  # one process per XPU, in stable PCI order

@@ -13,7 +13,6 @@ import sys
 
 from .accelerator import detect
 from .errors import HwenvError
-from .kinds import DETECTION_ORDER
 from .selection import Selection, select
 
 SELECTABLE = ("xpu", "hpu", "cuda")
@@ -116,4 +115,4 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
 
-__all__ = ["main", "build_parser", "DETECTION_ORDER"]
+__all__ = ["main", "build_parser"]

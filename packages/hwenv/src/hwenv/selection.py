@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from . import gaudi
 from .affinity import MASK_VARIABLE, PCI_ORDER_VARIABLE, format_affinity_mask, parse_affinity_mask
 from .errors import SelectionError
-from .kinds import DETECTION_ORDER, VISIBLE_DEVICES_VARIABLE
+from .platforms import get_platform, kinds
 
 CUDA_VARIABLE = "CUDA_VISIBLE_DEVICES"
 
@@ -37,7 +37,7 @@ class Selection:
     @property
     def variable(self) -> str | None:
         """The variable that carries the selection (`ZE_AFFINITY_MASK`, `HABANA_VISIBLE_MODULES`, ...)."""
-        return VISIBLE_DEVICES_VARIABLE[self.kind]
+        return get_platform(self.kind).visible_devices_variable
 
     def env(self) -> dict[str, str]:
         """Exactly the variables to set for the child process, in a stable order."""
@@ -86,8 +86,8 @@ def select(
       checked against Intel's supported combinations (G8).
     - `cuda`: `CUDA_VISIBLE_DEVICES` indices.
     """
-    if kind not in VISIBLE_DEVICES_VARIABLE:
-        raise SelectionError(f"Unknown accelerator kind {kind!r}; use one of {', '.join(DETECTION_ORDER)}.")
+    if kind not in kinds():
+        raise SelectionError(f"Unknown accelerator kind {kind!r}; use one of {', '.join(kinds())}.")
     if devices is not None and str(devices).strip() == "" and kind != "xpu":
         raise SelectionError(f"--devices {devices!r} is empty; list device ids such as '0,1', or leave it out.")
     if kind == "xpu":
