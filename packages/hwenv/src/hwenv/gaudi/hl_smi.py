@@ -1,8 +1,4 @@
-"""Gaudi device selection: `HABANA_VISIBLE_MODULES` / `_DEVICES`, `hl-smi` mapping, supported groups.
-
-FACTS.md G6-G8. Module IDs are stable across reboots and driver reinstalls; device indices
-can change, so a selection is always written as module IDs.
-"""
+"""`hl-smi -Q index,module_id -f csv`: reading it and mapping device indices to module IDs (G7, S10)."""
 
 from __future__ import annotations
 
@@ -10,29 +6,10 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from .errors import GaudiGroupError, HlSmiParseError, PluginMissingError, SelectionError
+from ..errors import HlSmiParseError, PluginMissingError, SelectionError
+from .variables import PLUGIN_INSTALL_HINT
 
-MODULES_VARIABLE = "HABANA_VISIBLE_MODULES"
-DEVICES_VARIABLE = "HABANA_VISIBLE_DEVICES"
-INT64_VARIABLE = "PT_ENABLE_INT64_SUPPORT"
-LAZY_MODE_VARIABLE = "PT_HPU_LAZY_MODE"
 HL_SMI_QUERY = ("hl-smi", "-Q", "index,module_id", "-f", "csv")
-SERVER_SIZE = 8
-
-#: Intel's supported module-ID groups for a distributed workload on part of an 8-device
-#: server. Source: Intel Gaudi documentation, "Multiple Workloads on a Single Docker"
-#: (the "multiple dockers, each with a single workload" table), as recorded in FACTS.md G8.
-#: The order inside a group is free (Intel's example mounts HABANA_VISIBLE_MODULES=5,4,7,6).
-SUPPORTED_PARTIAL_GROUPS: dict[int, tuple[frozenset[int], ...]] = {
-    2: (frozenset({0, 1}), frozenset({2, 3}), frozenset({4, 5}), frozenset({6, 7})),
-    4: (frozenset({0, 1, 2, 3}), frozenset({4, 5, 6, 7})),
-}
-
-PLUGIN_INSTALL_HINT = (
-    "Install the Intel Gaudi software stack and its PyTorch package (habana-torch-plugin, "
-    "imported as habana_frameworks) from Intel's Gaudi installer; it is not on PyPI. "
-    "See https://docs.habana.ai/en/latest/Installation_Guide/"
-)
 
 
 @dataclass(frozen=True)
@@ -41,24 +18,6 @@ class HlSmiRow:
 
     index: int
     module_id: int
-
-
-def parse_id_list(text: str, variable: str) -> tuple[int, ...]:
-    """`"5,4,7,6"` -> `(5, 4, 7, 6)`; bad items, negatives and duplicates raise `SelectionError`."""
-    if text is None or str(text).strip() == "":
-        raise SelectionError(f"{variable}={text!r} is empty; list ids such as '0,1' or unset it to use every Gaudi.")
-    ids: list[int] = []
-    for position, item in enumerate(str(text).split(","), start=1):
-        item = item.strip()
-        if not (item.isascii() and item.isdigit()):
-            raise SelectionError(
-                f"{variable}={text!r} is invalid: item {position} ({item!r}) is not a non-negative integer id."
-            )
-        value = int(item)
-        if value in ids:
-            raise SelectionError(f"{variable}={text!r} lists {value} twice; list each id once.")
-        ids.append(value)
-    return tuple(ids)
 
 
 def parse_hl_smi_csv(text: str) -> tuple[HlSmiRow, ...]:
@@ -139,33 +98,3 @@ def indices_to_modules(indices: tuple[int, ...], rows: tuple[HlSmiRow, ...]) -> 
     return tuple(mapping[index] for index in indices)
 
 
-def check_group(module_ids: tuple[int, ...], server_size: int = SERVER_SIZE) -> None:
-    """Raise `GaudiGroupError` unless `module_ids` is the full server or a supported 2/4 group (G8)."""
-    group = frozenset(module_ids)
-    bad = sorted(m for m in group if m >= server_size)
-    if bad:
-        raise GaudiGroupError(
-            f"Gaudi module ID(s) {bad} do not exist on a {server_size}-device server (IDs 0..{server_size - 1})."
-        )
-    if len(group) == server_size:
-        return
-    allowed = SUPPORTED_PARTIAL_GROUPS.get(len(group))
-    if allowed is None:
-        raise GaudiGroupError(
-            f"A group of {len(group)} Gaudi device(s) {sorted(group)} is not supported on part of a server: "
-            f"Intel supports groups of 2 or 4 devices (or all {server_size}). {supported_groups_text()}"
-        )
-    if group not in allowed:
-        raise GaudiGroupError(
-            f"Gaudi module IDs {sorted(group)} are not a supported {len(group)}-device group. "
-            f"{supported_groups_text()}"
-        )
-
-
-def supported_groups_text() -> str:
-    """The supported partial-server groups, as one readable sentence."""
-    parts = []
-    for size, groups in SUPPORTED_PARTIAL_GROUPS.items():
-        listed = " or ".join("{" + ",".join(str(m) for m in sorted(g)) + "}" for g in groups)
-        parts.append(f"{size} devices: {listed}")
-    return "Supported module-ID groups: " + "; ".join(parts) + " (order inside a group is free)."

@@ -1,0 +1,48 @@
+"""Gaudi lazy/eager follows the bridge (INTEL.md S8, S12): unset = lazy <= 1.19, eager after; any value but "0" is lazy."""
+
+from __future__ import annotations
+
+import pytest
+
+from hwenv.gaudi import GaudiMode, execution_mode
+from hwenv.testing import override_versions
+
+
+@pytest.mark.parametrize("version, lazy", [
+    ("1.19.0.561", True), ("1.19.2", True), ("1.18.0", True), ("1.9.0", True),
+    ("1.20.0", False), ("1.22.0", False), ("2.0.0", False),
+])
+def test_unset_follows_the_plugin_version(version, lazy):
+    mode = execution_mode({}, plugin_version=version)
+    assert mode.lazy is lazy
+    assert version in mode.reason and "unset" in mode.reason
+
+
+@pytest.mark.parametrize("value, lazy", [("0", False), ("1", True), ("true", True), ("", True), (" 0", True), ("2", True)])
+def test_set_value_is_parsed_like_the_bridge(value, lazy):
+    # The bridge: lazy = value != "0" (read once at plugin import); the version does not matter then.
+    for version in ("1.19.0", "1.22.0"):
+        mode = execution_mode({"PT_HPU_LAZY_MODE": value}, plugin_version=version)
+        assert mode.lazy is lazy
+        assert mode.value == value
+    assert execution_mode({"PT_HPU_LAZY_MODE": value}).malformed is (value not in ("0", "1"))
+
+
+def test_installed_version_is_read_when_not_given():
+    with override_versions(habana_torch_plugin="1.19.0"):
+        assert execution_mode({}).lazy is True
+    with override_versions(habana_torch_plugin="1.21.1"):
+        assert execution_mode({}).lazy is False
+
+
+def test_unknown_version_assumes_the_current_default_and_says_so():
+    with override_versions(habana_torch_plugin=None):
+        mode = execution_mode({})
+    assert mode == GaudiMode(False, mode.reason, None, None)
+    assert "unknown" in mode.reason and "assumed" in mode.reason
+    assert mode.name == "eager"
+
+
+def test_mode_is_frozen():
+    with pytest.raises(AttributeError):
+        execution_mode({}, plugin_version="1.19.0").lazy = False  # type: ignore[misc]
