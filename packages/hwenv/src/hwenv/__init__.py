@@ -1,60 +1,83 @@
 """hwenv: which accelerator is here, how many, and which ones a run may use.
 
-Installs and imports without torch; probes import torch lazily. See README.md.
+Installs and imports without torch; probes import torch lazily. Every public name is loaded on
+first use (PEP 562), so `import hwenv` costs almost nothing. See README.md.
 """
 
-from .accelerator import OVERRIDE_VARIABLE, Accelerator, detect
-from .affinity import AffinityEntry, format_affinity_mask, parse_affinity_mask
-from .doctor import Problem, Report, diagnose
-from .errors import (
-    AffinityMaskError,
-    DeviceOverrideError,
-    GaudiGroupError,
-    HlSmiParseError,
-    HwenvError,
-    PlatformConflictError,
-    PlatformError,
-    PluginMissingError,
-    SelectionError,
-)
-from .gaudi import (
-    SUPPORTED_PARTIAL_GROUPS,
-    HlSmiRow,
-    check_group,
-    index_to_module,
-    module_to_index,
-    parse_hl_smi_csv,
-    read_hl_smi,
-)
-from .platforms import Platform, get_platform, platforms, register_platform
-from .probes import ProbeResult, run_probe
-from .selection import Selection, current_selection, select
-from .versions import (
-    accelerate_sees_gaudi,
-    at_least,
-    installed_version,
-    library_versions,
-    parse_version,
-)
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
+#: Public name -> the submodule that defines it.
+_EXPORTS: dict[str, str] = {
+    # accelerator
+    "Accelerator": "accelerator",
+    "OVERRIDE_VARIABLE": "accelerator",
+    "detect": "accelerator",
+    # affinity
+    "AffinityEntry": "affinity",
+    "format_affinity_mask": "affinity",
+    "parse_affinity_mask": "affinity",
+    # doctor
+    "Problem": "doctor",
+    "Report": "doctor",
+    "diagnose": "doctor",
+    # errors
+    "AffinityMaskError": "errors",
+    "DeviceOverrideError": "errors",
+    "GaudiGroupError": "errors",
+    "HlSmiParseError": "errors",
+    "HwenvError": "errors",
+    "PlatformConflictError": "errors",
+    "PlatformError": "errors",
+    "PluginMissingError": "errors",
+    "SelectionError": "errors",
+    # gaudi
+    "HlSmiRow": "gaudi",
+    "SUPPORTED_PARTIAL_GROUPS": "gaudi",
+    "check_group": "gaudi",
+    "index_to_module": "gaudi",
+    "module_to_index": "gaudi",
+    "parse_hl_smi_csv": "gaudi",
+    "read_hl_smi": "gaudi",
+    # platforms
+    "Platform": "platforms",
+    "get_platform": "platforms",
+    "platforms": "platforms",
+    "register_platform": "platforms",
+    # probes
+    "ProbeResult": "probes",
+    "run_probe": "probes",
+    # selection
+    "Selection": "selection",
+    "current_selection": "selection",
+    "select": "selection",
+    # versions
+    "accelerate_sees_gaudi": "versions",
+    "at_least": "versions",
+    "installed_version": "versions",
+    "library_versions": "versions",
+    "parse_version": "versions",
+    # the platform registry's kinds, in detection order (plug-ins included)
+    "DETECTION_ORDER": "kinds",
+    "KINDS": "kinds",
+}
 
-def __getattr__(name: str):
-    """`DETECTION_ORDER` and `KINDS` are read from the platform registry (plug-ins included)."""
-    if name in ("DETECTION_ORDER", "KINDS"):
-        from . import kinds
+__all__ = sorted(_EXPORTS) + ["__version__"]
 
-        return getattr(kinds, name)
-    raise AttributeError(f"module 'hwenv' has no attribute {name!r}")
 
-__all__ = [
-    "Accelerator", "AffinityEntry", "AffinityMaskError", "DETECTION_ORDER", "DeviceOverrideError",
-    "GaudiGroupError", "HlSmiParseError", "HlSmiRow", "HwenvError", "KINDS", "OVERRIDE_VARIABLE",
-    "Platform", "PlatformConflictError", "PlatformError", "PluginMissingError", "get_platform", "platforms",
-    "register_platform", "Problem", "ProbeResult", "Report", "SUPPORTED_PARTIAL_GROUPS", "Selection",
-    "SelectionError", "accelerate_sees_gaudi", "at_least", "check_group", "current_selection", "detect",
-    "diagnose", "format_affinity_mask", "index_to_module", "installed_version", "module_to_index",
-    "parse_affinity_mask", "parse_hl_smi_csv", "parse_version", "read_hl_smi", "run_probe", "select",
-    "library_versions", "__version__",
-]
+def __getattr__(name: str) -> object:
+    """Load a public name from its submodule on first use."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hwenv' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    if name not in ("DETECTION_ORDER", "KINDS"):  # those follow the registry; the rest never change
+        globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
