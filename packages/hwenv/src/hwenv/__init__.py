@@ -73,7 +73,9 @@ def __getattr__(name: str) -> object:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'hwenv' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    loaded = importlib.import_module(f".{module}", __name__)
+    # `hwenv.platforms` is the platforms package itself, which, called, lists the platforms
+    value = loaded if name == "platforms" else getattr(loaded, name)
     if name not in ("DETECTION_ORDER", "KINDS"):  # those follow the registry; the rest never change
         globals()[name] = value
     return value

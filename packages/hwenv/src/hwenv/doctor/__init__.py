@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from .. import gaudi
-from ..accelerator import OVERRIDE_VARIABLE, Accelerator, detect
+from ..accelerator import OVERRIDE_VARIABLE, Accelerator, choose, detect
 from ..affinity import MASK_VARIABLE, PCI_ORDER_VARIABLE
 from ..errors import HwenvError
-from ..platforms import platforms
+from ..platforms import ENTRY_POINT_GROUP, origin_of, platforms, plugin_errors
 from ..probes import ProbeResult, run_probe
 from ..versions import library_versions
 from .common import Problem, common_checks
@@ -112,19 +112,21 @@ def diagnose(environ: Mapping[str, str] | None = None) -> Report:
     probes = {p.kind: run_probe(p.kind) for p in platforms()}
     acc: Accelerator | None
     try:
-        acc = detect(env)
+        acc = detect(env) if env.get(OVERRIDE_VARIABLE, "").strip() else choose(probes)
         error = None
     except HwenvError as exc:
         acc, error = None, str(exc)
     problems, notes = _problems(acc, probes, env)
     if error is not None:
-        problems.insert(0, Problem("detection-failed", "error", error, f"unset {OVERRIDE_VARIABLE} or install that device's stack"))
-    available = [kind for kind, probe in probes.items() if probe.available and kind != "cpu"]
-    if len(available) > 1:
-        notes.append(
-            f"More than one accelerator kind is usable ({', '.join(available)}); {available[0]} wins by the "
-            f"detection order {' > '.join(probes)}. Set {OVERRIDE_VARIABLE} to choose."
-        )
+        problems.insert(0, Problem("detection-failed", "error", error, f"set or unset {OVERRIDE_VARIABLE}, or install that device's stack"))
+    for kind in probes:
+        if not origin_of(kind).startswith("built-in"):
+            notes.append(f"Platform {kind!r} comes from {origin_of(kind)}.")
+    for message in plugin_errors():
+        problems.append(Problem(
+            "platform-plugin-failed", "warning", message,
+            f"fix or uninstall the distribution that provides it (entry-point group {ENTRY_POINT_GROUP!r})",
+        ))
     return Report(
         accelerator=acc,
         detection_error=error,
