@@ -6,6 +6,10 @@ early three-level form (`0.1.2`, sub-sub-devices) is not accepted by current dri
 is rejected here. The mask chooses *which* devices a process sees; it does not change the
 *order* in which they are enumerated. For an order that is stable between runs also set
 `ZE_ENABLE_PCI_ID_DEVICE_ORDER=1` (devices then come lowest PCI bus id first, X5).
+
+The mask is read in the device model `ZE_FLAT_DEVICE_HIERARCHY` sets (`hwenv.hierarchy`):
+under FLAT (the driver default) and COMBINED every ordinal is a tile-device and `0.1` is not
+valid; under COMPOSITE `card.tile` entries of one card make one device.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import AffinityMaskError
+from .hierarchy import HIERARCHY_VARIABLE, DeviceHierarchy, as_hierarchy
 
 MASK_VARIABLE = "ZE_AFFINITY_MASK"
 PCI_ORDER_VARIABLE = "ZE_ENABLE_PCI_ID_DEVICE_ORDER"
@@ -39,10 +44,14 @@ def _index(part: str, mask: str, what: str) -> int:
     return int(part)
 
 
-def parse_affinity_mask(mask: str, device_count: int | None = None) -> tuple[AffinityEntry, ...]:
+def parse_affinity_mask(mask: str, device_count: int | None = None, *,
+                        hierarchy: DeviceHierarchy | str | None = None) -> tuple[AffinityEntry, ...]:
     """Parse `mask` into entries, in the order written; raise `AffinityMaskError` on any bad part.
 
-    `device_count`, when known, rejects indices beyond the devices present.
+    `device_count`, when known, rejects indices beyond the devices present (devices of the
+    hierarchy: tiles under FLAT/COMBINED, cards under COMPOSITE). `hierarchy` (a
+    `DeviceHierarchy` or `"FLAT"`/`"COMPOSITE"`/`"COMBINED"`) checks the entries the way the
+    driver reads them; without it only the grammar is checked.
     """
     if not isinstance(mask, str):
         raise AffinityMaskError(f"{MASK_VARIABLE} must be a string, got {mask!r} ({type(mask).__name__}).")
@@ -69,6 +78,8 @@ def parse_affinity_mask(mask: str, device_count: int | None = None) -> tuple[Aff
         sub = _index(parts[1], mask, f"item {position} ({item!r}): sub-device index") if len(parts) == 2 else None
         entries.append(AffinityEntry(device, sub))
     _check_duplicates(entries, mask)
+    if hierarchy is not None:
+        _check_hierarchy(entries, mask, as_hierarchy(hierarchy, {}))
     if device_count is not None:
         for entry in entries:
             if entry.device >= device_count:
@@ -93,11 +104,30 @@ def _check_duplicates(entries: list[AffinityEntry], mask: str) -> None:
         seen.add(entry)
 
 
+def _check_hierarchy(entries: list[AffinityEntry], mask: str, hierarchy: DeviceHierarchy) -> None:
+    if hierarchy.subdevice_entries_allowed:
+        return
+    subs = [str(entry) for entry in entries if entry.subdevice is not None]
+    if subs:
+        how = "as set" if hierarchy.explicit else "the driver default: the variable is unset"
+        raise AffinityMaskError(
+            f"{MASK_VARIABLE}={mask!r} names sub-device entries ({', '.join(subs)}), which are not valid under "
+            f"{HIERARCHY_VARIABLE}={hierarchy.value} ({how}): there every tile is already its own device and has "
+            f"no sub-devices, and the driver would silently skip those entries (Level Zero spec, Affinity Mask). "
+            f"Use {hierarchy.value} device ordinals such as '0,1' (on cards of T tiles, tile t of card c is "
+            f"ordinal c*T+t), or set {HIERARCHY_VARIABLE}=COMPOSITE to address tiles as card.tile."
+        )
+
+
 def format_affinity_mask(entries: tuple[AffinityEntry, ...] | list[AffinityEntry]) -> str:
     """The mask string for `entries`: the inverse of `parse_affinity_mask`."""
     return ",".join(str(entry) for entry in entries)
 
 
 def visible_root_devices(entries: tuple[AffinityEntry, ...]) -> int:
-    """How many devices PyTorch will enumerate under this mask (sub-devices of one root count once)."""
+    """How many devices `torch.xpu.device_count()` reports under this (hierarchy-checked) mask.
+
+    Sub-device entries of one card are one device (COMPOSITE: `1.1,1.2` is one, `0,1.0,1.1` two);
+    under FLAT/COMBINED there are no sub-device entries and each ordinal is one device.
+    """
     return len({entry.device for entry in entries})

@@ -40,3 +40,11 @@ class PlatformError(HwenvError, ValueError):
 
 class PlatformConflictError(HwenvError, RuntimeError):
     """Two accelerator platforms both claim this machine; `HWENV_DEVICE` must choose."""
+
+
+class DeviceHierarchyError(HwenvError, ValueError):
+    """A `ZE_FLAT_DEVICE_HIERARCHY` value Level Zero does not know (it is not FLAT, COMPOSITE or COMBINED)."""
+
+
+class GaudiModulePinError(HwenvError, ValueError):
+    """`HLS_MODULE_ID` (the Gaudi bridge's per-process module pin) is malformed or conflicts with the run."""

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from . import gaudi
 from .affinity import MASK_VARIABLE, PCI_ORDER_VARIABLE, format_affinity_mask, parse_affinity_mask
+from .affinity import visible_root_devices as _xpu_visible_devices
+from .hierarchy import HIERARCHY_VARIABLE, DeviceHierarchy, as_hierarchy
 from .errors import SelectionError
 from .platforms import get_platform, kinds
 
@@ -25,13 +27,18 @@ class Selection:
     kind: str
     devices: tuple[str, ...] = ()
     pci_order: bool = True
+    hierarchy: str | None = None  # XPU: ZE_FLAT_DEVICE_HIERARCHY as the user set it; None = unset (FLAT)
 
     @property
     def count(self) -> int | None:
         """Devices the child will see (one process each); None when every device is selected.
 
-        XPU sub-device entries (`0.1`) count one each, as with `ZE_FLAT_DEVICE_HIERARCHY=FLAT`.
+        XPU: the root devices `torch.xpu.device_count()` reports in the child. Under COMPOSITE the
+        sub-device entries of one card are one device (`1.1,1.2` is 1, `0,1.0,1.1` is 2); under
+        FLAT (the default) sub-device entries are refused by `select`, so each entry is one device.
         """
+        if self.kind == "xpu" and self.devices:
+            return _xpu_visible_devices(parse_affinity_mask(",".join(self.devices)))
         return len(self.devices) if self.devices else None
 
     @property
@@ -47,6 +54,8 @@ class Selection:
                 out[MASK_VARIABLE] = ",".join(self.devices)
             if self.pci_order:
                 out[PCI_ORDER_VARIABLE] = "1"
+            if self.hierarchy is not None:  # only what the user set: never invent a hierarchy
+                out[HIERARCHY_VARIABLE] = self.hierarchy
         elif self.kind == "hpu":
             if self.devices:
                 out[gaudi.MODULES_VARIABLE] = ",".join(self.devices)
@@ -76,10 +85,13 @@ def select(
     device_count: int | None = None,
     hl_smi_rows: tuple[gaudi.HlSmiRow, ...] | None = None,
     pci_order: bool = True,
+    hierarchy: DeviceHierarchy | str | None = None,
 ) -> Selection:
     """Validate `devices` for `kind` and return the `Selection`; bad input raises before anything runs.
 
-    - `xpu`: `devices` is a `ZE_AFFINITY_MASK` (`"0,2"`, `"0.1"`); `pci_order=False` opts out
+    - `xpu`: `devices` is a `ZE_AFFINITY_MASK` (`"0,2"`; `"0.1"` only under COMPOSITE), read in the
+      device model of `hierarchy` (`"FLAT"`, `"COMPOSITE"`, `"COMBINED"`; default: this process's
+      `ZE_FLAT_DEVICE_HIERARCHY`, unset = FLAT); `pci_order=False` opts out
       of `ZE_ENABLE_PCI_ID_DEVICE_ORDER=1`.
     - `hpu`: `devices` are module IDs (`by="module"`, default, stable across reboots) or device
       indices (`by="index"`, translated to module IDs with `hl-smi`); partial-server groups are
@@ -91,10 +103,12 @@ def select(
     if devices is not None and str(devices).strip() == "" and kind != "xpu":
         raise SelectionError(f"--devices {devices!r} is empty; list device ids such as '0,1', or leave it out.")
     if kind == "xpu":
+        model = as_hierarchy(hierarchy)  # None: this process's environment, which the child inherits
+        given = model.value if model.explicit else None
         if devices is None:
-            return Selection("xpu", (), pci_order)
-        entries = parse_affinity_mask(devices, device_count)
-        return Selection("xpu", tuple(format_affinity_mask([e]) for e in entries), pci_order)
+            return Selection("xpu", (), pci_order, given)
+        entries = parse_affinity_mask(devices, device_count, hierarchy=model)
+        return Selection("xpu", tuple(format_affinity_mask([e]) for e in entries), pci_order, given)
     if kind == "hpu":
         if by not in ("module", "index"):
             raise SelectionError(f"by={by!r} is not valid for Gaudi; use 'module' (module IDs) or 'index' (device indices).")
@@ -124,16 +138,19 @@ def current_selection(
     environ: Mapping[str, str] | None = None,
     *,
     hl_smi_rows: tuple[gaudi.HlSmiRow, ...] | None = None,
+    hierarchy: DeviceHierarchy | str | None = None,
 ) -> Selection:
     """The selection the environment already makes for `kind`, validated.
 
     On Gaudi, `HABANA_VISIBLE_MODULES` and `HABANA_VISIBLE_DEVICES` both set must name the same
     devices (checked with the hl-smi mapping); otherwise a `SelectionError` says which to keep.
+    On XPU the mask is read in `environ`'s `ZE_FLAT_DEVICE_HIERARCHY` (or the given `hierarchy`).
     """
     env = os.environ if environ is None else environ
     if kind == "xpu":
-        mask = env.get(MASK_VARIABLE)
-        return select("xpu", mask, pci_order=env.get(PCI_ORDER_VARIABLE) == "1") if mask is not None else Selection("xpu", (), env.get(PCI_ORDER_VARIABLE) == "1")
+        # the mask is read in the hierarchy of `environ` (ZE_FLAT_DEVICE_HIERARCHY), unless one is given
+        model = as_hierarchy(hierarchy, env)
+        return select("xpu", env.get(MASK_VARIABLE), pci_order=env.get(PCI_ORDER_VARIABLE) == "1", hierarchy=model)
     if kind == "hpu":
         modules = env.get(gaudi.MODULES_VARIABLE)
         indices = env.get(gaudi.DEVICES_VARIABLE)

@@ -1,25 +1,198 @@
-"""`fake_xpu`: the real `torch.xpu` made to report Intel GPUs (functions replaced, module kept)."""
+"""`fake_xpu`: the real `torch.xpu` (and `torch.accelerator`) made to report Intel GPUs.
+
+What it models, and from which source (read 2026-12; INTEL.md S1, S5, S6):
+- `device_count()` follows the Level Zero device model (`hwenv.hierarchy.exposed_devices`, from the
+  spec's "Device Hierarchy"/"Affinity Mask" and `intel/compute-runtime`'s `parseAffinityMask`):
+  `count` cards of `tiles` tiles; FLAT/COMBINED (the default, as in `torch/xpu/__init__.py`'s
+  Sysman count) expose `count * tiles` devices, COMPOSITE `count`; `ZE_AFFINITY_MASK` then
+  filters them, renumbered from 0. Both variables are read from `os.environ` at every call.
+- `is_bf16_supported(including_emulation=True)` is torch's own body: False only when no XPU is
+  available, else `including_emulation or get_device_properties().has_bfloat16_conversions`.
+- `get_device_properties()` has every field of torch's `_XpuDeviceProperties` (`torch/_C/__init__.pyi`).
+- `mem_get_info()` returns (free, total), or raises torch's RuntimeError ("doesn't support
+  querying the available free memory", `torch/csrc/xpu/Module.cpp`) where the device lacks
+  `ext_intel_free_memory` (integrated GPUs, WSL).
+- `torch.accelerator` answers `xpu` (`current_accelerator`, `device_count`, `is_available`,
+  `current_device_index`, `set_device_index`, `synchronize`, `get_memory_info`), which is what
+  Accelerate 1.16's `get_torch_accelerator_backend` (`utils/imports.py`) and `PartialState` read.
+Everything is undone on exit.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import types
 from collections.abc import Iterator
+from typing import Any
 
-from .common import GiB, _fake_device_functions, _replaced_functions
+from ..errors import DeviceHierarchyError
+from ..hierarchy import HIERARCHY_VARIABLE, exposed_devices, parse_hierarchy
+from .common import DEVICE_VARIABLES, GiB, _device_index, _Patches, clear_library_caches
+
+MASK_VARIABLE = "ZE_AFFINITY_MASK"
+
+
+def _hierarchy_now() -> str:
+    """The hierarchy the fake driver uses: the variable, or FLAT for unset/unknown values
+    (torch's Sysman count exposes tiles unless the value is exactly COMPOSITE)."""
+    try:
+        return parse_hierarchy(os.environ.get(HIERARCHY_VARIABLE)).value
+    except DeviceHierarchyError:
+        return "FLAT"
+
+
+def _xpu_properties(name: str, memory: int, *, native_bf16: bool, integrated: bool, fp64: bool,
+                    index: int) -> types.SimpleNamespace:
+    """Every field of torch's `_XpuDeviceProperties`, with plausible values."""
+    return types.SimpleNamespace(
+        name=name, platform_name="Intel(R) oneAPI Unified Runtime over Level-Zero", vendor="Intel(R) Corporation",
+        device_id=0x0BD5 if not integrated else 0x7D55, driver_version="1.6.33578+15", version="12.60.7",
+        max_compute_units=512 if not integrated else 128, gpu_eu_count=512 if not integrated else 128,
+        max_work_group_size=1024, max_num_sub_groups=64, memory_clock_rate=3200, memory_bus_width=64,
+        sub_group_sizes=[16, 32], local_mem_size=128 * 1024, last_level_cache_size=204 * 2**20,
+        has_fp16=True, has_fp64=fp64, has_atomic64=True, has_bfloat16_conversions=native_bf16,
+        has_subgroup_matrix_multiply_accumulate=native_bf16,
+        has_subgroup_matrix_multiply_accumulate_tensor_float32=native_bf16, has_subgroup_2d_block_io=not integrated,
+        is_integrated_gpu=integrated, total_memory=memory, gpu_subslice_count=64 if not integrated else 8,
+        architecture=0, type="gpu", uuid=bytes([index]) * 16,
+    )
+
+
+def _xpu_functions(cards: int, tiles: int, name: str, memory: int, *, native_bf16: bool, integrated: bool,
+                   fp64: bool, free_memory_query: bool, free: int | None) -> dict[str, Any]:
+    """Functions with the signatures (and, where torch's are pure Python, the bodies) of `torch.xpu`'s."""
+    state = {"current": 0}
+
+    def devices():
+        return exposed_devices(cards, tiles, _hierarchy_now(), os.environ.get(MASK_VARIABLE))
+
+    def device_memory(index: int) -> int:
+        # a card's memory is shared by its tiles: a FLAT tile-device has its share
+        return memory * len(devices()[index].tiles) // tiles
+
+    def is_available() -> bool:
+        return device_count() > 0
+
+    def device_count() -> int:
+        return len(devices())
+
+    def get_device_name(device=None) -> str:
+        return get_device_properties(device).name
+
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        # torch/xpu/__init__.py, verbatim in logic
+        if not is_available():
+            return False
+        return including_emulation or get_device_properties().has_bfloat16_conversions
+
+    def get_device_properties(device=None):
+        index = _device_index(device if device is not None else state["current"], device_count())
+        return _xpu_properties(name, device_memory(index), native_bf16=native_bf16, integrated=integrated,
+                               fp64=fp64, index=index)
+
+    def get_device_capability(device=None) -> dict[str, Any]:
+        props = get_device_properties(device)
+        return {key: value for key, value in vars(props).items() if not isinstance(value, bytes)}
+
+    def mem_get_info(device=None) -> tuple[int, int]:
+        index = _device_index(device if device is not None else state["current"], device_count())
+        if not free_memory_query:
+            raise RuntimeError(
+                f"The device ({name}) doesn't support querying the available free memory. You can file an issue at "
+                f"https://github.com/pytorch/pytorch/issues to help us prioritize its implementation."
+            )
+        total = device_memory(index)
+        return (total if free is None else min(free, total)), total
+
+    def current_device() -> int:
+        return state["current"]
+
+    def set_device(device) -> None:
+        state["current"] = _device_index(device, device_count())
+
+    def synchronize(device=None) -> None:
+        return None
+
+    return {f.__name__: f for f in (is_available, device_count, get_device_name, is_bf16_supported,
+                                      get_device_properties, get_device_capability, mem_get_info, current_device,
+                                      set_device, synchronize)}
+
+
+def _accelerator_functions(torch: Any, xpu: dict[str, Any]) -> dict[str, Any]:
+    """`torch.accelerator` functions answering for the fake XPU (signatures as torch's, positional-only)."""
+
+    def current_accelerator(check_available: bool = False):
+        if check_available and not xpu["is_available"]():
+            return None
+        return torch.device("xpu")
+
+    def device_count() -> int:
+        return xpu["device_count"]()
+
+    def is_available() -> bool:
+        return xpu["is_available"]()
+
+    def current_device_index() -> int:
+        return xpu["current_device"]()
+
+    def set_device_index(device, /) -> None:
+        xpu["set_device"](device)
+
+    def synchronize(device=None, /) -> None:
+        xpu["synchronize"](device)
+
+    def get_memory_info(device_index=None, /) -> tuple[int, int]:
+        return xpu["mem_get_info"](device_index)
+
+    return {f.__name__: f for f in (current_accelerator, device_count, is_available, current_device_index,
+                                      set_device_index, synchronize, get_memory_info)}
 
 
 @contextlib.contextmanager
-def fake_xpu(count: int = 1, *, bf16: bool = True, name: str = "Intel(R) Data Center GPU Max 1550",
-             memory: int = 64 * GiB) -> Iterator[types.SimpleNamespace]:
-    """Make the real `torch.xpu` report `count` Intel GPUs (the functions are replaced, not the module).
+def fake_xpu(count: int = 1, *, bf16: bool | None = None, name: str = "Intel(R) Data Center GPU Max 1550",
+             memory: int = 64 * GiB, tiles: int = 1, native_bf16: bool | None = None, integrated: bool = False,
+             fp64: bool = True, free_memory_query: bool | None = None, free_memory: int | None = None,
+             hierarchy: str | None = None, affinity_mask: str | None = None) -> Iterator[types.SimpleNamespace]:
+    """Make the real `torch.xpu` and `torch.accelerator` report `count` Intel GPU cards of `tiles` tiles.
+
+    - `native_bf16` (old name `bf16`): the device's `has_bfloat16_conversions`. False models a GPU
+      whose bf16 is emulated only: `is_bf16_supported()` is still True (as torch's), only
+      `is_bf16_supported(including_emulation=False)` is False.
+    - `integrated`: `is_integrated_gpu`; `mem_get_info` then raises unless `free_memory_query=True`.
+    - `memory` per card (a FLAT tile-device reports its share), `free_memory` for `mem_get_info`.
+    - `hierarchy` / `affinity_mask` set `ZE_FLAT_DEVICE_HIERARCHY` / `ZE_AFFINITY_MASK` for the
+      duration; the fake reads both from `os.environ` on every call, so a test may also set them.
     It reports devices only: allocating on `xpu` still fails, so import libraries that allocate at
-    import time (bitsandbytes, and peft or TrainingArguments through it) before entering."""
+    import time (bitsandbytes, and peft or TrainingArguments through it) before entering.
+    """
     import torch
 
-    names = [name] * count
-    functions = _fake_device_functions(count, names, bf16, memory)
-    with _replaced_functions(torch.xpu, functions):
-        yield types.SimpleNamespace(count=count, bf16=bf16, names=names, memory=memory, functions=functions)
-
-
+    if bf16 is not None and native_bf16 is not None and bf16 != native_bf16:
+        raise TypeError(f"fake_xpu: bf16={bf16} and native_bf16={native_bf16} disagree; pass native_bf16 only.")
+    native = native_bf16 if native_bf16 is not None else (True if bf16 is None else bf16)
+    query = (not integrated) if free_memory_query is None else free_memory_query
+    functions = _xpu_functions(count, tiles, name, memory, native_bf16=native, integrated=integrated, fp64=fp64,
+                               free_memory_query=query, free=free_memory)
+    accelerator = _accelerator_functions(torch, functions)
+    patches = _Patches()
+    try:
+        for variable in DEVICE_VARIABLES:
+            patches.setenv(variable, None)
+        if hierarchy is not None:
+            patches.setenv(HIERARCHY_VARIABLE, hierarchy)
+        if affinity_mask is not None:
+            patches.setenv(MASK_VARIABLE, affinity_mask)
+        for fname, function in functions.items():
+            patches.setattr(torch.xpu, fname, function)
+        for fname, function in accelerator.items():
+            patches.setattr(torch.accelerator, fname, function)
+        patches.setattr(torch.accelerator, "set_device_idx", accelerator["set_device_index"])  # deprecated alias
+        patches.setattr(torch.accelerator, "current_device_idx", accelerator["current_device_index"])
+        clear_library_caches()
+        names = [name] * functions["device_count"]()
+        yield types.SimpleNamespace(count=count, tiles=tiles, bf16=native, native_bf16=native, integrated=integrated,
+                                    names=names, memory=memory, functions=functions, accelerator=accelerator)
+    finally:
+        patches.undo()
+        clear_library_caches()
