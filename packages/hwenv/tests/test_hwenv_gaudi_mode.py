@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from hwenv.gaudi import GaudiMode, execution_mode
 from hwenv.testing import override_versions
 

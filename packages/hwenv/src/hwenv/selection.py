@@ -27,6 +27,7 @@ class Selection:
     kind: str
     devices: tuple[str, ...] = ()
     pci_order: bool = True
+    by: str = "module"  # Gaudi: devices are module IDs ("module") or one device index ("index")
     hierarchy: str | None = None  # XPU: ZE_FLAT_DEVICE_HIERARCHY as the user set it; None = unset (FLAT)
 
     @property
@@ -44,10 +45,16 @@ class Selection:
     @property
     def variable(self) -> str | None:
         """The variable that carries the selection (`ZE_AFFINITY_MASK`, `HABANA_VISIBLE_MODULES`, ...)."""
+        if self.kind == "hpu":
+            return gaudi.selecting.variable_for(self.by)
         return get_platform(self.kind).visible_devices_variable
 
-    def env(self) -> dict[str, str]:
-        """Exactly the variables to set for the child process, in a stable order."""
+    def env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Exactly the variables to set for the child process, in a stable order.
+
+        Gaudi: `PT_ENABLE_INT64_SUPPORT=1` only where the child runs in eager mode, read from
+        `environ` (default `os.environ`) and the installed plugin (`hwenv.gaudi.selecting.child_env`).
+        """
         out: dict[str, str] = {}
         if self.kind == "xpu":
             if self.devices:
@@ -57,9 +64,7 @@ class Selection:
             if self.hierarchy is not None:  # only what the user set: never invent a hierarchy
                 out[HIERARCHY_VARIABLE] = self.hierarchy
         elif self.kind == "hpu":
-            if self.devices:
-                out[gaudi.MODULES_VARIABLE] = ",".join(self.devices)
-            out[gaudi.INT64_VARIABLE] = "1"  # Transformers uses int64 token ids (G4)
+            out.update(gaudi.selecting.child_env(self.devices, self.by, environ))
         elif self.kind == "cuda" and self.devices:
             out[CUDA_VARIABLE] = ",".join(self.devices)
         return out
@@ -67,13 +72,15 @@ class Selection:
     def apply(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
         """A copy of `environ` (default `os.environ`) with this selection's variables set.
 
-        A Gaudi selection by module IDs removes an inherited `HABANA_VISIBLE_DEVICES`, which
-        could otherwise disagree with it.
+        A Gaudi selection removes an inherited `HLS_MODULE_ID` (the bridge's per-process pin, which
+        would otherwise win over the selection in the child) and, with devices, the other
+        selection variable, which could disagree with it.
         """
         merged = dict(os.environ if environ is None else environ)
-        if self.kind == "hpu" and self.devices:
-            merged.pop(gaudi.DEVICES_VARIABLE, None)
-        merged.update(self.env())
+        if self.kind == "hpu":
+            for variable in gaudi.selecting.child_removals(self.devices, self.by):
+                merged.pop(variable, None)
+        merged.update(self.env(merged))
         return merged
 
 
@@ -94,8 +101,10 @@ def select(
       `ZE_FLAT_DEVICE_HIERARCHY`, unset = FLAT); `pci_order=False` opts out
       of `ZE_ENABLE_PCI_ID_DEVICE_ORDER=1`.
     - `hpu`: `devices` are module IDs (`by="module"`, default, stable across reboots) or device
-      indices (`by="index"`, translated to module IDs with `hl-smi`); partial-server groups are
-      checked against Intel's supported combinations (G8).
+      indices (`by="index"`). One card is a standard run: no group rule, and one index stays an
+      index (`HABANA_VISIBLE_DEVICES`, no hl-smi). Several cards are a distributed run: indices
+      are translated to module IDs with `hl-smi` and the group is checked against Intel's
+      supported combinations (G8).
     - `cuda`: `CUDA_VISIBLE_DEVICES` indices.
     """
     if kind not in kinds():
@@ -114,13 +123,8 @@ def select(
             raise SelectionError(f"by={by!r} is not valid for Gaudi; use 'module' (module IDs) or 'index' (device indices).")
         if devices is None:
             return Selection("hpu")
-        variable = gaudi.MODULES_VARIABLE if by == "module" else gaudi.DEVICES_VARIABLE
-        ids = gaudi.parse_id_list(devices, variable)
-        if by == "index":
-            rows = hl_smi_rows if hl_smi_rows is not None else gaudi.read_hl_smi()
-            ids = gaudi.indices_to_modules(ids, rows)
-        gaudi.check_group(ids)
-        return Selection("hpu", tuple(str(i) for i in ids))
+        ids, written_by = gaudi.selecting.parse_devices(devices, by, hl_smi_rows)
+        return Selection("hpu", ids, by=written_by)
     if kind == "cuda":
         if devices is None:
             return Selection("cuda")
@@ -142,8 +146,11 @@ def current_selection(
 ) -> Selection:
     """The selection the environment already makes for `kind`, validated.
 
-    On Gaudi, `HABANA_VISIBLE_MODULES` and `HABANA_VISIBLE_DEVICES` both set must name the same
-    devices (checked with the hl-smi mapping); otherwise a `SelectionError` says which to keep.
+    On Gaudi, `HLS_MODULE_ID` (the bridge's pin) wins; `HABANA_VISIBLE_MODULES` and
+    `HABANA_VISIBLE_DEVICES` both set must name the same devices (checked with the hl-smi
+    mapping), otherwise a `SelectionError` says which to keep; one index in
+    `HABANA_VISIBLE_DEVICES` (a one-card container) is kept as an index
+    (`hwenv.gaudi.selecting.environment_devices`).
     On XPU the mask is read in `environ`'s `ZE_FLAT_DEVICE_HIERARCHY` (or the given `hierarchy`).
     """
     env = os.environ if environ is None else environ
@@ -152,31 +159,8 @@ def current_selection(
         model = as_hierarchy(hierarchy, env)
         return select("xpu", env.get(MASK_VARIABLE), pci_order=env.get(PCI_ORDER_VARIABLE) == "1", hierarchy=model)
     if kind == "hpu":
-        modules = env.get(gaudi.MODULES_VARIABLE)
-        indices = env.get(gaudi.DEVICES_VARIABLE)
-        if modules is not None and indices is not None:
-            module_ids = gaudi.parse_id_list(modules, gaudi.MODULES_VARIABLE)
-            index_ids = gaudi.parse_id_list(indices, gaudi.DEVICES_VARIABLE)
-            try:
-                rows = hl_smi_rows if hl_smi_rows is not None else gaudi.read_hl_smi()
-            except Exception as error:
-                raise SelectionError(
-                    f"Both {gaudi.MODULES_VARIABLE}={modules!r} and {gaudi.DEVICES_VARIABLE}={indices!r} are set and "
-                    f"hl-smi cannot be read to check that they agree ({error}). Set only {gaudi.MODULES_VARIABLE}."
-                ) from error
-            translated = gaudi.indices_to_modules(index_ids, rows)
-            if set(translated) != set(module_ids):
-                raise SelectionError(
-                    f"{gaudi.MODULES_VARIABLE}={modules!r} and {gaudi.DEVICES_VARIABLE}={indices!r} disagree: the "
-                    f"indices are module IDs {sorted(translated)} by hl-smi, not {sorted(module_ids)}. "
-                    f"Unset {gaudi.DEVICES_VARIABLE} and keep {gaudi.MODULES_VARIABLE} (module IDs are stable)."
-                )
-            return select("hpu", modules)
-        if modules is not None:
-            return select("hpu", modules)
-        if indices is not None:
-            return select("hpu", indices, by="index", hl_smi_rows=hl_smi_rows)
-        return Selection("hpu")
+        devices, by = gaudi.selecting.environment_devices(env, hl_smi_rows)
+        return Selection("hpu") if devices is None else select("hpu", devices, by=by, hl_smi_rows=hl_smi_rows)
     if kind == "cuda":
         value = env.get(CUDA_VARIABLE)
         return select("cuda", value) if value else Selection("cuda")

@@ -1,4 +1,10 @@
-"""Intel's supported partial-server Gaudi groups for distributed workloads (G8, INTEL.md S9)."""
+"""Intel's supported partial-server Gaudi groups for distributed workloads (G8, INTEL.md S9, S13).
+
+The group rule is about a *distributed* workload (2 or more processes, one card each) on part
+of a server. A single card is a standard run (Intel's own instructions start containers with
+one card, `HABANA_VISIBLE_DEVICES=4`; Kubernetes pods ask for `habana.ai/gaudi: 1`), so a
+one-card group always passes.
+"""
 
 from __future__ import annotations
 
@@ -15,26 +21,31 @@ SUPPORTED_PARTIAL_GROUPS: dict[int, tuple[frozenset[int], ...]] = {
     4: (frozenset({0, 1, 2, 3}), frozenset({4, 5, 6, 7})),
 }
 
+
 def check_group(module_ids: tuple[int, ...], server_size: int = SERVER_SIZE) -> None:
-    """Raise `GaudiGroupError` unless `module_ids` is the full server or a supported 2/4 group (G8)."""
+    """Raise `GaudiGroupError` unless `module_ids` is one card, the full server or a supported 2/4 group (G8).
+
+    Only a multi-card group is checked against Intel's table: one card (or none) passes.
+    """
     group = frozenset(module_ids)
     bad = sorted(m for m in group if m >= server_size)
     if bad:
         raise GaudiGroupError(
             f"Gaudi module ID(s) {bad} do not exist on a {server_size}-device server (IDs 0..{server_size - 1})."
         )
-    if len(group) == server_size:
+    if len(group) <= 1 or len(group) == server_size:
         return
     allowed = SUPPORTED_PARTIAL_GROUPS.get(len(group))
     if allowed is None:
         raise GaudiGroupError(
-            f"A group of {len(group)} Gaudi device(s) {sorted(group)} is not supported on part of a server: "
-            f"Intel supports groups of 2 or 4 devices (or all {server_size}). {supported_groups_text()}"
+            f"A group of {len(group)} Gaudi devices {sorted(group)} is not supported for a distributed run on part "
+            f"of a server: Intel supports groups of 2 or 4 devices (or all {server_size}, or a single card). "
+            f"{supported_groups_text()}"
         )
     if group not in allowed:
         raise GaudiGroupError(
-            f"Gaudi module IDs {sorted(group)} are not a supported {len(group)}-device group. "
-            f"{supported_groups_text()}"
+            f"Gaudi module IDs {sorted(group)} are not a supported {len(group)}-device group for a distributed run "
+            f"on part of a server. {supported_groups_text()}"
         )
 
 
