@@ -28,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     "AffinityMaskError": "errors",
     "DeviceOverrideError": "errors",
     "GaudiGroupError": "errors",
+    "GaudiModulePinError": "errors",
     "HlSmiParseError": "errors",
     "HwenvError": "errors",
     "PlatformConflictError": "errors",
@@ -35,6 +36,9 @@ _EXPORTS: dict[str, str] = {
     "PluginMissingError": "errors",
     "SelectionError": "errors",
     # gaudi
+    "GAUDI_GENERATIONS": "gaudi",
+    "GaudiGeneration": "gaudi",
+    "generation_of": "gaudi",
     "HlSmiRow": "gaudi",
     "SUPPORTED_PARTIAL_GROUPS": "gaudi",
     "check_group": "gaudi",
