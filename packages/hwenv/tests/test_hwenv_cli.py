@@ -15,7 +15,8 @@ def test_env_for_xpu_on_a_machine_without_xpu(clean_device_env, capsys):
 
 
 @pytest.mark.facts("G6", "G4")
-def test_env_docker_format_for_gaudi(clean_device_env, capsys):
+def test_env_docker_format_for_gaudi(clean_device_env, capsys, override_versions):
+    override_versions(habana_torch_plugin="1.22.0")  # eager by default, so int64 is written (bridge env_flags.yaml)
     assert main(["env", "--kind", "hpu", "--devices", "5,4,7,6", "--format", "docker"]) == 0
     assert capsys.readouterr().out.strip() == "-e HABANA_VISIBLE_MODULES=5,4,7,6 -e PT_ENABLE_INT64_SUPPORT=1"
 

@@ -34,9 +34,9 @@ def _selection_from_args(args: argparse.Namespace) -> Selection:
 
 
 def _add_selection_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--devices", help="device ids: an XPU affinity mask ('0,2', '0.1'), Gaudi module IDs, CUDA indices")
+    parser.add_argument("--devices", help="device ids: an XPU affinity mask ('0,2', '0.1'), Gaudi module IDs (one card, or a supported 2/4-card group, or all 8), CUDA indices")
     parser.add_argument("--kind", choices=SELECTABLE, help="accelerator kind (default: detected); works without that hardware")
-    parser.add_argument("--by", choices=("module", "index"), default="module", help="Gaudi only: --devices are module IDs (default) or device indices (mapped with hl-smi)")
+    parser.add_argument("--by", choices=("module", "index"), default="module", help="Gaudi only: --devices are module IDs (default) or device indices (several are mapped to module IDs with hl-smi; one card stays HABANA_VISIBLE_DEVICES)")
     parser.add_argument("--no-pci-order", action="store_true", help="XPU only: do not set ZE_ENABLE_PCI_ID_DEVICE_ORDER=1")
 
 
