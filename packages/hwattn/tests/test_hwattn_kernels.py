@@ -55,7 +55,7 @@ def test_device_keys_are_read_from_transformers():
 
 
 @pytest.mark.parametrize("mapping, pattern", [
-    ({"RMSNorm": {"gpu": "kernels-community/rmsnorm:RMSNorm"}}, r"'gpu'.*'cuda' \(NVIDIA\) or 'xpu'"),
+    ({"RMSNorm": {"gpu": "kernels-community/rmsnorm:RMSNorm"}}, r"'gpu'.*'cuda' \(NVIDIA\), 'rocm' \(AMD\) or 'xpu'"),
     ({"RMSNorm": {"cpu": "kernels-community/rmsnorm:RMSNorm"}}, r"'cpu'.*no CPU key"),
     ({"RMSNorm": {"hpu": "kernels-community/rmsnorm:RMSNorm"}}, r"'hpu'.*Gaudi"),
     ({"RMSNorm": {"xpu": "flash-attn2"}}, r"'flash-attn2' is not 'org/name'.*'kernels-community/flash-attn2:RMSNorm'"),

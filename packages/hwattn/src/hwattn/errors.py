@@ -41,3 +41,7 @@ class AcceleratorTypeError(HwattnError, TypeError):
 
 class KernelsUnsupportedError(HwattnError, ValueError):
     """`use_kernels` / a kernel mapping asked for on a device that hub kernels do not serve (Gaudi)."""
+
+
+class KindNotCoveredError(HwattnError, ValueError):
+    """A device kind (a plug-in platform) without a row in one of hwattn's capability tables."""

@@ -8,13 +8,20 @@ from __future__ import annotations
 
 from hwenv import at_least
 
-#: torch from which SDPA's `enable_gqa` handles masked GQA on XPU (X6) and on MPS.
-XPU_GQA_MIN_TORCH = (2, 8)
-MPS_GQA_MIN_TORCH = (2, 13)
+from .capabilities import GQA, GqaRule, gqa_rule_for_device_type
+
+#: torch from which SDPA's `enable_gqa` handles masked GQA on XPU (X6) and on MPS (the `GQA` rows).
+XPU_GQA_MIN_TORCH = GQA["xpu"].masked_from
+MPS_GQA_MIN_TORCH = GQA["mps"].masked_from
 #: torch from which `scaled_dot_product_attention` has the `enable_gqa` argument at all.
 ENABLE_GQA_MIN_TORCH = (2, 5)
 #: Largest head dim for which CUDA/CPU SDPA keeps a fused kernel with `enable_gqa` (Transformers' rule).
 MAX_GQA_HEAD_DIM = 256
+
+
+def _rule(kind: str) -> GqaRule:
+    """The `GQA` row of a kind, else the rule of the platforms with that torch device type."""
+    return GQA[kind] if kind in GQA else gqa_rule_for_device_type(kind)
 
 
 def native_gqa(
@@ -25,14 +32,16 @@ def native_gqa(
     key_head_dim: int,
     value_head_dim: int,
 ) -> bool:
-    """Whether SDPA should get `enable_gqa=True` for one call (same rule as `use_gqa_in_sdpa`)."""
+    """Whether SDPA should get `enable_gqa=True` for one call (same rule as `use_gqa_in_sdpa`).
+
+    `kind` is a platform kind (`capabilities.GQA`) or a torch device type (`cuda` covers ROCm too).
+    """
     if not at_least(torch_version, ENABLE_GQA_MIN_TORCH):
         return False
-    if kind == "xpu":
-        return at_least(torch_version, XPU_GQA_MIN_TORCH)
-    if kind == "mps":
-        return at_least(torch_version, MPS_GQA_MIN_TORCH)
-    # CUDA, CPU, Gaudi: no mask and equal head dims <= 256, else SDPA would use the math kernel.
+    rule = _rule(kind)
+    if rule.masked_from is not None:
+        return at_least(torch_version, rule.masked_from)
+    # CUDA, ROCm, CPU, Gaudi: no mask and equal head dims <= 256, else SDPA would use the math kernel.
     return not has_mask and key_head_dim == value_head_dim <= MAX_GQA_HEAD_DIM
 
 
@@ -44,10 +53,9 @@ def native_gqa_reason(kind: str, torch_version: str | None, *, has_mask: bool, k
     verb = "enable_gqa=True" if native else "repeat KV heads"
     if not at_least(torch_version, ENABLE_GQA_MIN_TORCH):
         return f"{verb}: torch {torch_version} has no enable_gqa (needs >= 2.5)"
-    if kind == "xpu":
-        return f"{verb}: XPU SDPA handles GQA natively from torch 2.8 (X6), torch is {torch_version}"
-    if kind == "mps":
-        return f"{verb}: MPS SDPA handles GQA natively from torch 2.13, torch is {torch_version}"
+    rule = _rule(kind)
+    if rule.masked_from is not None:
+        return f"{verb}: {rule.reason}, torch is {torch_version}"
     return (f"{verb}: on {kind} enable_gqa is used only without a mask and with equal head dims <= "
             f"{MAX_GQA_HEAD_DIM} (mask={'yes' if has_mask else 'no'}, head dims {key_head_dim}/{value_head_dim})")
 

@@ -24,7 +24,9 @@ _FALLBACK_DEVICE_KEYS = ("cuda", "rocm", "xpu", "npu", "neuron", "tpu", "mps")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _LAYER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _METADATA_KEYS = {"version", "revision", "trust_remote_code"}
-_KEY_HINTS = {"gpu": "'cuda' (NVIDIA) or 'xpu' (Intel GPU)", "intel": "'xpu'", "nvidia": "'cuda'",
+#: Hints for keys users write that are not KernelConfig keys (user spellings, not device kinds).
+_KEY_HINTS = {"gpu": "'cuda' (NVIDIA), 'rocm' (AMD) or 'xpu' (Intel GPU)", "intel": "'xpu'", "nvidia": "'cuda'",
+              "amd": "'rocm'", "hip": "'rocm'",
               "hpu": "none: hub kernels are not used on Gaudi", "cpu": "none: KernelConfig has no CPU key"}
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from hwenv import Accelerator
 
+from .capabilities import hub_kernels
 from .errors import KernelsMissingError, KernelsUnsupportedError, KernelUnavailableError
 from .kernel_map import device_keys, kernel_mapping
 from .resolve import KERNELS_INSTALL_HINT, _kernels_problem, resolve_attention
@@ -37,7 +38,7 @@ def load_kwargs(
     every device alike: so its `inherit_mapping` / `use_local_kernel` decide what the layers without an
     entry get, never Transformers' default mapping by omission. Where the narrowed mapping is empty
     and inherits nothing, no kernel could be used: kernels are not asked for, and a warning says so.
-    On Gaudi hub kernels are refused, or dropped with a logged note when `fallback=True`.
+    Where hub kernels are not used (Gaudi: `capabilities.HUB_KERNELS`) they are refused, or dropped with a logged note when `fallback=True`.
     """
     from transformers import KernelConfig
 
@@ -49,9 +50,9 @@ def load_kwargs(
         raise KernelsUnsupportedError(f"use_kernels must be True or False, got {use_kernels!r}.")
     if not use_kernels and mapping is None:
         return kwargs
-    if accel.kind == "hpu":
-        why = ("hub kernels are not used on Gaudi (the kernels library has no 'hpu' device type, KernelConfig no "
-               "'hpu' key)")
+    hub = hub_kernels(accel.kind)
+    if hub.kernels_device is None:
+        why = hub.reason
         if not fallback:
             raise KernelsUnsupportedError(
                 f"use_kernels={use_kernels}, mapping={'given' if mapping is not None else None} on {accel.name}: "
@@ -107,15 +108,16 @@ def for_device(config: Any, kind: str) -> Any:
     `KERNELS_SUPPORTED_DEVICE_TYPES`): not on CPU. Dropped layers are logged with what they get instead.
     """
     narrowed, dropped, unbound = {}, [], []
-    bindable = kind in device_keys()
+    key = hub_kernels(kind).config_key  # KernelConfig's name for this kind (None on CPU and Gaudi)
+    bindable = key is not None and key in device_keys()
     for layer, kernel in config.kernel_mapping.items():
         if not isinstance(kernel, dict):
             if bindable:
                 narrowed[layer] = kernel
             else:
                 unbound.append(layer)
-        elif kind in kernel:
-            narrowed[layer] = {kind: kernel[kind]}
+        elif key is not None and key in kernel:
+            narrowed[layer] = {key: kernel[key]}
         else:
             dropped.append(layer)
     if _inherits(config):

@@ -24,13 +24,17 @@ FLASH_KERNEL_REPO: dict[str, str] = {
     "flash_attention_3": "kernels-community/vllm-flash-attn3",
     "flash_attention_4": "kernels-community/flash-attn4",
 }
+#: The hub kernel Transformers loads for `flash_attention_2` on ROCm (`FLASH_ATTN_KERNEL_FALLBACK` when
+#: `is_rocm_platform()`); it ships ROCm builds only (`FLASH_ATTN_KERNEL_DEVICES`).
+ROCM_FLASH_KERNEL_REPO = "kernels-community/aiter-flash-attn"
 
-#: Devices each hub flash kernel ships builds for
+#: Devices each hub flash kernel ships builds for, as kernels device types (`rocm` is AMD)
 #: (transformers `modeling_flash_attention_utils.FLASH_ATTN_KERNEL_DEVICES`).
 FLASH_KERNEL_DEVICES: dict[str, tuple[str, ...]] = {
     "kernels-community/flash-attn2": ("cuda", "xpu"),
     "kernels-community/flash-attn3": ("cuda",),
     "kernels-community/vllm-flash-attn3": ("cuda",),
+    "kernels-community/aiter-flash-attn": ("rocm",),
     "kernels-community/flash-attn4": ("cuda",),
     "kernels-community/metal-flash-sdpa": ("mps",),
 }

@@ -12,6 +12,7 @@ from typing import Any
 
 from hwenv import Accelerator
 
+from .capabilities import hub_kernels
 from .errors import AcceleratorTypeError, KernelMappingError
 from .kernel_map import device_keys, kernel_mapping, registered_layers
 
@@ -48,20 +49,17 @@ class KernelPlan:
         return "\n".join(lines)
 
 
-_NOT_USED = {
-    "hpu": ("hub kernels are not used on Gaudi: the kernels library has no 'hpu' device type and KernelConfig "
-            "accepts no 'hpu' key; every layer keeps its PyTorch forward"),
-}
-
-
 def _user_entries(config: Any, kind: str, mode: Any) -> dict[str, Any]:
     """The user's KernelConfig entries for `kind`, as kernels repositories (like `create_compatible_mapping`)."""
     from kernels import LayerRepository, LocalLayerRepository
 
     entries: dict[str, Any] = {}
-    bindable = kind in device_keys()  # an entry without device keys binds to the model's device (not cpu)
+    hub = hub_kernels(kind)
+    key = hub.config_key
+    bindable = key is not None and key in device_keys()  # an entry without device keys binds to the model's device
     for layer, kernel in (config.kernel_mapping or {}).items():
-        value = kernel.get(kind) if isinstance(kernel, dict) else (kernel if bindable else None)
+        value = (kernel.get(key) if key is not None else None) if isinstance(kernel, dict) else (
+            kernel if bindable else None)
         if value is None:
             continue
         repo_name, metadata = value if isinstance(value, tuple) else (value, {})
@@ -75,7 +73,7 @@ def _user_entries(config: Any, kind: str, mode: Any) -> dict[str, Any]:
             repository = LayerRepository(repo, layer_name=repo_layer, revision=revision,
                                          version=None if revision else metadata.get("version", 1),
                                          trust_remote_code=metadata.get("trust_remote_code", False))
-        entries[layer] = {kind: {mode: repository}}
+        entries[layer] = {hub.kernels_device: {mode: repository}}
     return entries
 
 
@@ -111,8 +109,9 @@ def kernel_plan(model: Any, accel: Accelerator, mapping: Any = None) -> KernelPl
         kept = tuple(LayerKernel(module=m, layer=n, replaced=False, reason=reason) for m, n in layers.items())
         return KernelPlan(device=kind, used=used, mode=mode_name, reason=reason, unchanged=kept)
 
-    if kind in _NOT_USED:
-        return keep_all(_NOT_USED[kind])
+    hub = hub_kernels(kind)
+    if hub.kernels_device is None:
+        return keep_all(f"{hub.reason}; every layer keeps its PyTorch forward")
     if not kernels_available():
         return keep_all("the kernels package is not usable (transformers.utils.is_kernels_available() is False); "
                         'pip install "hwattn[kernels]"')
@@ -121,9 +120,10 @@ def kernel_plan(model: Any, accel: Accelerator, mapping: Any = None) -> KernelPl
     replaced, unchanged, cap_note = _select(layers, config, accel, mode_name)
     if replaced:
         reason = f"{len(replaced)} of {len(layers)} hub-kernel layers have a kernel for {kind}{cap_note}"
-    elif kind == "cpu":
-        reason = ("hub kernels are not used on CPU for this model: KernelConfig accepts no 'cpu' key "
-                  f"({', '.join(device_keys())}) and Transformers' default mapping has no CPU kernel for its layers")
+    elif hub.config_key is None:  # only Transformers' default mapping could give a kernel here
+        label = accel.name
+        reason = (f"hub kernels are not used on {label} for this model: KernelConfig accepts no {kind!r} key "
+                  f"({', '.join(device_keys())}) and Transformers' default mapping has no {label} kernel for its layers")
     else:
         reason = f"no kernel in the mapping for these layers on {kind}{cap_note}"
     return KernelPlan(device=kind, used=bool(replaced), mode=mode_name, reason=reason,
@@ -137,19 +137,19 @@ def _select(layers: dict[str, str], config: Any, accel: Accelerator,
     from kernels.layer.repos import _select_repository  # kernels' own mode-priority rule
     from transformers.integrations.hub_kernels import get_kernel_mapping_transformers
 
-    kind = accel.kind
+    kind, hub = accel.kind, hub_kernels(accel.kind)
     mode = Mode.TRAINING if mode_name == "training" else Mode.INFERENCE
     user = _user_entries(config, kind, mode) if config is not None else {}
     inherit = config is None or (config.inherit_mapping and not config.use_local_kernel)
     capability = accel.capability[0] * 10 + accel.capability[1] if accel.capability else 0
-    cap_note = ("; CUDA capability unknown: only kernels for every capability considered"
-                if kind == "cuda" and not accel.capability else "")
+    cap_note = (f"; {hub.capability} unknown: only kernels for every capability considered"
+                if hub.capability and not accel.capability else "")
     with use_kernel_mapping(get_kernel_mapping_transformers() if inherit else {}, inherit_mapping=False), \
             use_kernel_mapping(user, inherit_mapping=True):
         table = _KERNEL_MAPPING.get()
         replaced, unchanged = [], []
         for module, layer in layers.items():
-            device_repos = table.get(layer, {}).get(kind)
+            device_repos = table.get(layer, {}).get(hub.kernels_device)
             if device_repos is None:
                 why = "no kernel for this layer" if layer not in table else f"no {kind} kernel for this layer"
                 unchanged.append(LayerKernel(module=module, layer=layer, replaced=False, reason=why))

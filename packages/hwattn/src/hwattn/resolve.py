@@ -2,9 +2,11 @@
 
 Rules (fact ids from FACTS.md): `auto` is SDPA on every device (X6); `eager`, `sdpa` pass
 through; `flash_attention_2` on XPU is the hub kernel `kernels-community/flash-attn2` (X7), on
-CUDA the `flash_attn` package when installed, else that hub kernel; FlashAttention-3/4 only on
-NVIDIA (X8) with compute capability >= 8 / >= 9; on CPU, Gaudi and MPS flash requests raise, or
-become SDPA with `fallback=True` (logged once). The tables in README.md are generated from here.
+CUDA and ROCm the `flash_attn` package when installed, else Transformers' hub kernel
+(`kernels-community/flash-attn2`, on ROCm `kernels-community/aiter-flash-attn`); FlashAttention-3/4
+only on NVIDIA (X8) with compute capability >= 8 / >= 9; on CPU, Gaudi and MPS flash requests
+raise, or become SDPA with `fallback=True` (logged once). What each kind runs is a row of
+`capabilities` (no kind is compared here). The tables in README.md are generated from here.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 from hwenv import Accelerator
 
+from .capabilities import NVIDIA_ONLY_FLASH, FlashSupport, flash_support, gqa_rule, hub_kernels
 from .environment import AttentionEnvironment, current_environment
 from .errors import (
     AcceleratorTypeError,
@@ -27,7 +30,6 @@ from .names import (
     EAGER,
     FLASH_DISTRIBUTION,
     FLASH_KERNEL_DEVICES,
-    FLASH_KERNEL_REPO,
     FLASH_MIN_CAPABILITY,
     FLASH_NAMES,
     SDPA,
@@ -46,13 +48,6 @@ _REPO_FLASH_NAME = {
     "kernels-community/flash-attn3": "flash_attention_3",
     "kernels-community/vllm-flash-attn3": "flash_attention_3",
     "kernels-community/flash-attn4": "flash_attention_4",
-}
-
-#: Why a device without FlashAttention cannot take a flash request.
-_NO_FLASH_WHY = {
-    "cpu": "FlashAttention is GPU-only and kernels-community/flash-attn2 ships CUDA and XPU builds only",
-    "hpu": "Gaudi runs neither the flash_attn packages nor hub kernels (kernels has no 'hpu' device type)",
-    "mps": "no FlashAttention build targets Apple GPUs (kernels-community/flash-attn2: CUDA and XPU only)",
 }
 
 _logged_fallbacks: set[tuple[str, str]] = set()
@@ -144,55 +139,66 @@ def _decide(accel: Accelerator, name: str, fallback: bool,
 
 def _flash(accel: Accelerator, name: str, fallback: bool,
            env: AttentionEnvironment) -> tuple[str, str | None, str, bool]:
-    kind, repo, dist = accel.kind, FLASH_KERNEL_REPO[name], FLASH_DISTRIBUTION[name]
-    if kind == "cuda":
-        note = _check_capability(accel, name)
-        if env.has_flash_package(name):
-            return name, None, f"{name}: the {dist} package is installed{note}", False
+    support = flash_support(accel.kind)
+    repo, dist = support.kernels.get(name), FLASH_DISTRIBUTION[name]
+    if repo is None:
+        return _flash_refused(accel, name, fallback, support)
+    note = _check_capability(accel, name) if support.capability_checked else ""
+    if not support.packages:
         if env.kernels_available:
-            return repo, repo, (f"{name}: {dist} is not installed, so Transformers' hub kernel {repo} "
-                                f"through `kernels`{note}"), False
+            return repo, repo, (f"{name} on {support.label} is the hub kernel {repo}, which ships an "
+                                f"{support.label} build ({support.source})"), False
         raise KernelsMissingError(
-            f"{name!r} on {accel.name} needs the {dist} package or the hub kernel {repo!r}, and neither is usable: "
-            f"{_kernels_problem()}. Fix: {KERNELS_INSTALL_HINT} (or pip install {dist}), or use 'sdpa'."
-        )
-    if kind == "xpu":
-        if name != "flash_attention_2":
-            raise AttentionUnsupportedError(
-                f"{name!r} runs only on NVIDIA GPUs (X8), not on {accel.name}. On XPU use 'flash_attention_2' "
-                f"(the hub kernel {FLASH_KERNEL_REPO['flash_attention_2']}, X7), 'sdpa' (the default, X6) or 'eager'."
-            )
-        if env.kernels_available:
-            return repo, repo, (f"flash_attention_2 on XPU is the hub kernel {repo}, which ships an XPU build "
-                                "(X7)"), False
-        raise KernelsMissingError(
-            f"'flash_attention_2' on {accel.name} is the hub kernel {repo!r} (X7), which needs `kernels`: "
+            f"{name!r} on {accel.name} is the hub kernel {repo!r} ({support.source}), which needs `kernels`: "
             f"{_kernels_problem()}. Fix: {KERNELS_INSTALL_HINT}, or use 'sdpa' (the default, X6)."
         )
-    why = "FlashAttention-3/4 run only on NVIDIA GPUs (X8)" if name != "flash_attention_2" else _NO_FLASH_WHY[kind]
-    return _no_flash_device(accel, name, fallback, why)
+    if env.has_flash_package(name):
+        return name, None, f"{name}: the {dist} package is installed{note}", False
+    if env.kernels_available:
+        return repo, repo, (f"{name}: {dist} is not installed, so Transformers' hub kernel {repo} "
+                            f"through `kernels`{note}"), False
+    raise KernelsMissingError(
+        f"{name!r} on {accel.name} needs the {dist} package or the hub kernel {repo!r}, and neither is usable: "
+        f"{_kernels_problem()}. Fix: {KERNELS_INSTALL_HINT} (or pip install {dist}), or use 'sdpa'."
+    )
+
+
+def _flash_refused(accel: Accelerator, name: str, fallback: bool,
+                   support: FlashSupport) -> tuple[str, None, str, bool]:
+    """A flash version this kind does not run: fallback where the row allows it, else an error naming its own."""
+    nvidia_only = name in NVIDIA_ONLY_FLASH
+    if support.fallback_allowed:
+        why = "FlashAttention-3/4 run only on NVIDIA GPUs (X8)" if nvidia_only else support.why_not
+        return _no_flash_device(accel, name, fallback, why)
+    offered = ", ".join(f"{n!r} (the hub kernel {r}, {support.source})" for n, r in support.kernels.items())
+    rule = (f"runs only on NVIDIA GPUs (X8), not on {accel.name}" if nvidia_only
+            else f"cannot run on {accel.name}: {support.why_not}")
+    raise AttentionUnsupportedError(
+        f"{name!r} {rule}. On {support.label} use {offered}, 'sdpa' (the default, X6) or 'eager'."
+        + support.refusal_note
+    )
 
 
 def _hub_kernel(accel: Accelerator, name: str, fallback: bool,
-                env: AttentionEnvironment) -> tuple[str, str | None, str, bool]:
+               env: AttentionEnvironment) -> tuple[str, str | None, str, bool]:
     kind, repo = accel.kind, kernel_repo_id(name)
-    devices = FLASH_KERNEL_DEVICES.get(repo)
-    if kind == "hpu":
-        return _no_flash_device(accel, name, fallback, "hub kernels ship no Gaudi builds (kernels has no 'hpu' device type)")
-    if devices is not None and kind not in devices:
+    devices, hub, support = FLASH_KERNEL_DEVICES.get(repo), hub_kernels(kind), flash_support(kind)
+    if hub.kernels_device is None:
+        return _no_flash_device(accel, name, fallback, hub.refused)
+    if devices is not None and hub.kernels_device not in devices:
         why = f"{repo} ships builds for {', '.join(devices)} only"
-        if kind in _NO_FLASH_WHY:
+        if support.fallback_allowed:
             return _no_flash_device(accel, name, fallback, why)
+        offered = "".join(f", or {n!r} ({support.source})" for n in support.kernels) if support.source else ""
         raise AttentionUnsupportedError(
-            f"{name!r} cannot run on {accel.name}: {why}. Use 'sdpa' (the default, X6) or 'eager'"
-            + (", or 'flash_attention_2' (X7)." if kind == "xpu" else ".")
+            f"{name!r} cannot run on {accel.name}: {why}. Use 'sdpa' (the default, X6) or 'eager'{offered}."
         )
     if not env.kernels_available:
         raise KernelsMissingError(
             f"the hub kernel {name!r} needs `kernels`: {_kernels_problem()}. Fix: {KERNELS_INSTALL_HINT}, or use 'sdpa'."
         )
     note = ""
-    if kind == "cuda" and repo in _REPO_FLASH_NAME:
+    if support.capability_checked and repo in _REPO_FLASH_NAME:
         note = _check_capability(accel, _REPO_FLASH_NAME[repo])
     if devices is None:
         note += (f"; Transformers assumes kernels it does not list run everywhere: loading fails if {repo} "
@@ -255,7 +261,7 @@ def _gqa(kind: str, torch_version: str | None, implementation: str, kernel_repo:
     if implementation == SDPA:
         head_dim = model_head_dim(model_config) if model_config is not None else None
         dims = head_dim or 64
-        if kind in ("xpu", "mps"):
+        if gqa_rule(kind).masked_from is not None:  # the answer does not depend on the mask
             native = native_gqa(kind, torch_version, has_mask=True, key_head_dim=dims, value_head_dim=dims)
             return native, native_gqa_reason(kind, torch_version, has_mask=True, key_head_dim=dims,
                                              value_head_dim=dims)

@@ -19,6 +19,7 @@ TABLE_DEVICES: tuple[tuple[str, Accelerator], ...] = (
     ("CUDA sm 9.0 (H100/H200)", Accelerator("cuda", capability=(9, 0), torch_version="2.8.0")),
     ("CUDA sm 8.0 (A100)", Accelerator("cuda", capability=(8, 0), torch_version="2.8.0")),
     ("CUDA sm 7.5 (T4)", Accelerator("cuda", capability=(7, 5), torch_version="2.8.0")),
+    ("ROCm gfx942 (MI300X)", Accelerator("rocm", capability=(9, 4), torch_version="2.8.0")),
     ("Gaudi (hpu)", Accelerator("hpu", torch_version="2.8.0")),
     ("MPS, torch 2.8", Accelerator("mps", torch_version="2.8.0")),
     ("CPU", Accelerator("cpu", torch_version="2.8.0")),
@@ -71,11 +72,15 @@ SOFTWARE_CASES: tuple[tuple[str, AttentionEnvironment], ...] = (
 )
 
 
+def _device(label: str) -> Accelerator:
+    return next(accel for name, accel in TABLE_DEVICES if name == label)
+
+
 def software_table() -> str:
-    """Markdown table: how installed software changes flash requests on XPU and CUDA sm 9.0."""
-    xpu, cuda = TABLE_DEVICES[0][1], TABLE_DEVICES[2][1]
+    """Markdown table: how installed software changes flash requests on XPU, CUDA sm 9.0 and ROCm."""
+    xpu, cuda, rocm = _device("XPU, torch 2.8"), _device("CUDA sm 9.0 (H100/H200)"), _device("ROCm gfx942 (MI300X)")
     columns = (("XPU", xpu, "flash_attention_2"), ("CUDA sm 9.0", cuda, "flash_attention_2"),
-               ("CUDA sm 9.0", cuda, "flash_attention_3"))
+               ("CUDA sm 9.0", cuda, "flash_attention_3"), ("ROCm", rocm, "flash_attention_2"))
     header = "| software | " + " | ".join(f"{d}: `{r}`" for d, _, r in columns) + " |"
     rule = "|---" * (len(columns) + 1) + "|"
     rows = [f"| {label} | " + " | ".join(_cell(a, r, env) for _, a, r in columns) + " |" for label, env in SOFTWARE_CASES]
