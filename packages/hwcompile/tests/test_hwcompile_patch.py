@@ -1,4 +1,4 @@
-"""patch_torch_compile: reach, idempotence, undo, thread safety, and transformers' own Gaudi wrapper (G13)."""
+"""patch_torch_compile: reach, idempotence, undo, thread safety (G13); beside Transformers: test_hwcompile_transformers."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import hwcompile
 import hwenv
 import pytest
 import torch
-from hwcompile.testing import routing_warnings, transformers_warnings
+from hwcompile.testing import routing_warnings
 
 GAUDI = hwenv.Accelerator("hpu", 8)
 
@@ -55,7 +55,7 @@ def test_off_gaudi_the_patch_is_a_no_op(clean_device_env):
     original = torch.compile
     with hwcompile.patch_torch_compile() as patch:  # this machine is not a Gaudi
         assert torch.compile is original and not patch.active and not hwcompile.is_patched()
-        assert "not a Gaudi" in patch.reason
+        assert "runs torch's backends" in patch.reason
     assert torch.compile is original
 
 
@@ -228,60 +228,6 @@ def test_patch_refuses_lazy_mode(dynamo_gaudi, hpu_backend):
     with pytest.raises(hwcompile.LazyModeError, match="PT_HPU_LAZY_MODE=0"):
         hwcompile.patch_torch_compile(GAUDI)
     assert torch.compile is original
-
-
-def _install_transformers_wrapper():
-    from transformers.utils import import_utils
-
-    import_utils.is_torch_hpu_available.cache_clear()
-    assert import_utils.is_torch_hpu_available() is True  # the fake Gaudi makes transformers patch torch
-    assert hwcompile.is_transformers_wrapper(torch.compile)
-    return torch.compile
-
-
-@pytest.mark.facts("G5", "G13")
-def test_patch_over_transformers_wrapper_routes_and_warns_once(gaudi, caplog, transformers_logs):
-    caplog.set_level(logging.WARNING)
-    hf_wrapper = _install_transformers_wrapper()
-    x = torch.randn(4)
-    with hwcompile.patch_torch_compile(GAUDI) as patch:
-        assert patch.over_transformers and torch.compile.__wrapped__ is hf_wrapper
-        torch.testing.assert_close(torch.compile(lambda t: t + 4, backend="inductor")(x), x + 4)
-        torch.testing.assert_close(torch.compile(lambda t: t + 5, backend="inductor")(x), x + 5)
-        torch.testing.assert_close(hwcompile.compile(lambda t: t + 6, "inductor")(x), x + 6)
-    assert torch.compile is hf_wrapper  # undo restores transformers' wrapper, not torch's function
-    assert len(gaudi.graphs) == 3
-    assert len(routing_warnings(caplog.records)) == 1 and transformers_warnings(caplog.records) == []
-
-
-@pytest.mark.facts("G13")
-def test_compile_under_transformers_wrapper_warns_once(gaudi, caplog, transformers_logs):
-    caplog.set_level(logging.WARNING)
-    _install_transformers_wrapper()
-    x = torch.randn(4)
-    torch.testing.assert_close(hwcompile.compile(lambda t: t * 7, "aot_eager")(x), x * 7)
-    assert len(gaudi.graphs) == 1
-    assert len(routing_warnings(caplog.records)) == 1 and transformers_warnings(caplog.records) == []
-
-
-@pytest.mark.facts("G13")
-def test_transformers_wrapping_after_the_patch_does_not_route_or_warn_twice(gaudi, caplog, transformers_logs):
-    caplog.set_level(logging.WARNING)
-    x = torch.randn(4)
-    patch = hwcompile.patch_torch_compile(GAUDI)
-    ours = torch.compile
-    hf_wrapper = _install_transformers_wrapper()  # transformers wraps our wrapper
-    try:
-        torch.testing.assert_close(torch.compile(lambda t: t + 8, backend="inductor")(x), x + 8)
-        assert len(gaudi.graphs) == 1
-        assert len(transformers_warnings(caplog.records)) == 1 and routing_warnings(caplog.records) == []
-    finally:
-        patch.undo()
-    assert torch.compile is hf_wrapper  # left in place (it is on top of ours), ours now passes through
-    assert any("replaced after hwcompile patched it" in r.getMessage() for r in caplog.records)
-    my_backend, graphs = _recorder()
-    torch.testing.assert_close(ours(lambda t: t * 9, backend=my_backend)(x), x * 9)  # called directly
-    assert len(graphs) == 1 and len(gaudi.graphs) == 1  # passed through: not routed any more
 
 
 def test_a_reset_behind_the_patch_is_repaired_by_the_next_patch_call(gaudi):

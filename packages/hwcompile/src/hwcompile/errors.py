@@ -18,10 +18,14 @@ class CompileArgumentError(HwcompileError, ValueError, RuntimeError):
 
 
 class LazyModeError(HwcompileError, RuntimeError):
-    """`torch.compile` was asked for on Gaudi while `PT_HPU_LAZY_MODE=1` selects lazy mode (G2)."""
+    """`torch.compile` was asked for on Gaudi while it runs in lazy mode (`hwenv.gaudi.execution_mode`, G2)."""
 
 
-class HpuBackendMissingError(HwcompileError, ImportError):
+class CompileBackendMissingError(HwcompileError, ImportError):
+    """A platform's own torch.compile backend is not registered and its plugin cannot register it."""
+
+
+class HpuBackendMissingError(CompileBackendMissingError):
     """The `hpu_backend` torch.compile backend is not registered and the Gaudi plugin cannot register it."""
 
 

@@ -2,20 +2,22 @@
 
 Layer-rule exception (listed in tests/test_workspace_layers.py): `ensure_hpu_backend` imports
 the Gaudi plugin, lazily, because importing it is the only way `hpu_backend` gets registered.
+Lazy or eager is `hwenv.gaudi.execution_mode()`'s answer (the bridge's own rule: unset means
+lazy up to Gaudi software 1.19 and eager after; any value but "0" is lazy).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import os
 import sys
 from collections.abc import Mapping
 from typing import Any
 
-from hwenv.gaudi import LAZY_MODE_VARIABLE, PLUGIN_INSTALL_HINT
+import hwenv
+from hwenv.gaudi import LAZY_MODE_VARIABLE, PLUGIN_INSTALL_HINT, GaudiMode, execution_mode
 
-from .errors import HpuBackendMissingError, LazyModeError
+from .errors import CompileBackendMissingError, HpuBackendMissingError, LazyModeError
 from .routing import HPU_BACKEND
 
 logger = logging.getLogger(__name__)
@@ -26,6 +28,8 @@ logger = logging.getLogger(__name__)
 PLUGIN_CORE_MODULE = "habana_frameworks.torch.core"
 PLUGIN_BACKENDS_MODULE = "habana_frameworks.torch.dynamo.compile_backend.backends"
 PLUGIN_CONFIG_MODULE = "habana_frameworks.torch.dynamo.compile_backend.config"
+#: Per platform compile backend: the modules whose import registers it (in order).
+BACKEND_MODULES: dict[str, tuple[str, ...]] = {HPU_BACKEND: (PLUGIN_CORE_MODULE, PLUGIN_BACKENDS_MODULE)}
 
 #: The keys `hpu_backend` accepts in `options` (it applies them with `hpu_backend_config.patch`,
 #: which rejects unknown keys). Read from gaudi-pytorch-bridge's
@@ -40,27 +44,92 @@ HPU_BACKEND_OPTIONS = frozenset({
 DYNAMO_OPTIONS = frozenset({"guard_filter_fn"})
 
 
-def lazy_mode(environ: Mapping[str, str] | None = None) -> bool:
-    """True when `PT_HPU_LAZY_MODE=1` selects Gaudi's lazy mode (unset means eager, G2; as `hwenv doctor`)."""
-    env = os.environ if environ is None else environ
-    return env.get(LAZY_MODE_VARIABLE, "").strip() == "1"
+def gaudi_mode(environ: Mapping[str, str] | None = None, *, plugin_version: str | None = None) -> GaudiMode:
+    """Lazy or eager, and why: `hwenv.gaudi.execution_mode` (the installed plugin's default when unset)."""
+    return execution_mode(environ, plugin_version=plugin_version)
 
 
-def check_eager_mode(environ: Mapping[str, str] | None = None) -> None:
-    """Raise `LazyModeError` when lazy mode is on: torch.compile on Gaudi needs eager mode."""
-    if lazy_mode(environ):
+def lazy_mode(environ: Mapping[str, str] | None = None, *, plugin_version: str | None = None) -> bool:
+    """True when Gaudi runs in lazy mode: `PT_HPU_LAZY_MODE` set to anything but "0", or unset on
+    Gaudi software 1.19 and older (G2; the same answer as `hwenv doctor`).
+    """
+    return gaudi_mode(environ, plugin_version=plugin_version).lazy
+
+
+def check_eager_mode(environ: Mapping[str, str] | None = None, *, plugin_version: str | None = None) -> GaudiMode:
+    """Raise `LazyModeError` (with the reason) when Gaudi runs lazy: torch.compile there needs eager mode.
+
+    Returns the (eager) mode otherwise.
+    """
+    mode = gaudi_mode(environ, plugin_version=plugin_version)
+    if mode.lazy:
         raise LazyModeError(
-            f"{LAZY_MODE_VARIABLE}=1 selects Gaudi lazy mode, but torch.compile (hpu_backend) runs only in "
-            f"eager mode (G2). Run with {LAZY_MODE_VARIABLE}=0 (e.g. `{LAZY_MODE_VARIABLE}=0 python train.py`), "
-            f"or do not compile; `hwenv doctor` shows the mode."
+            f"Gaudi runs in lazy mode ({mode.reason}), but torch.compile (hpu_backend) runs only in eager mode "
+            f"(G2). Run with {LAZY_MODE_VARIABLE}=0 (e.g. `{LAZY_MODE_VARIABLE}=0 python train.py`; it is read "
+            f"once, when habana_frameworks.torch is imported), or do not compile; `hwenv doctor` shows the mode."
         )
+    logger.debug("hwcompile: Gaudi runs in eager mode (%s)", mode.reason)
+    return mode
+
+
+def check_compile_mode(platform: hwenv.Platform, environ: Mapping[str, str] | None = None) -> GaudiMode | None:
+    """For a platform with a lazy mode (`Platform.lazy_mode_variable`), refuse to compile in it.
+
+    Gaudi's variable is read with `check_eager_mode`; a platform with another lazy-mode variable
+    (a plug-in) is not checked (its rule is unknown here) and None is returned, as off Gaudi.
+    """
+    if platform.lazy_mode_variable is None:
+        return None
+    if platform.lazy_mode_variable != LAZY_MODE_VARIABLE:
+        logger.info("hwcompile: %s has lazy-mode variable %s, whose rule hwcompile does not know; not checked",
+                    platform.display_name, platform.lazy_mode_variable)
+        return None
+    return check_eager_mode(environ)
+
+
+def backend_registered(name: str) -> bool:
+    """Whether torch._dynamo knows a backend named `name` (the plugin's, or a test stand-in)."""
+    import torch._dynamo
+
+    return name in torch._dynamo.list_backends(exclude_tags=())
 
 
 def hpu_backend_registered() -> bool:
     """Whether torch._dynamo knows a backend named `hpu_backend` (the plugin's, or a test stand-in)."""
-    import torch._dynamo
+    return backend_registered(HPU_BACKEND)
 
-    return HPU_BACKEND in torch._dynamo.list_backends(exclude_tags=())
+
+def _missing(name: str, message: str) -> CompileBackendMissingError:
+    error = HpuBackendMissingError if name == HPU_BACKEND else CompileBackendMissingError
+    return error(message)
+
+
+def ensure_backend(platform: hwenv.Platform) -> None:
+    """Make sure the platform's compile backend is registered, importing its plugin only if it is not yet.
+
+    The modules come from `BACKEND_MODULES` (Gaudi), else the platform's `plugin_module`. Raises
+    `CompileBackendMissingError` (`HpuBackendMissingError` for `hpu_backend`; an ImportError).
+    """
+    name = platform.compile_backend
+    if backend_registered(name):
+        return
+    hint = PLUGIN_INSTALL_HINT if name == HPU_BACKEND else f"Install the plugin of {platform.display_name}."
+    modules = BACKEND_MODULES.get(name) or ((platform.plugin_module,) if platform.plugin_module else ())
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise _missing(name, (
+                f"torch.compile backend {name!r} is not registered and importing {module} failed "
+                f"({error}). It comes with the {platform.display_name} PyTorch plugin. {hint}"
+            )) from error
+        if backend_registered(name):
+            logger.info("registered torch.compile backend %r by importing %s", name, module)
+            return
+    raise _missing(name, (
+        f"imported {' and '.join(modules) or 'nothing'}, but no torch.compile backend named {name!r} was "
+        f"registered; the installed {platform.display_name} plugin does not match this torch. {hint}"
+    ))
 
 
 def ensure_hpu_backend() -> None:
@@ -68,23 +137,7 @@ def ensure_hpu_backend() -> None:
 
     Raises `HpuBackendMissingError` (an ImportError) with the install hint when it cannot be.
     """
-    if hpu_backend_registered():
-        return
-    for module in (PLUGIN_CORE_MODULE, PLUGIN_BACKENDS_MODULE):
-        try:
-            importlib.import_module(module)
-        except ImportError as error:
-            raise HpuBackendMissingError(
-                f"torch.compile backend 'hpu_backend' is not registered and importing {module} failed "
-                f"({error}). It comes with the Gaudi PyTorch plugin. {PLUGIN_INSTALL_HINT}"
-            ) from error
-        if hpu_backend_registered():
-            logger.info("registered torch.compile backend 'hpu_backend' by importing %s", module)
-            return
-    raise HpuBackendMissingError(
-        f"imported {PLUGIN_CORE_MODULE} and {PLUGIN_BACKENDS_MODULE}, but no torch.compile backend named "
-        f"'hpu_backend' was registered; the installed Gaudi plugin does not match this torch. {PLUGIN_INSTALL_HINT}"
-    )
+    ensure_backend(hwenv.get_platform("hpu"))
 
 
 def hpu_backend_options() -> frozenset[str]:

@@ -9,8 +9,9 @@ bound with `from torch import compile` before patching unless they are listed in
 (README "What the patch reaches").
 
 Explicit (never at import), idempotent (patching twice wraps once; handles are counted),
-reversible (`.undo()` or `with`), thread-safe (one lock), and a no-op off Gaudi unless
-`accel` forces a Gaudi for tests.
+reversible (`.undo()` or `with`), thread-safe (one lock), and a no-op where the platform has no
+compile backend of its own (everywhere but Gaudi) unless `accel` forces a Gaudi for tests.
+It stacks with Transformers' own Gaudi wrapper in either order (`transformers_wrapper`).
 """
 
 from __future__ import annotations
@@ -27,21 +28,23 @@ from typing import Any
 import hwenv
 
 from .errors import PatchError
-from .routing import AcceleratorLike, _route, _warn_once, resolve_accelerator
+from .layers import is_hwcompile_wrapper, layers
+from .routing import AcceleratorLike, _route, _warn_once, own_backend, resolve_accelerator
+from .transformers_wrapper import (
+    PATCH_MARKER,
+    TRANSFORMERS_WRAPPER_NAME,
+    FoldTransformersWarning,
+    add_fold,
+    is_transformers_wrapper,
+    remove_fold,
+)
 
 logger = logging.getLogger(__name__)
 
 _lock = threading.RLock()
 
-#: transformers' Gaudi wrapper: `is_torch_hpu_available()` replaces `torch.compile` with a function
-#: of this name (transformers/utils/import_utils.py) that reroutes and warns on every call.
-TRANSFORMERS_WRAPPER_NAME = "hpu_backend_compile"
-
-
-def is_transformers_wrapper(function: Any) -> bool:
-    """True for the `torch.compile` replacement transformers installs on Gaudi."""
-    return (getattr(function, "__name__", None) == TRANSFORMERS_WRAPPER_NAME
-            and str(getattr(function, "__module__", "")).startswith("transformers"))
+__all__ = ["CompilePatch", "TRANSFORMERS_WRAPPER_NAME", "is_patched", "is_patched_wrapper",
+           "is_transformers_wrapper", "patch_torch_compile", "unpatched"]
 
 
 @dataclass
@@ -52,6 +55,7 @@ class _Installed:
     wrapper: Any
     accel: hwenv.Accelerator
     over_transformers: bool
+    fold: FoldTransformersWarning | None = None
     handles: int = 0
     active: bool = True
 
@@ -79,13 +83,13 @@ def _make_wrapper(state_box: list[_Installed], original: Any) -> Any:
             kwargs = _routed_kwargs(state.accel, kwargs)
         return original(model, *args, **kwargs)
 
-    compile.__hwcompile_patch__ = True  # type: ignore[attr-defined]
+    setattr(compile, PATCH_MARKER, True)
     return compile
 
 
 def is_patched_wrapper(function: Any) -> bool:
     """True for a `torch.compile` replacement made by hwcompile."""
-    return getattr(function, "__hwcompile_patch__", False) is True
+    return is_hwcompile_wrapper(function)
 
 
 def unpatched(function: Any) -> Any:
@@ -97,11 +101,13 @@ def unpatched(function: Any) -> Any:
 
 
 def is_patched() -> bool:
-    """Whether hwcompile's routing wrapper is installed as `torch.compile` now."""
+    """Whether hwcompile's routing wrapper is active in `torch.compile` now: on top, or under a wrapper
+    installed later (Transformers' Gaudi wrapper), so that every call still goes through it.
+    """
     import torch
 
     with _lock:
-        return _installed is not None and torch.compile is _installed.wrapper
+        return _installed is not None and _installed.active and _installed.wrapper in layers(torch.compile)
 
 
 @dataclass
@@ -127,7 +133,6 @@ class CompilePatch:
     def undo(self) -> None:
         """Release this handle; the last one restores the very `torch.compile` object that was replaced."""
         global _installed
-        import torch
 
         with _lock:
             if self._released or not self.active:
@@ -145,20 +150,37 @@ class CompilePatch:
                 return
             state.active = False
             _installed = None
-            if torch.compile is state.wrapper:
-                torch.compile = state.original
-                logger.info("hwcompile: torch.compile restored to %r", state.original)
-            else:
-                logger.warning(
-                    "hwcompile: torch.compile was replaced after hwcompile patched it (now %r); left in place. "
-                    "hwcompile's wrapper under it now passes every call through unchanged.", torch.compile,
-                )
+            if state.fold is not None:
+                remove_fold(state.fold)
+            _restore(state)
 
     def __enter__(self) -> CompilePatch:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         self.undo()
+
+
+def _restore(state: _Installed) -> None:
+    """Put back what the patch replaced, only where hwcompile's wrapper is still on top of `torch.compile`."""
+    import torch
+
+    if torch.compile is state.wrapper:
+        torch.compile = state.original
+        logger.info("hwcompile: torch.compile restored to %r", state.original)
+        return
+    stack = layers(torch.compile)
+    if state.wrapper in stack and all(is_transformers_wrapper(layer) for layer in stack[:stack.index(state.wrapper)]):
+        logger.info(
+            "hwcompile: Transformers' Gaudi wrapper was installed over hwcompile's patch; it is left in place "
+            "(it cannot be put back under it) and reroutes by itself again, warning on every call. "
+            "hwcompile's wrapper under it now passes every call through unchanged."
+        )
+        return
+    logger.warning(
+        "hwcompile: torch.compile was replaced after hwcompile patched it (now %r); left in place. "
+        "hwcompile's wrapper under it now passes every call through unchanged.", torch.compile,
+    )
 
 
 def _module(item: types.ModuleType | str) -> types.ModuleType:
@@ -193,36 +215,42 @@ def patch_torch_compile(accel: AcceleratorLike = None, *,
 
     `accel=None` detects; pass `Accelerator("hpu")` (or `"hpu"`) to force the patch for tests.
     `modules` lists modules that did `from torch import compile` whose binding should be routed too.
-    Raises `LazyModeError` under `PT_HPU_LAZY_MODE=1` and `HpuBackendMissingError` when
-    `hpu_backend` cannot be registered.
+    Raises `LazyModeError` when Gaudi runs lazy and `HpuBackendMissingError` when `hpu_backend`
+    cannot be registered. While held, Transformers' per-call Gaudi warning is folded into
+    hwcompile's once-per-backend one.
     """
     global _installed
     import torch
 
+    from .gaudi import check_compile_mode, ensure_backend
+
     acc = resolve_accelerator(accel)
+    platform = acc.platform
     modules = list(modules)
-    if acc.kind != "hpu":
-        reason = f"{acc.kind}: not a Gaudi, torch.compile left as it is (routing applies only on Gaudi, G13)."
+    if own_backend(platform) is None:
+        reason = (f"{acc.kind}: {platform.display_name} runs torch's backends, torch.compile left as it is "
+                  f"(routing applies only where the platform has its own compile backend, such as Gaudi, G13).")
         logger.info("hwcompile.patch_torch_compile: %s", reason)
         return CompilePatch(active=False, reason=reason, accel=acc)
-    from .gaudi import check_eager_mode, ensure_hpu_backend
-
-    check_eager_mode()
-    ensure_hpu_backend()
+    check_compile_mode(platform)
+    ensure_backend(platform)
     with _lock:
         state = _installed
         if state is None:
             original = torch.compile
             box: list[_Installed] = []
             wrapper = _make_wrapper(box, original)
-            state = _Installed(original, wrapper, acc, is_transformers_wrapper(original))
+            over = any(is_transformers_wrapper(layer) for layer in layers(original))
+            state = _Installed(original, wrapper, acc, over)
+            state.fold = FoldTransformersWarning(lambda backend: _warn_once(backend, platform))
             box.append(state)
             torch.compile = wrapper
+            add_fold(state.fold)
             _installed = state
             how = "patched torch.compile"
             if state.over_transformers:
-                how += (" over transformers' Gaudi wrapper (hwcompile routes first and passes "
-                        "backend='hpu_backend', so transformers neither reroutes nor warns again)")
+                how += (" over Transformers' Gaudi wrapper (hwcompile routes first and passes "
+                        f"backend={platform.compile_backend!r}, so Transformers neither reroutes nor warns again)")
         else:
             how = "torch.compile already patched; reusing the same wrapper"
             if torch.compile is state.original:  # someone put the original back under our feet
@@ -230,7 +258,7 @@ def patch_torch_compile(accel: AcceleratorLike = None, *,
                 logger.warning("hwcompile: torch.compile had been reset to the original behind the patch; "
                                "re-installed the routing wrapper")
                 how += " (re-installed: torch.compile had been reset to the original)"
-        handle = CompilePatch(active=True, reason=f"hpu: {how} (G13).", accel=acc,
+        handle = CompilePatch(active=True, reason=f"{acc.kind}: {how} (G13).", accel=acc,
                               over_transformers=state.over_transformers)
         try:
             _rebind(handle, state, modules)
@@ -238,6 +266,8 @@ def patch_torch_compile(accel: AcceleratorLike = None, *,
             if state.handles == 0:  # this call installed the patch: take it back out
                 state.active = False
                 torch.compile = state.original
+                if state.fold is not None:
+                    remove_fold(state.fold)
                 _installed = None
             raise
         state.handles += 1

@@ -1,8 +1,10 @@
 """Which `torch.compile` backend a call gets on a given accelerator, and why (G2, G13).
 
-On Gaudi only `hpu_backend` and `eager` work; any other backend (the default `inductor`,
-`aot_eager`, a callable, a misspelling) is switched to `hpu_backend`, with one warning per
-distinct original backend. Elsewhere the requested backend is kept.
+The rule is read from the platform (`hwenv.Platform.compile_backend`), not from kind names: a
+platform whose compile backend is its own (Gaudi: `hpu_backend`) runs only that backend and
+`eager`, so any other backend (the default `inductor`, `aot_eager`, a callable, a misspelling)
+is switched to it, with one warning per distinct original backend. A platform whose compile
+backend is torch's `inductor` (XPU, ROCm, CUDA, MPS, CPU) keeps the requested backend.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ import hwenv
 logger = logging.getLogger(__name__)
 
 HPU_BACKEND = "hpu_backend"
-#: Backends that work on Gaudi as they are (G13): everything else becomes `hpu_backend`.
-GAUDI_BACKENDS = (HPU_BACKEND, "eager")
+#: torch's own default backend; a platform whose `compile_backend` is this one keeps every backend.
 DEFAULT_BACKEND = "inductor"
+#: Runs everywhere (no compiler, only dynamo's graph capture): never rerouted.
+EAGER_BACKEND = "eager"
+#: Backends that work on Gaudi as they are (G13): everything else becomes `hpu_backend`.
+GAUDI_BACKENDS = (HPU_BACKEND, EAGER_BACKEND)
 
 Backend = str | Callable[..., Any]
 AcceleratorLike = hwenv.Accelerator | str | None
@@ -45,6 +50,13 @@ class CompileDecision:
         """True when the backend differs from the one asked for (None = the default); only ever on Gaudi."""
         asked = default_backend_name() if self.requested is None else self.requested
         return self.backend is not asked and not (isinstance(asked, str) and self.backend == asked)
+
+
+def own_backend(platform: hwenv.Platform) -> str | None:
+    """The platform's own compile backend, which every other backend is switched to (Gaudi's
+    `hpu_backend`), or None where torch's backends run as asked (`compile_backend` is `inductor`).
+    """
+    return None if platform.compile_backend == DEFAULT_BACKEND else platform.compile_backend
 
 
 def resolve_accelerator(accel: AcceleratorLike) -> hwenv.Accelerator:
@@ -113,16 +125,17 @@ def validate_backend(backend: Any) -> None:
     )
 
 
-def _warn_once(backend: Backend | None, kind: str) -> bool:
+def _warn_once(backend: Backend | None, platform: hwenv.Platform) -> bool:
     key = warning_key(backend)
     with _lock:
         if key in _warned:
             return False
         _warned.add(key)
+    target = own_backend(platform)
     logger.warning(
-        "torch.compile backend=%s is not supported on Intel Gaudi (%s); using %r instead (G13). "
-        "Pass backend='hpu_backend' (or 'eager') to silence this; it is logged once per backend.",
-        describe_backend(backend), kind, HPU_BACKEND,
+        "torch.compile backend=%s is not supported on %s; using %r instead (G13). "
+        "Pass backend=%r (or 'eager') to silence this; it is logged once per backend.",
+        describe_backend(backend), platform.display_name, target, target,
     )
     return True
 
@@ -134,35 +147,39 @@ def reset_warnings() -> None:
 
 
 def route_backend(accel: AcceleratorLike, backend: Backend | None = None) -> CompileDecision:
-    """Decide the `torch.compile` backend for `accel`: `hpu_backend` on Gaudi unless `hpu_backend`/`eager`
-    was asked for (G13, one warning per distinct original backend); elsewhere the requested one.
+    """Decide the `torch.compile` backend for `accel`: the platform's own backend where it has one
+    (Gaudi: `hpu_backend`) unless that or `eager` was asked for (G13, one warning per distinct
+    original backend); elsewhere the requested one. `accel` is an Accelerator, a kind, or None.
     """
     validate_backend(backend)
     return _route(resolve_accelerator(accel), backend, _warn_once)
 
 
 def _route(acc: hwenv.Accelerator, backend: Backend | None,
-           warn: Callable[[Backend | None, str], bool]) -> CompileDecision:
-    if acc.kind != "hpu":
+           warn: Callable[[Backend | None, hwenv.Platform], bool]) -> CompileDecision:
+    platform = acc.platform
+    target = own_backend(platform)
+    if target is None:
         chosen = default_backend_name() if backend is None else backend
         how = "the default" if backend is None else "as requested"
         return CompileDecision(
             backend=chosen,
             reason=f"{acc.kind}: torch.compile backend {describe_backend(chosen)} kept ({how}); "
-                   f"only Gaudi reroutes backends (G13).",
+                   f"{platform.display_name} runs torch's backends (only a platform with its own compile "
+                   f"backend, such as Gaudi's 'hpu_backend', reroutes, G13).",
             warned=False, requested=backend, kind=acc.kind,
         )
-    if isinstance(backend, str) and backend in GAUDI_BACKENDS:
+    if isinstance(backend, str) and backend in (target, EAGER_BACKEND):
         return CompileDecision(
             backend=backend,
-            reason=f"hpu: backend {backend!r} runs on Gaudi as asked (G13).",
+            reason=f"{acc.kind}: backend {backend!r} runs on {platform.display_name} as asked (G13).",
             warned=False, requested=backend, kind=acc.kind,
         )
-    warned = warn(backend, acc.kind)
+    warned = warn(backend, platform)
     return CompileDecision(
-        backend=HPU_BACKEND,
-        reason=f"hpu: backend {describe_backend(backend)} does not run on Gaudi; switched to "
-               f"'hpu_backend' (G13).",
+        backend=target,
+        reason=f"{acc.kind}: backend {describe_backend(backend)} does not run on {platform.display_name}; "
+               f"switched to {target!r} (G13).",
         warned=warned, requested=backend, kind=acc.kind,
     )
 
@@ -172,12 +189,16 @@ def _table_backend(gm: Any, example_inputs: Any) -> Any:
     return gm.forward
 
 
-#: (accelerator, requested backend) examples shown in the README's routing table.
+#: (accelerator kind, requested backend) examples shown in the README's routing table. Every
+#: registered kind has at least one row (a test checks it against `hwenv.platforms()`).
 TABLE_CASES: tuple[tuple[str, Backend | None], ...] = (
     ("hpu", None), ("hpu", "inductor"), ("hpu", "aot_eager"), ("hpu", _table_backend), ("hpu", "indcutor"),
     ("hpu", "hpu_backend"), ("hpu", "eager"),
-    ("cuda", None), ("cuda", "inductor"), ("cuda", "aot_eager"), ("xpu", None), ("xpu", "eager"),
-    ("cpu", None), ("cpu", _table_backend), ("mps", None),
+    ("xpu", None), ("xpu", "eager"),
+    ("rocm", None), ("rocm", "aot_eager"),
+    ("cuda", None), ("cuda", "inductor"), ("cuda", "aot_eager"),
+    ("mps", None),
+    ("cpu", None), ("cpu", _table_backend),
 )
 
 
@@ -191,7 +212,7 @@ def routing_table() -> list[tuple[str, str, str, str]]:
     """Rows (accelerator, asked for, used, warning) computed by the routing code itself, logging nothing."""
     rows = []
     for kind, requested in TABLE_CASES:
-        decision = _route(hwenv.Accelerator(kind), requested, lambda backend, kind: True)
+        decision = _route(hwenv.Accelerator(kind), requested, lambda backend, platform: True)
         warning = "yes, once per backend" if decision.warned else "no"
         rows.append((kind, _shown(requested), _shown(decision.backend), warning))
     return rows

@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .routing import HPU_BACKEND
+from .transformers_wrapper import TRANSFORMERS_WARNING_TEXT
+
+__all__ = ["ROUTING_WARNING_TEXT", "RecordingBackend", "TRANSFORMERS_WARNING_TEXT", "routing_warnings",
+           "stand_in_hpu_backend", "tiny_llama", "transformers_warnings"]
 
 
 @dataclass(eq=False)  # hashable by identity: torch 2.11 keeps backends in a set
@@ -53,14 +57,14 @@ def stand_in_hpu_backend(name: str = HPU_BACKEND) -> Iterator[RecordingBackend]:
         torch._dynamo.reset()
 
 
-#: Text of hwcompile's routing warning and of transformers' own Gaudi `torch.compile` warning.
-ROUTING_WARNING_TEXT = "is not supported on Intel Gaudi"
-TRANSFORMERS_WARNING_TEXT = "on a Gaudi device is not supported"
+#: Text of hwcompile's routing warning (logged by `hwcompile.routing`).
+ROUTING_WARNING_TEXT = "is not supported on"
 
 
 def routing_warnings(records: Iterable[logging.LogRecord]) -> list[logging.LogRecord]:
     """hwcompile's once-per-backend routing warnings among `records` (e.g. `caplog.records`)."""
-    return [r for r in records if r.levelno == logging.WARNING and ROUTING_WARNING_TEXT in r.getMessage()]
+    return [r for r in records if r.levelno == logging.WARNING and r.name == "hwcompile.routing"
+            and ROUTING_WARNING_TEXT in r.getMessage()]
 
 
 def transformers_warnings(records: Iterable[logging.LogRecord]) -> list[logging.LogRecord]:

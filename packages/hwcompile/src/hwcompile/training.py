@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from .routing import AcceleratorLike, Backend, resolve_accelerator, route_backend
+from .gaudi import check_compile_mode
+from .routing import AcceleratorLike, Backend, own_backend, resolve_accelerator, route_backend
 
 
 def training_arguments(accel: AcceleratorLike, compile: bool = True, *, backend: Backend | None = None,
                        mode: str | None = None) -> dict[str, Any]:
     """Keywords for `transformers.TrainingArguments`: on Gaudi `torch_compile=True,
-    torch_compile_backend="hpu_backend"` (G14); elsewhere the requested or default backend.
+    torch_compile_backend="hpu_backend"` (G14; the platform's own backend); elsewhere the
+    requested or default backend.
 
-    `compile=False` gives `{"torch_compile": False}` (Gaudi runs eager by default, G2). On Gaudi,
-    compiling under `PT_HPU_LAZY_MODE=1` raises `LazyModeError` now rather than in Trainer.
+    `compile=False` gives `{"torch_compile": False}` (nothing is compiled unless asked, G2). On
+    Gaudi in lazy mode (`hwenv.gaudi.execution_mode`) it raises `LazyModeError` now, not in Trainer.
     """
     acc = resolve_accelerator(accel)
     if not compile:
@@ -25,18 +27,16 @@ def training_arguments(accel: AcceleratorLike, compile: bool = True, *, backend:
             f"backend={backend!r}: TrainingArguments.torch_compile_backend takes a backend name (str), "
             f"such as 'inductor' or 'hpu_backend'."
         )
-    if acc.kind == "hpu":
-        from .gaudi import check_eager_mode
-
-        check_eager_mode()
+    check_compile_mode(acc.platform)
     decision = route_backend(acc, backend)
     keywords: dict[str, Any] = {"torch_compile": True, "torch_compile_backend": decision.backend}
     if mode is not None:
-        if decision.backend == "hpu_backend" and mode != "default":
+        if decision.backend == own_backend(acc.platform) and mode != "default":
             import logging
 
             logging.getLogger(__name__).warning(
-                "torch_compile_mode=%r is an inductor mode; hpu_backend ignores it, so it is left out.", mode,
+                "torch_compile_mode=%r is an inductor mode; %s ignores it, so it is left out.", mode,
+                decision.backend,
             )
         else:
             keywords["torch_compile_mode"] = mode
