@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from . import gaudi
 from .affinity import MASK_VARIABLE, PCI_ORDER_VARIABLE, format_affinity_mask, parse_affinity_mask
 from .affinity import visible_root_devices as _xpu_visible_devices
-from .hierarchy import HIERARCHY_VARIABLE, DeviceHierarchy, as_hierarchy
 from .errors import SelectionError
+from .hierarchy import HIERARCHY_VARIABLE, DeviceHierarchy, as_hierarchy
 from .platforms import get_platform, kinds
 
 CUDA_VARIABLE = "CUDA_VISIBLE_DEVICES"

@@ -35,26 +35,42 @@ PLATFORM = Platform(
 
 
 def native_bf16(xpu) -> tuple[bool, str]:
-    """Whether the XPU computes bf16 natively, and how that was read."""
+    """Whether the XPU computes bf16 natively, and how that was read (never the default call alone).
+
+    torch's `is_bf16_supported(including_emulation=True)` returns `including_emulation or
+    props.has_bfloat16_conversions` on an available XPU, so the default call is True on every one;
+    only `including_emulation=False` (or the property itself) tells native from emulated.
+    """
     try:
         takes_flag = "including_emulation" in inspect.signature(xpu.is_bf16_supported).parameters
     except (TypeError, ValueError):
         takes_flag = False
     if takes_flag:
         native = bool(xpu.is_bf16_supported(including_emulation=False))
-        emulated = not native and bool(xpu.is_bf16_supported(including_emulation=True))
-        note = "native" if native else "emulated only (integrated GPU)" if emulated else "not supported"
-        return native, f"torch.xpu.is_bf16_supported(including_emulation=False): {note}"
-    return bool(xpu.is_bf16_supported()), "torch.xpu.is_bf16_supported() (this torch has no including_emulation)"
+        source = "torch.xpu.is_bf16_supported(including_emulation=False)"
+    else:  # an older torch: read the property the flag reads
+        native = getattr(xpu.get_device_properties(0), "has_bfloat16_conversions", None)
+        if native is None:
+            return bool(xpu.is_bf16_supported()), (
+                "torch.xpu.is_bf16_supported() (this torch has neither including_emulation nor "
+                "has_bfloat16_conversions, so native and emulated bf16 cannot be told apart)")
+        native = bool(native)
+        source = "torch.xpu.get_device_properties(0).has_bfloat16_conversions"
+    if native:
+        return True, f"{source}: native"
+    integrated = bool(getattr(xpu.get_device_properties(0), "is_integrated_gpu", False))
+    return False, (
+        f"{source}: not native ({'integrated' if integrated else 'discrete'} GPU without bf16 conversions); "
+        f"torch.xpu.is_bf16_supported() still says True because it counts emulation, which is slow")
 
 
 def memory(xpu, count: int) -> tuple[tuple[int, ...], str]:
-    """Total memory per device and where it came from: `mem_get_info`, else `total_memory` (said)."""
+    """Total memory per device and where it came from: `mem_get_info` (as Accelerate reads it), else `total_memory` (said)."""
     sizes: list[int] = []
     try:
         for index in range(count):
             sizes.append(int(xpu.mem_get_info(index)[1]))
-        return tuple(sizes), "torch.xpu.mem_get_info"
+        return tuple(sizes), "torch.xpu.mem_get_info (as Accelerate's get_max_memory reads it)"
     except Exception as error:  # integrated GPUs and WSL cannot report free memory
         why = f"torch.xpu.mem_get_info failed ({type(error).__name__}: {error})"
     sizes = []
@@ -63,7 +79,9 @@ def memory(xpu, count: int) -> tuple[tuple[int, ...], str]:
         if not isinstance(total, int):
             return (), f"{why}; get_device_properties has no total_memory: memory unknown"
         sizes.append(total)
-    return tuple(sizes), f"{why}; assumed get_device_properties().total_memory is all usable"
+    shared = " (an integrated GPU shares it with the host)" if getattr(
+        xpu.get_device_properties(0), "is_integrated_gpu", False) else ""
+    return tuple(sizes), f"{why}; assumed get_device_properties().total_memory is all usable{shared}"
 
 
 def probe() -> ProbeResult:
@@ -84,4 +102,16 @@ def probe() -> ProbeResult:
     names = tuple(str(xpu.get_device_name(index)) for index in range(count))
     bf16, bf16_source = native_bf16(xpu)
     sizes, memory_source = memory(xpu, count)
-    return ProbeResult("xpu", True, count, names, bf16, sizes, bf16_source=bf16_source, memory_source=memory_source)
+    return ProbeResult("xpu", True, count, names, bf16, sizes, bf16_source=bf16_source, memory_source=memory_source,
+                       details=device_details(xpu, memory_source))
+
+
+def device_details(xpu, memory_source: str) -> dict[str, str]:
+    """What doctor reports about device 0: free-memory query, fp64, integrated (from `_XpuDeviceProperties`)."""
+    props = xpu.get_device_properties(0)
+    details = {"mem_get_info": "unsupported" if memory_source.startswith("torch.xpu.mem_get_info failed") else "supported"}
+    for field in ("has_fp64", "is_integrated_gpu", "has_bfloat16_conversions"):
+        value = getattr(props, field, None)
+        if value is not None:
+            details[field] = str(bool(value))
+    return details
