@@ -11,15 +11,52 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import devices
 from .errors import GenerateError
 
 if TYPE_CHECKING:
     from .plan import RunPlan
 
 BATCHING = ("auto", "static", "continuous")
-#: Device kinds where Transformers' continuous batching runs (its graph support covers cuda and xpu;
-#: on CPU it runs eagerly). Gaudi is not among its supported device types.
-CONTINUOUS_DEVICES = ("cuda", "xpu", "cpu")
+
+
+@dataclass(frozen=True)
+class ContinuousSupport:
+    """One kind's row for Transformers' continuous batching (X11).
+
+    `supported`: whether `generate_batch` runs there. `paging`: "accelerator" (Transformers' page
+    size, large prefill chunks) or "host" (small pages, graphs and async batching off). `tuning`:
+    "hwrun" turns CUDA graphs and async batching on (measured), "transformers" leaves both unset
+    so Transformers decides, "off" turns both off. `warmup`: pass `generate_batch(warmup=True)`
+    (Transformers captures its graphs before the first batch; cuda and xpu).
+    """
+
+    supported: bool
+    paging: str = "host"
+    tuning: str = "off"
+    reason: str = ""
+    warmup: bool = False
+
+
+#: Per kind: does Transformers' continuous batching run there, and how hwrun sizes and tunes it.
+#: Its graph support covers cuda and xpu; on CPU it runs eagerly; Gaudi and MPS are not among
+#: its supported device types.
+CONTINUOUS_BATCHING: dict[str, ContinuousSupport] = {
+    "hpu": ContinuousSupport(False, reason="not among Transformers' continuous-batching devices"),
+    "xpu": ContinuousSupport(True, "accelerator", "transformers", "Transformers decides graphs on XPU (X11)",
+                             warmup=True),
+    "rocm": ContinuousSupport(True, "accelerator", "transformers",
+                              "torch's cuda device on ROCm; hwrun's CUDA tuning is measured on NVIDIA only",
+                              warmup=True),
+    "cuda": ContinuousSupport(True, "accelerator", "hwrun",
+                              "measured on an H200: 2,461 vs 685 tokens/s at 64 prompts (docs/benchmarks/decode.md)",
+                              warmup=True),
+    "mps": ContinuousSupport(False, reason="not among Transformers' continuous-batching devices"),
+    "cpu": ContinuousSupport(True, "host", "off", "eager on the host"),
+}
+_NO_ROW = ContinuousSupport(False, reason="hwrun has no continuous-batching row for this kind")
+#: Device kinds where Transformers' continuous batching runs.
+CONTINUOUS_DEVICES = tuple(kind for kind, row in CONTINUOUS_BATCHING.items() if row.supported)
 #: Page size (tokens) hwrun uses for the paged cache off CUDA/XPU, where Transformers' memory-based
 #: sizing would reserve most of host RAM.
 HOST_PAGE_SIZE = 16
@@ -43,7 +80,7 @@ def choose_batching(plan: RunPlan, n_prompts: int, requested: str = "auto", *, s
         raise GenerateError(f"batching={requested!r} is not a batching mode; use one of {', '.join(BATCHING)}.")
     kind = plan.accelerator.kind
     blockers = []
-    if kind not in CONTINUOUS_DEVICES:
+    if not devices.row(CONTINUOUS_BATCHING, kind, _NO_ROW).supported:
         blockers.append(f"Transformers' continuous batching does not support {kind}")
     if plan.device_map == "auto":
         blockers.append("the model is split across devices (device_map='auto'); the paged cache needs one device")
@@ -85,13 +122,18 @@ def cb_config(cls: Any, **settings: Any) -> Any:
     return cls(**{k: v for k, v in settings.items() if k in names})
 
 
+def continuous_warmup(kind: str) -> bool:
+    """Whether `generate_batch(warmup=True)` is passed on `kind` (its row's `warmup`)."""
+    return devices.row(CONTINUOUS_BATCHING, kind, _NO_ROW).warmup
+
+
 def continuous_config(plan: RunPlan, prompt_lengths: list[int], max_new_tokens: int) -> Any:
     """A `ContinuousBatchingConfig` for this workload on `plan`'s device (see `workload_cb_config`)."""
     return workload_cb_config(plan.accelerator.kind, prompt_lengths, max_new_tokens)
 
 
 def workload_cb_config(kind: str, prompt_lengths: list[int], max_new_tokens: int) -> Any:
-    """A `ContinuousBatchingConfig` sized from the workload instead of from free memory.
+    """A `ContinuousBatchingConfig` for a platform `kind`, sized from the workload instead of from free memory.
 
     Transformers' defaults size the paged cache from 90% of free device memory and, for attention
     that needs a mask (sdpa, eager), turn CUDA graphs off. hwrun instead gives the cache pages for
@@ -104,7 +146,8 @@ def workload_cb_config(kind: str, prompt_lengths: list[int], max_new_tokens: int
     """
     from transformers import ContinuousBatchingConfig
 
-    accelerator = kind in ("cuda", "xpu")
+    row = devices.row(CONTINUOUS_BATCHING, kind, _NO_ROW)
+    accelerator = row.paging == "accelerator"
     page = ACCELERATOR_PAGE_SIZE if accelerator else HOST_PAGE_SIZE
     longest = max(prompt_lengths) + max_new_tokens
     pages_per_request = math.ceil(longest / page)
@@ -112,9 +155,9 @@ def workload_cb_config(kind: str, prompt_lengths: list[int], max_new_tokens: int
     settings: dict[str, Any] = dict(page_size=page, num_blocks=pages_per_request * len(prompt_lengths) + 4,
                                     max_batch_tokens=min(cap, sum(prompt_lengths) + len(prompt_lengths)),
                                     auto_switch_to_flash=False)
-    if kind == "cuda":  # measured on an H200: 2,461 vs 685 tokens/s at 64 prompts (docs/benchmarks/decode.md)
+    if row.tuning == "hwrun":  # CUDA: measured (the row's reason)
         settings.update(use_cuda_graph=True, use_async_batching=True)
-    elif not accelerator:
+    elif row.tuning == "off":
         settings.update(max_memory_percent=None, use_cuda_graph=False, use_async_batching=False)
-    # on XPU Transformers decides about graphs and async batching by itself (X11): left unset
+    # "transformers" (XPU, ROCm): Transformers decides about graphs and async batching itself (X11)
     return cb_config(ContinuousBatchingConfig, **settings)

@@ -1,5 +1,5 @@
-"""Greedy decoding with no host work per token: a static KV cache, one decode step captured as a CUDA
-graph, replayed once per token.
+"""Greedy decoding with no host work per token: a static KV cache, one decode step captured as a
+device graph (CUDA graphs on NVIDIA and ROCm, XPU graphs on Intel GPUs), replayed once per token.
 
 Why: at batch 1 `model.generate` is bound by Python and kernel-launch overhead, not by memory
 bandwidth (the baseline in docs/benchmarks/decode.md: 4% of roofline). Here every per-token
@@ -7,8 +7,10 @@ input lives in a fixed device buffer: the token, its position, the output row; T
 `StaticLayer` keeps its write position in a device tensor (`cumulative_length`, cache_utils.py),
 so the step `forward -> argmax -> copy into buffers -> position += 1` has fixed shapes and
 addresses and is captured once. The host only calls `graph.replay()` N times (and checks for EOS
-every `check_every` tokens). Off CUDA the same step runs eagerly, which is how CPU tests prove
-that its tokens equal `model.generate(do_sample=False)`'s.
+every `check_every` tokens). Graphs, streams and synchronisation come from the model's platform
+(`hwenv.platforms.runtime.graph_tools` / `synchronize`); where it has none hwrun drives (Gaudi's
+HPU graphs wrap modules; CPU, MPS) the same step runs eagerly, which is how CPU tests prove that
+its tokens equal `model.generate(do_sample=False)`'s.
 """
 
 from __future__ import annotations
@@ -20,6 +22,35 @@ from .errors import FastDecodeError
 
 logger = logging.getLogger(__name__)
 
+#: The platform graph APIs the decoders capture with (`runtime.graph_tools` returns tools for them).
+CAPTURE_APIS = ("cuda_graphs", "xpu_graphs")
+
+
+def model_platform(model: Any, platform: Any = None) -> Any:
+    """The `hwenv.Platform` the decoders use for `model`: `platform` if given, else the platform of
+    `model.device`'s type here (NVIDIA or AMD for "cuda": the one hwenv detects)."""
+    if platform is not None:
+        return platform
+    import hwenv
+
+    from .devices import kind_of_device_type
+
+    return hwenv.get_platform(kind_of_device_type(model.device.type))
+
+
+def decoder_graph_tools(platform: Any) -> Any:
+    """The platform's `GraphTools` (graph class, capture, streams) when the decoders can capture with
+    them, else None (no graph API hwrun drives, or this torch lacks its classes; logged)."""
+    if platform.graph_api not in CAPTURE_APIS:
+        return None
+    from hwenv.platforms import runtime
+
+    try:
+        return runtime.graph_tools(platform)
+    except (AttributeError, ImportError) as error:
+        logger.info("no %s in this torch (%s): decoding eagerly", platform.graph_api, error)
+        return None
+
 
 #: "fused": hwrun.fusedstep (llama/mistral/qwen2); "model": the model's own forward over a StaticCache;
 #: "auto": fused where it applies, else the model's forward (logged).
@@ -29,26 +60,29 @@ STEPS = ("auto", "fused", "model")
 class GraphDecoder:
     """Static-cache greedy decoder for `model` at a fixed batch size and cache length.
 
-    `use_graphs=None` captures a CUDA graph when the model is on CUDA; `compile_backend` compiles
-    the step with torch.compile first (fuses the small ops; the graph is then captured over the
-    compiled code). One decoder serves many prompts as long as `prompt + new tokens <= max_cache_len`.
+    `use_graphs=None` captures a graph where the model's platform (`platform`, default: the one of
+    `model.device`) has graph tools the decoder drives (CUDA or XPU graphs); `compile_backend`
+    compiles the step with torch.compile first (fuses the small ops; the graph is then captured over
+    the compiled code). One decoder serves many prompts as long as `prompt + new tokens <= max_cache_len`.
     """
 
     def __init__(self, model: Any, *, batch_size: int = 1, max_cache_len: int, use_graphs: bool | None = None,
                  compile_backend: Any = None, compile_mode: str | None = None, check_every: int = 32,
-                 step: str = "auto", tune: bool = False) -> None:
+                 step: str = "auto", tune: bool = False, platform: Any = None) -> None:
         import torch
         from transformers import StaticCache
 
         from .fusedstep import FusedLlamaStep, fused_step_support
 
-        check_decoder_args(model, batch_size, max_cache_len, use_graphs)
+        self.platform = model_platform(model, platform)
+        self.graph_tools = decoder_graph_tools(self.platform) if use_graphs is not False else None
+        check_decoder_args(model, batch_size, max_cache_len, use_graphs, self.graph_tools, self.platform)
         self.model = model
         self.device = model.device
         self.batch_size = batch_size
         self.max_cache_len = max_cache_len
         self.check_every = max(1, check_every)
-        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        self.use_graphs = self.graph_tools is not None if use_graphs is None else use_graphs
         if step not in STEPS:
             raise FastDecodeError(f"step={step!r} is not a decode step; use one of {', '.join(STEPS)}.")
         unsupported = fused_step_support(model) if step != "model" else "step='model' given"
@@ -109,9 +143,10 @@ class GraphDecoder:
         return [] if self.cache is None else [layer.cumulative_length for layer in self.cache.layers]
 
     def _capture(self) -> None:
-        """Capture one step as a CUDA graph; restores every buffer the warm-up moved."""
+        """Capture one step as a device graph; restores every buffer the warm-up moved."""
         buffers = [self.token, self.position, *self._cache_lengths()]
-        self.graph, self.capture_seconds = capture_graph(self._step_fn, self.device, buffers)
+        self.graph, self.capture_seconds = capture_graph(self._step_fn, self.device, buffers,
+                                                         tools=self.graph_tools, platform=self.platform)
 
     def generate(self, input_ids: Any, max_new_tokens: int, *, eos_token_id: Any = "model") -> Any:
         """Greedy tokens after `input_ids` (batch, length): a (batch, <= max_new_tokens) tensor.
@@ -160,14 +195,18 @@ def eos_ids(model: Any, eos_token_id: Any) -> list[int]:
     return [int(t) for t in eos_token_id] if isinstance(eos_token_id, (list, tuple)) else [int(eos_token_id)]
 
 
-def check_decoder_args(model: Any, batch_size: int, max_cache_len: int, use_graphs: bool | None) -> None:
-    """Reject (FastDecodeError) what a static-cache graph decoder cannot run, before anything is built."""
+def check_decoder_args(model: Any, batch_size: int, max_cache_len: int, use_graphs: bool | None,
+                       tools: Any = None, platform: Any = None) -> None:
+    """Reject (FastDecodeError) what a static-cache graph decoder cannot run, before anything is built.
+    `use_graphs=True` needs graph `tools` (from `decoder_graph_tools`) for a model on `platform`'s device."""
     if max_cache_len <= 1:
         raise FastDecodeError(f"max_cache_len={max_cache_len} must exceed 1 (prompt length + new tokens).")
     if batch_size <= 0:
         raise FastDecodeError(f"batch_size={batch_size} must be positive.")
-    if use_graphs and model.device.type != "cuda":
-        raise FastDecodeError(f"use_graphs=True needs a CUDA model; this one is on {model.device}.")
+    if use_graphs and (tools is None or platform is None or platform.device_type != model.device.type):
+        api = "none" if platform is None else f"{platform.kind}: {platform.graph_api}"
+        raise FastDecodeError(f"use_graphs=True needs a model on a device with CUDA or XPU graphs; this one is on "
+                              f"{model.device} (graph API {api}). Pass use_graphs=None or False.")
     config = model.config.get_text_config(decoder=True)
     if getattr(config, "sliding_window", None) or getattr(config, "layer_types", None) and any(
             t != "full_attention" for t in config.layer_types):
@@ -194,27 +233,41 @@ def compile_step(step: Any, backend: Any, mode: str | None, tune: bool = False) 
     return torch.compile(step, backend=backend, mode=mode, fullgraph=False, dynamic=False, options=options)
 
 
-def capture_graph(step: Any, device: Any, buffers: list[Any]) -> tuple[Any, float]:
-    """(CUDA graph of one `step()`, seconds taken): three warm-up steps on a side stream, then the
-    capture; every tensor in `buffers` (what a step moves: tokens, positions, counters) is restored."""
+def capture_graph(step: Any, device: Any, buffers: list[Any], *, tools: Any = None,
+                  platform: Any = None) -> tuple[Any, float]:
+    """(device graph of one `step()`, seconds taken): three warm-up steps on a side stream, then the
+    capture; every tensor in `buffers` (what a step moves: tokens, positions, counters) is restored.
+
+    `tools` are the platform's `GraphTools` (default: those of `platform`, or of `device`'s platform):
+    CUDA's `Stream` / `CUDAGraph` / `graph`, or XPU's `Stream` / `XPUGraph` / `graph`, from torch's device module.
+    """
     import time
 
-    import torch
+    import hwenv
+    from hwenv.platforms import runtime
 
+    from .devices import kind_of_device_type
+
+    if platform is None:
+        platform = hwenv.get_platform(kind_of_device_type(getattr(device, "type", str(device).split(":")[0])))
+    tools = tools if tools is not None else decoder_graph_tools(platform)
+    if tools is None:
+        raise FastDecodeError(f"cannot capture a graph on {device}: {platform.kind} has no CUDA or XPU graphs "
+                              f"(graph API {platform.graph_api}); decode eagerly (use_graphs=False).")
     start = time.perf_counter()
     saved = [b.clone() for b in buffers]
-    stream = torch.cuda.Stream(device=device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
+    stream = tools.stream_class(device=device)
+    stream.wait_stream(tools.current_stream(device))
+    with tools.use_stream(stream):
         for _ in range(3):
             step()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    tools.current_stream(device).wait_stream(stream)
+    graph = tools.graph_class()
+    with tools.capture(graph):
         step()
     for buffer, value in zip(buffers, saved, strict=True):
         buffer.copy_(value)
-    torch.cuda.synchronize(device)
+    runtime.synchronize(platform, device)
     seconds = time.perf_counter() - start
-    logger.info("captured the decode step as a CUDA graph in %.2fs", seconds)
+    logger.info("captured the decode step as a graph (%s) in %.2fs", platform.graph_api, seconds)
     return graph, seconds

@@ -2,8 +2,9 @@
 
 Static batching left-pads the prompts and calls `model.generate` (X10); continuous batching hands
 token ids to Transformers' `model.generate_batch` (X11). Greedy decoding gives the same tokens
-both ways (tested). On CUDA, `decode="graphs"` (or `auto` with `plan.compile`) runs hwrun's own
-CUDA-graph loops instead: `hwrun.fastdecode` for a static batch, `hwrun.slotdecode` (slot-based
+both ways (tested). Where the plan's platform has a graph API hwrun captures with (CUDA graphs,
+also on ROCm; XPU graphs), `decode="graphs"` (or `auto` with `plan.compile`) runs hwrun's own
+graph loops instead: `hwrun.fastdecode` for a static batch, `hwrun.slotdecode` (slot-based
 continuous batching) for continuous batching.
 """
 
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .batching import choose_batching, continuous_config
+from .batching import choose_batching, continuous_config, continuous_warmup
 from .errors import GenerateError
 
 if TYPE_CHECKING:
@@ -26,6 +27,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DECODE = ("auto", "generate", "graphs")
+#: The platform graph APIs hwrun's graph decoders capture with (`hwenv.platforms.runtime.graph_tools`),
+#: and how the plan names them. Gaudi's HPU graphs wrap modules instead and are not driven here.
+GRAPH_DECODE_APIS = {"cuda_graphs": ("CUDA", "CUDA graph"), "xpu_graphs": ("XPU", "XPU graph")}
+
+
+def graph_api_of(plan: RunPlan) -> tuple[str, str] | None:
+    """(label, graph name) of the plan's platform graph API when hwrun's decoders capture with it, else None."""
+    return GRAPH_DECODE_APIS.get(plan.accelerator.platform.graph_api)
 
 
 @dataclass(frozen=True)
@@ -112,11 +121,14 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
 
 def choose_decode(plan: RunPlan, requested: str, batching: str, do_sample: bool) -> tuple[str, str]:
     """("generate" | "graphs", reason): Transformers' own loop (`model.generate`, or `generate_batch`
-    when batching is continuous) or hwrun's CUDA-graph loop (`GraphDecoder`, or `SlotDecoder`)."""
+    when batching is continuous) or hwrun's graph loop (`GraphDecoder`, or `SlotDecoder`), which
+    captures where the platform's graph API is one hwrun drives (`GRAPH_DECODE_APIS`)."""
     if requested not in DECODE:
         raise GenerateError(f"decode={requested!r} is not a decode mode; use one of {', '.join(DECODE)}.")
-    loop = ("hwrun.slotdecode: continuous batching over static cache slots, one CUDA graph replay per step"
-            if batching == "continuous" else "static cache + CUDA graph replay per token (hwrun.fastdecode)")
+    graphs = graph_api_of(plan)
+    label, graph = graphs if graphs is not None else ("", "graph")
+    loop = (f"hwrun.slotdecode: continuous batching over static cache slots, one {graph} replay per step"
+            if batching == "continuous" else f"static cache + {graph} replay per token (hwrun.fastdecode)")
     theirs = "model.generate_batch" if batching == "continuous" else "model.generate"
     blockers = []
     if do_sample:
@@ -130,17 +142,19 @@ def choose_decode(plan: RunPlan, requested: str, batching: str, do_sample: bool)
     if requested == "graphs":
         if blockers:
             raise GenerateError(f"decode='graphs' cannot run: {'; '.join(blockers)}. Use decode='generate'.")
-        if plan.accelerator.kind != "cuda":
+        if graphs is None:
+            kind, api = plan.accelerator.kind, plan.accelerator.platform.graph_api
             name = "hwrun.slotdecode's slot loop" if batching == "continuous" else "the static-cache step loop"
-            logger.warning("decode='graphs' on %s: no CUDA graphs there, %s runs eagerly", plan.accelerator.kind, name)
-            return "graphs", f"given; {plan.accelerator.kind} has no CUDA graphs, so {name} runs eagerly"
+            logger.warning("decode='graphs' on %s: no CUDA or XPU graphs there (graph API: %s), %s runs eagerly",
+                           kind, api, name)
+            return "graphs", f"given; {kind} has no CUDA or XPU graphs (graph API: {api}), so {name} runs eagerly"
         return "graphs", f"given: {loop}"
-    if plan.accelerator.kind == "cuda" and plan.compile is not None and not blockers:
-        return "graphs", f"CUDA with compile on: {loop}, no host work per token"
-    if plan.accelerator.kind == "cuda" and plan.compile is not None:
+    if graphs is not None and plan.compile is not None and not blockers:
+        return "graphs", f"{label} with compile on: {loop}, no host work per token"
+    if graphs is not None and plan.compile is not None:
         logger.info("graph decode not used: %s; falling back to %s", "; ".join(blockers), theirs)
         return "generate", f"{theirs} ({'; '.join(blockers)})"
-    return "generate", f"{theirs} (graph decode needs CUDA and compile=True)"
+    return "generate", f"{theirs} (graph decode needs CUDA or XPU graphs and compile=True)"
 
 
 def generate(
@@ -247,7 +261,7 @@ def _continuous(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], m
         pad_token_id=tokenizer.pad_token_id, **{k: v for k, v in sampling.items() if v is not None},
     )
     cb_config = continuous_config(plan, [len(e) for e in encoded], max_new_tokens)
-    warmup = plan.accelerator.kind in ("cuda", "xpu")
+    warmup = continuous_warmup(plan.accelerator.kind)
     start = time.perf_counter()
     extra = {"warmup": warmup} if "warmup" in inspect.signature(model.generate_batch).parameters else {}
     outputs = model.generate_batch(encoded, generation_config=config, continuous_batching_config=cb_config,
@@ -274,17 +288,20 @@ CACHE_BUCKET = 256
 MAX_SLOTS = 64
 
 
-def _decoder(model: Any, batch: int, needed: int, use_graphs: bool, backend: Any, *, slots: bool = False) -> Any:
+def _decoder(model: Any, batch: int, needed: int, use_graphs: bool, backend: Any, *, slots: bool = False,
+             platform: Any = None) -> Any:
     from .fastdecode import GraphDecoder
     from .slotdecode import SlotDecoder
 
     length = -(-needed // CACHE_BUCKET) * CACHE_BUCKET
     per_model = _DECODERS.setdefault(model, {})
-    key = (slots, batch, length, use_graphs, backend if isinstance(backend, str) or backend is None else id(backend))
+    kind = platform.kind if platform is not None else None
+    key = (slots, batch, length, use_graphs, backend if isinstance(backend, str) or backend is None else id(backend),
+           kind)
     if key not in per_model:
         cls, size = (SlotDecoder, "slots") if slots else (GraphDecoder, "batch_size")
         per_model[key] = cls(model, **{size: batch}, max_cache_len=length, use_graphs=use_graphs,
-                             compile_backend=backend)
+                             compile_backend=backend, platform=platform)
     return per_model[key]
 
 
@@ -294,7 +311,7 @@ def _slots(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str],
     encoded = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
     compile_backend = plan.compile.backend if plan.compile is not None else None
     decoder = _decoder(model, min(len(encoded), MAX_SLOTS), max(map(len, encoded)) + max_new_tokens,
-                       plan.accelerator.kind == "cuda", compile_backend, slots=True)
+                       graph_api_of(plan) is not None, compile_backend, slots=True, platform=plan.accelerator.platform)
     start = time.perf_counter()
     rows = decoder.generate(encoded, max_new_tokens, eos_token_id=sorted(_eos_ids(model, tokenizer)) or None)
     return rows, [len(e) for e in encoded], time.perf_counter() - start
@@ -308,12 +325,13 @@ def _graphs(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], max_n
     encoded = [tokenizer(p, return_tensors="pt")["input_ids"] for p in prompts]
     lengths = {e.shape[1] for e in encoded}
     batches = [torch.cat(encoded)] if len(lengths) == 1 else encoded
-    use_graphs = plan.accelerator.kind == "cuda"
+    use_graphs = graph_api_of(plan) is not None
     compile_backend = plan.compile.backend if plan.compile is not None else None
     rows: list[list[int]] = []
     start = time.perf_counter()
     for batch in batches:
-        decoder = _decoder(model, batch.shape[0], batch.shape[1] + max_new_tokens, use_graphs, compile_backend)
+        decoder = _decoder(model, batch.shape[0], batch.shape[1] + max_new_tokens, use_graphs, compile_backend,
+                           platform=plan.accelerator.platform)
         out = decoder.generate(batch.to(model.device), max_new_tokens)
         rows.extend(out.tolist())
     seconds = time.perf_counter() - start

@@ -5,12 +5,14 @@ collectives, env), each with its reason, made before anything loads; `RunPlan` h
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from . import devices
 from .errors import PlanError
 from .quantization import check_quantization
 from .source import DEFAULT_MODEL, ModelSource, resolve_source, weight_bytes
@@ -25,8 +27,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Device kinds `plan(device=...)` accepts besides "auto".
-DEVICES = ("cpu", "cuda", "xpu", "hpu", "mps")
+#: `plan(device=AUTO)` detects the accelerator (hwenv.detect).
+AUTO = "auto"
 #: dtype spellings accepted, mapped to the torch attribute name.
 DTYPES = {
     "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -38,6 +40,28 @@ DTYPES = {
 FIT_FRACTION = 0.85
 #: Gaudi needs int64 enabled because Transformers' token ids are int64 (G4).
 GAUDI_INT64 = {"PT_ENABLE_INT64_SUPPORT": "1"}
+
+#: Per kind: the fact ids (FACTS.md) or rule behind "this device has bf16", for the dtype reason.
+#: How bf16 was read on the machine comes from the accelerator (`bf16_source`, hwenv's probe).
+BF16_FACTS: dict[str, str] = {
+    "hpu": "G12",
+    "xpu": "X10, X17",
+    "rocm": "is_bf16_supported() of torch's cuda module on a HIP build",
+    "cuda": "compute capability >= 8",
+    "mps": "",
+    "cpu": "",
+}
+#: Per kind: the fact ids behind placing the weights with a device_map there (X9 one device / split).
+DEVICE_MAP_FACTS: dict[str, str] = {"hpu": "G9", "xpu": "X9", "rocm": "X9", "cuda": "X9", "mps": "X9", "cpu": "X9"}
+#: Per kind: variables a run needs set, and why.
+PLAN_ENV: dict[str, tuple[dict[str, str], str]] = {
+    "hpu": (GAUDI_INT64, "PT_ENABLE_INT64_SUPPORT=1: token ids are int64 (G4)"),
+    "xpu": ({}, "no variables needed on this device"),
+    "rocm": ({}, "no variables needed on this device"),
+    "cuda": ({}, "no variables needed on this device"),
+    "mps": ({}, "no variables needed on this device"),
+    "cpu": ({}, "no variables needed on this device"),
+}
 
 
 @dataclass(frozen=True)
@@ -147,18 +171,19 @@ def resolve_accelerator(device: Any) -> hwenv.Accelerator:
 
     if isinstance(device, hwenv.Accelerator):
         return device
+    known = devices.kinds()
     if not isinstance(device, str):
-        raise PlanError(f"device={device!r} is not a device; use 'auto' or one of {', '.join(DEVICES)}.")
+        raise PlanError(f"device={device!r} is not a device; use 'auto' or one of {', '.join(known)}.")
     kind = device.strip().lower()
-    if kind == "auto":
+    if kind == AUTO:
         return hwenv.detect()
-    if kind.split(":")[0] in DEVICES and ":" in kind:
+    if kind.split(":")[0] in known and ":" in kind:
         raise PlanError(
             f"device={device!r}: hwrun plans for a device kind, not an index; pass {kind.split(':')[0]!r} and "
             "choose devices with `hwenv exec --devices N -- ...` (X4)."
         )
-    if kind not in DEVICES:
-        raise PlanError(f"device={device!r} is not a device kind hwrun knows; use 'auto' or one of {', '.join(DEVICES)}.")
+    if kind not in known:
+        raise PlanError(f"device={device!r} is not a device kind hwrun knows; use 'auto' or one of {', '.join(known)}.")
     detected = hwenv.detect()
     if detected.kind == kind:
         return detected
@@ -173,52 +198,72 @@ def resolve_accelerator(device: Any) -> hwenv.Accelerator:
         capability=result.capability, torch_version=hwenv.installed_version("torch"),
         transformers_version=hwenv.installed_version("transformers"),
         accelerate_version=hwenv.installed_version("accelerate"), source="given", reasons=(),
+        bf16_source=result.bf16_source, memory_source=result.memory_source,
     )
 
 
 def choose_dtype(accel: hwenv.Accelerator, dtype: str) -> tuple[str, str]:
-    """(dtype, reason): bf16 where the accelerator has it, fp32 on CPU; an explicit bf16 without support is an error."""
+    """(dtype, reason): bf16 where the accelerator computes it natively, fp32 on the host; an explicit
+    bf16 without support is an error. The reason names how bf16 was read (`accel.bf16_source`, X17):
+    an integrated Intel GPU emulates bf16 only, so it gets float32 with that reason."""
     if not isinstance(dtype, str) or (dtype != "auto" and dtype.lower() not in DTYPES):
         raise PlanError(f"dtype={dtype!r} is not a dtype hwrun loads; use 'auto', 'bfloat16', 'float16' or 'float32'.")
+    read = accel.bf16_source
     if dtype == "auto":
-        if accel.kind == "cpu":
+        if not accel.platform.is_accelerator:
             return "float32", ("CPU: float32 is the reference precision and fast everywhere; bf16 matmuls on CPU "
                                "are slow without AMX (pass dtype='bfloat16' to force)")
         if accel.bf16:
-            fact = {"xpu": "X10, X17", "hpu": "G12", "cuda": "compute capability >= 8"}.get(accel.kind, "")
-            return "bfloat16", f"{accel.kind} supports bf16 ({fact}): half the memory of fp32, same range"
-        return "float32", (f"{accel.kind} reports no bf16 support (X17), so float32; pass dtype='float16' "
-                           "for half precision")
+            fact = devices.row(BF16_FACTS, accel.kind, "")
+            source = f"; read by {read}" if read else ""
+            return "bfloat16", f"{accel.kind} supports bf16 ({fact}{source}): half the memory of fp32, same range"
+        return "float32", (f"{accel.kind} reports no bf16 support ({read or 'X17'}), so float32; pass "
+                           "dtype='float16' for half precision")
     name = DTYPES[dtype.lower()]
-    if name == "bfloat16" and accel.kind != "cpu" and not accel.bf16:
+    if name == "bfloat16" and accel.platform.is_accelerator and not accel.bf16:
         raise PlanError(
             f"dtype={dtype!r} but {accel.name} ({', '.join(accel.names) or accel.kind}) does not support bfloat16 "
-            "(torch reports is_bf16_supported() False, X17); use dtype='float16' or 'float32', or dtype='auto'."
+            f"({read or 'torch reports no bf16'}, X17); use dtype='float16' or 'float32', or dtype='auto'."
         )
     return name, "given"
 
 
 def choose_device_map(accel: hwenv.Accelerator, nbytes: int | None, how: str) -> tuple[str, str]:
-    """(device_map, reason): one device when the weights fit it, "auto" to split across devices when not (X9)."""
-    if accel.kind == "cpu":
-        return "cpu", f"CPU run; weights {_size(nbytes)} ({how})"
+    """(device_map, reason): one device when the weights fit it, "auto" to split across devices when not (X9).
+
+    Device memory is what hwenv's probe read (`accel.memory`: `mem_get_info()` of the Gaudi bridge,
+    `mem_get_info` on XPU as Accelerate reads it); the reason says where it came from, and
+    when it could not be read, that one device was assumed (`accel.memory_source` says why).
+    """
+    one = accel.device_type
+    if not accel.platform.is_accelerator:
+        return one, f"CPU run; weights {_size(nbytes)} ({how})"
     per_device = accel.memory_per_device
-    one = accel.kind
-    fact = {"xpu": "X9", "hpu": "G9"}.get(accel.kind, "X9")
-    if nbytes is None or per_device is None:
-        unknown = "weight size" if nbytes is None else "device memory"
-        return one, f"one {accel.kind} device ({fact}); {unknown} unknown, so no split ({how})"
+    fact = devices.row(DEVICE_MAP_FACTS, accel.kind, "X9")
+    read = f"; memory: {accel.memory_source}" if accel.memory_source else ""
+    if nbytes is None:
+        return one, f"one {accel.kind} device ({fact}); weight size unknown, so no split ({how})"
+    if per_device is None:
+        why = accel.memory_source or "the accelerator reports no memory size"
+        logger.info("device memory unknown (%s): planning one %s device for %s of weights",
+                    why, accel.kind, _size(nbytes))
+        return one, (f"one {accel.kind} device ({fact}); device memory unknown ({why}): assumed the weights "
+                     f"({_size(nbytes)}) fit one device, so no split; plan with hwenv.Accelerator(..., memory=...) "
+                     f"to split by known sizes ({how})")
     budget = int(per_device * FIT_FRACTION)
     if nbytes <= budget:
         return one, (f"weights {_size(nbytes)} fit one {accel.kind} ({_size(per_device)}, {FIT_FRACTION:.0%} "
-                     f"budget) so device_map={one!r} ({fact}; {how})")
+                     f"budget) so device_map={one!r} ({fact}; {how}{read})")
     if accel.count > 1:
+        needed = math.ceil(nbytes / budget)
+        enough = (f"at least {needed} of them" if needed <= accel.count
+                  else f"{needed} would be needed, so accelerate offloads the rest to CPU memory (slow)")
         return "auto", (f"weights {_size(nbytes)} exceed one {accel.kind}'s budget ({_size(budget)}): "
-                        f"split across the {accel.count} selected devices ({fact}; {how})")
+                        f"split across the {accel.count} selected devices, {enough} ({fact}; {how}{read})")
     logger.warning("weights %s exceed the only %s device's budget %s: device_map='auto' offloads to CPU",
                    _size(nbytes), accel.kind, _size(budget))
     return "auto", (f"weights {_size(nbytes)} exceed the only {accel.kind} device ({_size(budget)} budget): "
-                    "accelerate offloads the rest to CPU memory (slow)")
+                    f"accelerate offloads the rest to CPU memory (slow){read}")
 
 
 def _size(nbytes: int | None) -> str:
@@ -300,9 +345,8 @@ def plan(
         reasons["compile"] = decision.reason
     dist = hwdist.backend_for(accel)
     reasons["dist_backend"] = dist.reason
-    env = dict(GAUDI_INT64) if accel.kind == "hpu" else {}
-    reasons["env"] = ("PT_ENABLE_INT64_SUPPORT=1: token ids are int64 (G4)" if env
-                      else "no variables needed on this device")
+    needed_env, reasons["env"] = devices.row(PLAN_ENV, accel.kind, ({}, "no variables hwrun knows for this device"))
+    env = dict(needed_env)
     reasons["trust_remote_code"] = ("given: the model's own Python code will run" if trust_remote_code
                                     else "off: only Transformers' built-in model code runs")
     return RunPlan(

@@ -2,23 +2,69 @@
 
 bitsandbytes 0.50 declares `supported_torch_devices = {"cpu", "cuda", "xpu", "hpu", "npu", "mps"}`
 (bitsandbytes/__init__.py) and registers kernels per backend (backends/cpu, cuda, xpu, hpu,
-mps). On Gaudi, Intel documents 4/8-bit for Gaudi 2 and Gaudi 3 only (G10), so a first-generation
-Gaudi is refused. MPS is left out: hwrun does not plan for it beyond CPU-like use.
+mps); its 0.50 installation guide lists NVIDIA, AMD (ROCm wheels on PyPI), Intel XPU, Apple and
+Gaudi. On Gaudi, Intel documents 4/8-bit for Gaudi 2 and Gaudi 3 only (G10): which generation a
+card is, and what it supports, comes from hwenv's generation table (`hwenv.generation_of`), so a
+first-generation Gaudi is refused and a name hwenv does not know yet (a future Gaudi) gets the
+newest known generation's rules, said in the plan. MPS is left out: hwrun does not plan for it
+beyond CPU-like use.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import devices
 from .errors import QuantizationError
 
 if TYPE_CHECKING:
     import hwenv
 
 QUANTIZATIONS = ("4bit", "8bit")
-#: Device kinds where hwrun lets bitsandbytes quantize (mirrors bitsandbytes 0.50 backends).
-BNB_DEVICES = ("cuda", "xpu", "hpu", "cpu")
+
+
+@dataclass(frozen=True)
+class BnbSupport:
+    """One kind's bitsandbytes row: whether hwrun quantizes there, what the reason adds, and an
+    optional per-device check `check(device_name, quantization) -> (why refused or None, note)`."""
+
+    supported: bool
+    note: str = ""
+    check: Callable[[str, str], tuple[str | None, str]] | None = None
+
+
+def gaudi_check(name: str, quantization: str) -> tuple[str | None, str]:
+    """(why bitsandbytes `quantization` is refused on the Gaudi called `name`, or None; a note for the
+    plan). The generation's facts come from `hwenv.generation_of`; an unknown name gets the newest
+    known generation's rules, and the note says so."""
+    import hwenv
+
+    generation = hwenv.generation_of(name)
+    runs = generation.bnb_4bit if quantization == "4bit" else generation.bnb_8bit
+    note = "" if generation.known else f"; {generation.reason()}"
+    if runs:
+        return None, note
+    return (f"{generation.reason()}, and bitsandbytes 4/8-bit runs on Gaudi 2 and Gaudi 3 only (G10)", note)
+
+
+#: Per kind: does hwrun let bitsandbytes quantize there (mirrors bitsandbytes 0.50 backends), and why.
+BITSANDBYTES: dict[str, BnbSupport] = {
+    "hpu": BnbSupport(True, " (G10: Gaudi 2/3)", gaudi_check),
+    "xpu": BnbSupport(True),
+    "rocm": BnbSupport(True, " (bitsandbytes' ROCm wheels, 0.50 installation guide)"),
+    "cuda": BnbSupport(True),
+    "mps": BnbSupport(False, "hwrun does not plan bitsandbytes on Apple GPUs"),
+    "cpu": BnbSupport(True, " (CPU kernels are slow; for a smoke test)"),
+}
+_NO_ROW = BnbSupport(False, "hwrun has no bitsandbytes row for this kind")
+
+
+def bnb_devices() -> tuple[str, ...]:
+    """The kinds where hwrun lets bitsandbytes quantize."""
+    return tuple(kind for kind, support in BITSANDBYTES.items() if support.supported)
 
 
 def check_quantization(quantization: str | None, accel: hwenv.Accelerator) -> str:
@@ -30,29 +76,26 @@ def check_quantization(quantization: str | None, accel: hwenv.Accelerator) -> st
             f"quantization={quantization!r} is not supported; hwrun quantizes with bitsandbytes to "
             f"{' or '.join(repr(q) for q in QUANTIZATIONS)}, or pass None for none."
         )
-    if accel.kind not in BNB_DEVICES:
+    support = devices.row(BITSANDBYTES, accel.kind, _NO_ROW)
+    if not support.supported:
         raise QuantizationError(
             f"quantization={quantization!r} on {accel.name} ({accel.kind}): bitsandbytes has no backend hwrun "
-            f"supports there (supported: {', '.join(BNB_DEVICES)}); load without quantization."
+            f"supports there (supported: {', '.join(bnb_devices())}); load without quantization."
         )
-    if accel.kind == "hpu" and any(_first_gen_gaudi(name) for name in accel.names):
+    checks = [support.check(name, quantization) for name in dict.fromkeys(accel.names)] if support.check else []
+    refusals = [why for why, _ in checks if why]
+    if refusals:
         raise QuantizationError(
-            f"quantization={quantization!r} on {', '.join(dict.fromkeys(accel.names))}: bitsandbytes 4/8-bit runs on Gaudi 2 "
-            "and Gaudi 3 only (G10); use a Gaudi 2/3 or load in bfloat16."
+            f"quantization={quantization!r} on {', '.join(dict.fromkeys(accel.names))}: {refusals[0]}; "
+            f"use a supported {accel.name} or load in {'bfloat16' if accel.bf16 else 'float32'}."
         )
+    notes = "".join(dict.fromkeys(note for _, note in checks))
     if importlib.util.find_spec("bitsandbytes") is None:
         raise QuantizationError(
             f"quantization={quantization!r} needs bitsandbytes, which is not installed; "
             "install it with `pip install 'hwrun[quant]'` (bitsandbytes>=0.45)."
         )
-    note = " (CPU kernels are slow; for a smoke test)" if accel.kind == "cpu" else ""
-    gaudi = " (G10: Gaudi 2/3)" if accel.kind == "hpu" else ""
-    return f"{quantization} via bitsandbytes, which has a {accel.kind} backend{gaudi}{note} (X14)"
-
-
-def _first_gen_gaudi(name: str) -> bool:
-    upper = name.upper().replace(" ", "")
-    return "GAUDI" in upper and not any(tag in upper for tag in ("GAUDI2", "GAUDI3", "HL-225", "HL-325"))
+    return f"{quantization} via bitsandbytes, which has a {accel.kind} backend{support.note} (X14){notes}"
 
 
 def bnb_config(quantization: str, dtype: str) -> Any:

@@ -1,4 +1,4 @@
-"""Continuous batching over a fixed set of cache slots, with the decode step captured as one CUDA graph.
+"""Continuous batching over a fixed set of cache slots, with the decode step captured as one device graph.
 
 Why: Transformers' continuous batching (`generate_batch`) with sdpa attends every query over the
 padded keys of all requests in the batch and plans each step on the host; on an H200 at 64
@@ -10,8 +10,9 @@ every `check_every` steps (or sooner, when a request's budget ends), reads the n
 retires finished requests (EOS or `max_new_tokens`) and prefills waiting prompts into the freed
 slots: a new request starts while others are mid-way, which is what continuous batching means.
 Idle slots step too (their rows are ignored); that costs nothing extra, as a step reads the weights
-once for all rows. Greedy only. Off CUDA the same loop runs eagerly, which is how CPU tests prove
-that its tokens equal `model.generate`'s for each prompt.
+once for all rows. Greedy only. The graph is a CUDA graph on NVIDIA/ROCm and an XPU graph on Intel
+GPUs (the platform's `graph_tools`); elsewhere the same loop runs eagerly, which is how CPU tests
+prove that its tokens equal `model.generate`'s for each prompt.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import FastDecodeError
-from .fastdecode import capture_graph, check_decoder_args, compile_step, eos_ids
+from .fastdecode import (
+    capture_graph,
+    check_decoder_args,
+    compile_step,
+    decoder_graph_tools,
+    eos_ids,
+    model_platform,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -32,16 +40,19 @@ PREFILL_TOKENS = 8192
 
 class SlotDecoder:
     """Greedy continuous batching of any number of prompts through `slots` cache rows of
-    `max_cache_len` positions each (a prompt plus its new tokens must fit one row)."""
+    `max_cache_len` positions each (a prompt plus its new tokens must fit one row). `use_graphs=None`
+    captures where the model's platform (`platform`, default: the one of `model.device`) has graph tools."""
 
     def __init__(self, model: Any, *, slots: int, max_cache_len: int, use_graphs: bool | None = None,
                  compile_backend: Any = None, compile_mode: str | None = None, tune: bool = False,
-                 check_every: int = 16, prefill_tokens: int = PREFILL_TOKENS) -> None:
+                 check_every: int = 16, prefill_tokens: int = PREFILL_TOKENS, platform: Any = None) -> None:
         import torch
 
         from .fusedstep import FusedLlamaStep, fused_step_support
 
-        check_decoder_args(model, slots, max_cache_len, use_graphs)
+        self.platform = model_platform(model, platform)
+        self.graph_tools = decoder_graph_tools(self.platform) if use_graphs is not False else None
+        check_decoder_args(model, slots, max_cache_len, use_graphs, self.graph_tools, self.platform)
         unsupported = fused_step_support(model)
         if unsupported is not None:
             raise FastDecodeError(f"continuous graph decoding runs the fused step, which cannot run "
@@ -53,7 +64,7 @@ class SlotDecoder:
         self.max_cache_len = max_cache_len
         self.check_every = max(1, check_every)
         self.prefill_tokens = max(1, prefill_tokens)
-        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        self.use_graphs = self.graph_tools is not None if use_graphs is None else use_graphs
         self.fused = FusedLlamaStep(model, batch_size=slots, max_cache_len=max_cache_len, per_row_positions=True)
         long = dict(dtype=torch.long, device=self.device)
         self.token = torch.zeros((slots, 1), **long)  # each slot's newest token ...
@@ -140,7 +151,8 @@ class SlotDecoder:
         with torch.inference_mode():
             if self.use_graphs and self.graph is None:
                 self.graph, self.capture_seconds = capture_graph(
-                    self._step_fn, self.device, [self.token, self.position, self.count, self.out])
+                    self._step_fn, self.device, [self.token, self.position, self.count, self.out],
+                    tools=self.graph_tools, platform=self.platform)
             run = self.graph.replay if self.graph is not None else self._step_fn
             while waiting or active:
                 free = [s for s in range(self.slots) if s not in active]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .devices import HOST_KIND
+
 _CORPUS = (
     "The king said to the queen that the castle was cold. The queen said the king should build a fire. "
     "Once upon a time there was a little house by the river, and the people of the town walked there. "
@@ -71,10 +73,10 @@ def launch_cpu_workers(script: str | Path, *args: str, nproc: int = 2, timeout: 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", HWENV_DEVICE="cpu")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", HWENV_DEVICE=HOST_KIND)
     for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT"):
         env.pop(name, None)
-    argv = [sys.executable, "-m", "hwdist", "launch", "--kind", "cpu", "--nproc-per-node", str(nproc),
+    argv = [sys.executable, "-m", "hwdist", "launch", "--kind", HOST_KIND, "--nproc-per-node", str(nproc),
             "--master-port", str(port), str(script), *map(str, args)]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -120,7 +122,7 @@ def assert_adapter_matches(folder: str | Path, weights: dict, base: str | Path |
     import hwrun
     from hwrun.training import load_adapter_model
 
-    model, _ = load_adapter_model(folder, hwrun.plan(str(base or hwrun.DEFAULT_MODEL), device="cpu"))
+    model, _ = load_adapter_model(folder, hwrun.plan(str(base or hwrun.DEFAULT_MODEL), device=HOST_KIND))
     saved = {k: v for k, v in model.named_parameters() if "lora_" in k}
     assert saved.keys() == weights.keys()
     for name, value in saved.items():
@@ -138,9 +140,9 @@ def assert_merged_is_base_plus_adapter(out: str | Path, weights: dict) -> None:
     out = Path(out)
     assert not (out / "adapter_config.json").exists() and (out / "model.safetensors").is_file()
     with_adapter = assert_adapter_matches(out / "adapter", weights)
-    merged, tokenizer = hwrun.load(hwrun.plan(str(out), device="cpu"))
+    merged, tokenizer = hwrun.load(hwrun.plan(str(out), device=HOST_KIND))
     assert not any("lora_" in k for k, _ in merged.named_parameters())  # a plain model, no PEFT
-    base, _ = hwrun.load(hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu"))
+    base, _ = hwrun.load(hwrun.plan(hwrun.DEFAULT_MODEL, device=HOST_KIND))
     ids = tokenizer("The queen said to the king", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         logits = merged(input_ids=ids).logits
@@ -167,7 +169,7 @@ def assert_saved_full_model(out: str | Path, weights: dict, base: str | Path | N
     for name, value in saved.items():  # whole tensors, not one rank's shard
         assert value.shape == original[name].shape and torch.equal(value, weights[name]), name
     assert any(not torch.equal(saved[k], original[k]) for k in original)  # it trained
-    model, _ = hwrun.load(hwrun.plan(str(out), device="cpu"))
+    model, _ = hwrun.load(hwrun.plan(str(out), device=HOST_KIND))
     loaded = dict(model.named_parameters())
     assert loaded.keys() == weights.keys()
     for name, value in loaded.items():

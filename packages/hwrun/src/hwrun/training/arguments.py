@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .. import devices
 from .errors import TrainingConfigError
 
 if TYPE_CHECKING:
@@ -43,7 +44,19 @@ DEFAULTS: dict[str, Any] = {
 # MULTI_GPU/XPU/HPU/NPU/MLU/SDAA/MUSA/NEURON process types; under MULTI_CPU (use_cpu, gloo) it drops
 # the FSDP plugin and trains plain DDP with no message, and MPS has no multi-process type at all.
 # (torch's own fully_shard does run on CPU with gloo; the gate is accelerate's.)
-FSDP_UNSUPPORTED_KINDS = frozenset({"cpu", "mps"})
+#: Per kind: does accelerate build FSDP there (ROCm is MULTI_GPU through torch's cuda device).
+FSDP_SUPPORT: dict[str, bool] = {"hpu": True, "xpu": True, "rocm": True, "cuda": True, "mps": False, "cpu": False}
+
+#: Per kind: torch's fused AdamW (`adamw_torch_fused`). torch/optim/adam.py has fused kernels for cuda
+#: (also ROCm), xpu and cpu; on Gaudi hwrun keeps plain `adamw_torch` (Intel ships its own FusedAdamW).
+FUSED_ADAMW: dict[str, bool] = {"hpu": False, "xpu": True, "rocm": True, "cuda": True, "mps": False, "cpu": True}
+
+#: Per kind: copy batches from pinned memory without blocking the host (accelerator_config non_blocking).
+#: A blocking copy waits for the previous step's kernels, so the GPU idles while the host then
+#: launches the next step. Gaudi (lazy graphs) and MPS keep accelerate's default.
+NON_BLOCKING_COPIES: dict[str, bool] = {
+    "hpu": False, "xpu": True, "rocm": True, "cuda": True, "mps": False, "cpu": False,
+}
 
 
 def _check_sharding(plan: RunPlan, keywords: Mapping[str, Any]) -> None:
@@ -51,8 +64,8 @@ def _check_sharding(plan: RunPlan, keywords: Mapping[str, Any]) -> None:
     deepspeed package, before anything loads."""
     accel = plan.accelerator
     fsdp = keywords.get("fsdp")
-    kind = "cpu" if keywords.get("use_cpu") else accel.kind  # use_cpu=True trains on CPU whatever the plan
-    if fsdp and kind in FSDP_UNSUPPORTED_KINDS:
+    kind = devices.HOST_KIND if keywords.get("use_cpu") else accel.kind  # use_cpu=True trains on CPU whatever the plan
+    if fsdp and not devices.row(FSDP_SUPPORT, kind, False):
         import accelerate
 
         raise TrainingConfigError(
@@ -75,9 +88,7 @@ def _check_sharding(plan: RunPlan, keywords: Mapping[str, Any]) -> None:
 
 
 def _fused_adamw_ok(kind: str) -> bool:
-    # torch's fused AdamW has kernels for cuda, xpu and cpu (torch/optim/adam.py
-    # _get_fused_kernels_supported_devices); not for hpu (Gaudi has its own FusedAdamW).
-    return kind in ("cuda", "xpu", "cpu")
+    return devices.row(FUSED_ADAMW, kind, False)
 
 
 def _precision(plan: RunPlan, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -91,12 +102,12 @@ def _precision(plan: RunPlan, overrides: dict[str, Any]) -> dict[str, Any]:
     if bf16 and fp16:
         raise TrainingConfigError("bf16=True and fp16=True were both given; mixed precision is one of "
                                   "them. Fix: pass only one.")
-    if bf16 and accel.kind != "cpu" and accel.bf16 is False:
+    if bf16 and accel.platform.is_accelerator and accel.bf16 is False:
         names = ", ".join(accel.names) or accel.kind
+        read = accel.bf16_source or "torch reports no bf16"
         raise TrainingConfigError(
             f"bf16=True but {accel.name} ({names}, device {accel.device}) does not support bfloat16 "
-            "(torch reports is_bf16_supported() False; TrainingArguments would raise the same, X17). "
-            "Fix: use fp16=True, or plan(dtype='float16') / dtype='auto'."
+            f"({read}, X17). Fix: use fp16=True, or plan(dtype='float16') / dtype='auto'."
         )
     return {"bf16": bf16, "fp16": fp16}
 
@@ -126,12 +137,9 @@ def training_keywords(plan: RunPlan, output_dir: str | os.PathLike, **overrides:
     keywords: dict[str, Any] = dict(DEFAULTS)
     keywords["output_dir"] = os.fspath(output_dir)
     keywords.update(_precision(plan, overrides))
-    keywords["use_cpu"] = accel.kind == "cpu"
+    keywords["use_cpu"] = not accel.platform.is_accelerator
     keywords["optim"] = "adamw_torch_fused" if _fused_adamw_ok(accel.kind) else "adamw_torch"
-    if accel.kind in ("cuda", "xpu"):
-        # batches come from pinned memory: copy them without blocking the host. A blocking copy
-        # waits for the previous step's kernels, so the GPU idles while the host then launches the
-        # next step.
+    if devices.row(NON_BLOCKING_COPIES, accel.kind, False):
         keywords["accelerator_config"] = {"non_blocking": True}
     compile_on = plan.compile is not None
     backend = plan.compile.backend if compile_on and isinstance(plan.compile.backend, str) else None

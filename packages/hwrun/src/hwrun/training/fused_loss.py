@@ -66,11 +66,35 @@ def _chunk_loss_grad_in_place(logits, targets, scale):
 
 KERNELS = ("auto", "torch", "triton")
 
+#: Per kind: does kernel='auto' run hwrun's Triton kernels (the loss chunk kernel `ce_kernel` and the
+#: SwiGLU backward `swiglu_kernel`) there, and why. Only where they were measured: a platform with
+#: Triton (`Platform.triton`) is not enough, the kernels' block sizes are tuned and checked on NVIDIA.
+TRITON_KERNELS: dict[str, tuple[bool, str]] = {
+    "hpu": (False, "Gaudi has no Triton"),
+    "xpu": (False, "torch's XPU wheels ship Intel's Triton, but hwrun's kernels are not yet run or measured there"),
+    "rocm": (False, "Triton runs on ROCm, but hwrun's kernels are tuned and checked on NVIDIA only"),
+    "cuda": (True, "measured on an H200 (docs/benchmarks/train.md); triton ships with torch's CUDA wheels"),
+    "mps": (False, "no Triton on Apple GPUs"),
+    "cpu": (False, "Triton compiles for GPUs; the host runs the torch form"),
+}
 
-def triton_kernel_usable(device_type: str) -> bool:
-    """Whether hwrun's Triton chunk kernel (`ce_kernel`) runs on `device_type`: CUDA with triton
-    installed (torch's CUDA wheels ship it). Other devices use the torch form."""
-    return device_type == "cuda" and importlib.util.find_spec("triton") is not None
+
+def triton_kernel_usable(kind: str) -> bool:
+    """Whether kernel='auto' runs hwrun's Triton kernels on the platform `kind`: its `TRITON_KERNELS`
+    row, the platform has Triton, and triton is installed. Other devices use the torch form."""
+    from hwrun.devices import platform, row
+
+    wanted, _ = row(TRITON_KERNELS, kind, (False, "no row"))
+    return wanted and platform(kind).triton and importlib.util.find_spec("triton") is not None
+
+
+def auto_kernel(kernel: str, device_type: str) -> str:
+    """`kernel` with 'auto' resolved for a model on `device_type`: 'triton' where `triton_kernel_usable`, else 'torch'."""
+    if kernel != "auto":
+        return kernel
+    from hwrun.devices import kind_of_device_type
+
+    return "triton" if triton_kernel_usable(kind_of_device_type(device_type)) else "torch"
 
 
 def check_kernel(kernel: str) -> None:
@@ -81,11 +105,12 @@ def check_kernel(kernel: str) -> None:
                          "kernel (CUDA, or any device under TRITON_INTERPRET=1).")
 
 
-def chunk_function(compiled: bool = False, kernel: str = "torch", device_type: str = "cpu"):
-    """The per-chunk loss/gradient function: hwrun's Triton kernel (`kernel='triton'`, or 'auto' on
-    CUDA), else the torch form: out of place for a compiled model, in place otherwise."""
+def chunk_function(compiled: bool = False, kernel: str = "torch", kind: str = "cpu"):
+    """The per-chunk loss/gradient function: hwrun's Triton kernel (`kernel='triton'`, or 'auto' where
+    `TRITON_KERNELS` allows on the platform `kind`), else the torch form: out of place for a compiled
+    model, in place otherwise."""
     check_kernel(kernel)
-    if kernel == "triton" or (kernel == "auto" and triton_kernel_usable(device_type)):
+    if kernel == "triton" or (kernel == "auto" and triton_kernel_usable(kind)):
         from .ce_kernel import chunk_ce_triton
 
         return chunk_ce_triton
@@ -183,7 +208,7 @@ def linear_cross_entropy(hidden: Any, weight: Any, targets: Any, *, num_items_in
     else:
         denominator = torch.as_tensor(num_items_in_batch, device=hidden.device)
     scale = 1.0 / denominator.to(torch.float32)
-    chunk_fn = chunk_function(compiled, kernel, hidden.device.type)
+    chunk_fn = chunk_function(compiled, auto_kernel(kernel, hidden.device.type))
     return function.apply(hidden, weight, targets, scale, int(chunk_tokens), chunk_fn)
 
 
@@ -228,6 +253,9 @@ def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     check_kernel(kernel)
     if getattr(model, _FLAG, False):
         return FusedLossPatch(model, True, "already applied")
+    asked = kernel
+    parameter = next(iter(model.parameters()), None)
+    kernel = auto_kernel(kernel, parameter.device.type if parameter is not None else "cpu")  # resolved once, here
     reason = fused_loss_support(model)
     if reason is not None:
         logger.info("Fused chunked loss not applied: %s; using the model's own loss.", reason)
@@ -266,8 +294,8 @@ def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     how = "out of place, fused by torch.compile" if compiled else "in place"
     if kernel == "triton":
         how = "Triton kernel"
-    elif kernel == "auto":
-        how = f"Triton kernel on CUDA, else {how}"
+    if asked == "auto":
+        how += ", chosen by kernel='auto' for this device (TRITON_KERNELS)"
     logger.info("Fused chunked cross-entropy on (%d tokens per chunk, softmax/gradient %s): the full "
                 "logits are never materialised.", chunk_tokens, how)
     return FusedLossPatch(model, True, f"fused chunked cross-entropy ({how})")

@@ -26,7 +26,7 @@ from typing import Any
 
 from .patches import ModelPatch
 from .rope_table import rotary_module
-from .swiglu import check_swiglu_kernel, prepare_swiglu, swiglu
+from .swiglu import auto_swiglu_kernel, check_swiglu_kernel, prepare_swiglu, swiglu
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +289,9 @@ def apply_fused_projections(model: Any, swiglu_kernel: str = "auto") -> ModelPat
                 continue
             try:
                 undo.append(_patch_one(module, names, attribute, forward, check))
-                getattr(module, attribute).swiglu_kernel = swiglu_kernel
+                group = getattr(module, attribute)
+                # 'auto' resolved once here, not in the (possibly compiled) forward
+                group.swiglu_kernel = auto_swiglu_kernel(swiglu_kernel, group.weight.device.type)
                 fused[label] += 1
             except _Unfusable as exc:
                 skipped[label] = str(exc)

@@ -25,6 +25,12 @@ logger = logging.getLogger(__name__)
 
 LOSS_PLOT = "loss.png"
 
+#: Per kind: does `train_plan(compile=None)` compile. A run has many identical steps, so compiling pays
+#: off on an accelerator; on CPU the compile time dominates short runs; MPS has no tested inductor path.
+TRAIN_COMPILE_DEFAULT: dict[str, bool] = {
+    "hpu": True, "xpu": True, "rocm": True, "cuda": True, "mps": False, "cpu": False,
+}
+
 
 @dataclass(frozen=True)
 class TrainResult:
@@ -55,7 +61,9 @@ def train_plan(model: str | None = None, device: Any = "auto", dtype: str = "aut
     base = hwrun.plan(model, device=device, dtype=dtype, attention=attention, compile=False,
                       quantization=quantization, trust_remote_code=trust_remote_code)
     if compile is None:
-        compile = base.accelerator.kind not in ("cpu", "mps")
+        from hwrun.devices import row
+
+        compile = row(TRAIN_COMPILE_DEFAULT, base.accelerator.kind, False)
     if not compile:
         return base
     compiled = hwrun.plan(model, device=base.accelerator, dtype=dtype, attention=attention, compile=compile,
@@ -187,13 +195,14 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     training on CUDA, else the torch form), 'torch' or 'triton'; `swiglu_kernel` likewise for the
     fused MLP's SwiGLU backward.
     """
+    from ..devices import kind_of_device_type
     from .arguments import training_arguments
     from .data import PackedDataset, build_dataset, read_documents
     from .fused_loss import apply_fused_loss, check_kernel, triton_kernel_usable
     from .fused_projections import apply_fused_projections
     from .plot import loss_points, write_loss_plot
     from .rope_table import apply_rope_table
-    from .swiglu import check_swiglu_kernel
+    from .swiglu import check_swiglu_kernel, triton_swiglu_usable
     from .trainer import GracefulStop, HwTrainer, LossLog
 
     # -- everything that can be rejected is rejected before the model loads --
@@ -252,8 +261,11 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     use_cache = getattr(model.config, "use_cache", None)
     model.config.use_cache = False  # training needs no KV cache; restored before the final save
 
+    kind = kind_of_device_type(args.device.type, hint=plan.accelerator.kind)
     if loss_kernel == "auto":
-        loss_kernel = "triton" if triton_kernel_usable(args.device.type) else "torch"
+        loss_kernel = "triton" if triton_kernel_usable(kind) else "torch"
+    if swiglu_kernel == "auto":
+        swiglu_kernel = "triton" if triton_swiglu_usable(kind) else "torch"
     patch = (apply_fused_loss(model, compiled=plan.compile is not None, kernel=loss_kernel)
              if fused_loss else None)
     reasons["loss"] = patch.reason if patch is not None else "model's own loss (fused_loss=False)"

@@ -10,9 +10,21 @@ from typing import Any
 _FUNCTION: list[Any] = []  # [the autograd.Function, the Triton op or None], filled by prepare_swiglu
 
 
-def triton_swiglu_usable(device_type: str) -> bool:
-    """Whether the Triton backward runs on `device_type`: CUDA with triton installed."""
-    return device_type == "cuda" and importlib.util.find_spec("triton") is not None
+def triton_swiglu_usable(kind: str) -> bool:
+    """Whether swiglu_kernel='auto' runs the Triton backward on the platform `kind` (the same
+    `TRITON_KERNELS` rule as the loss kernel: CUDA, with triton installed)."""
+    from .fused_loss import triton_kernel_usable
+
+    return triton_kernel_usable(kind)
+
+
+def auto_swiglu_kernel(kernel: str, device_type: str) -> str:
+    """`kernel` with 'auto' resolved for tensors on `device_type`: 'triton' where usable, else 'torch'."""
+    if kernel != "auto":
+        return kernel
+    from hwrun.devices import kind_of_device_type
+
+    return "triton" if triton_swiglu_usable(kind_of_device_type(device_type)) else "torch"
 
 
 def swiglu_backward_torch(y: Any, d_out: Any) -> Any:
@@ -86,5 +98,5 @@ def swiglu(y: Any, kernel: str = "auto") -> Any:
     if kernel == "triton" and not has_op:
         raise RuntimeError("swiglu(kernel='triton') needs the triton package, which is not installed; "
                            "use kernel='torch' or 'auto'.")
-    use_triton = has_op and (kernel == "triton" or (kernel == "auto" and y.device.type == "cuda"))
+    use_triton = has_op and auto_swiglu_kernel(kernel, y.device.type) == "triton"
     return _FUNCTION[0].apply(y, use_triton)

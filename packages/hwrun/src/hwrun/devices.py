@@ -1,0 +1,94 @@
+"""How hwrun asks about devices: platforms from hwenv, per-kind tables, and the tables' index.
+
+hwrun never compares a device kind with a string. Facts of a device (its torch device type,
+graph API, Triton, memory and bf16 reading) come from its `hwenv.Platform`; hwrun's own
+decisions per device (does continuous batching run there, bitsandbytes, FSDP, ...) are tables
+keyed by `Platform.kind`, each next to the code that decides, each listed in `platform_tables()`
+so one test checks that every registered kind has a row in every table (a new kind, ROCm or a
+plug-in, cannot be forgotten silently). A kind with no row (a plug-in hwrun does not know yet)
+gets the table's conservative default and the reason says so.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import hwenv
+
+T = TypeVar("T")
+
+#: The platform that is the host itself (no accelerator): where hwrun's tests and CPU runs go.
+HOST_KIND = "cpu"
+
+#: Every per-kind table in hwrun, as "module:NAME" (read by `platform_tables()`).
+TABLES = (
+    "hwrun.plan:BF16_FACTS",
+    "hwrun.plan:DEVICE_MAP_FACTS",
+    "hwrun.plan:PLAN_ENV",
+    "hwrun.batching:CONTINUOUS_BATCHING",
+    "hwrun.quantization:BITSANDBYTES",
+    "hwrun.training.arguments:FSDP_SUPPORT",
+    "hwrun.training.arguments:FUSED_ADAMW",
+    "hwrun.training.arguments:NON_BLOCKING_COPIES",
+    "hwrun.training.run:TRAIN_COMPILE_DEFAULT",
+    "hwrun.training.fused_loss:TRITON_KERNELS",
+)
+
+
+def platform_tables() -> dict[str, Mapping[str, Any]]:
+    """Every per-kind table hwrun decides with: {"module:NAME": {kind: row}}."""
+    tables = {}
+    for path in TABLES:
+        module, _, name = path.partition(":")
+        tables[path] = getattr(importlib.import_module(module), name)
+    return tables
+
+
+def row(table: Mapping[str, T], kind: str, default: T) -> T:
+    """`table[kind]`, or `default` for a kind the table has no row for (a plug-in hwrun does not know)."""
+    return table.get(kind, default)
+
+
+def platform(kind: str) -> hwenv.Platform:
+    """The `hwenv.Platform` of `kind`."""
+    import hwenv
+
+    return hwenv.get_platform(kind)
+
+
+def kinds() -> tuple[str, ...]:
+    """Every registered device kind (built-ins and plug-ins), in detection order."""
+    from hwenv.platforms import kinds as registered
+
+    return registered()
+
+
+_KIND_OF_DEVICE_TYPE: dict[str, str] = {}  # filled on first use (never at import): device type -> kind here
+
+
+def kind_of_device_type(device_type: str, hint: str | None = None) -> str:
+    """The platform kind of a torch device type in this process (`"cuda"` is NVIDIA's or AMD's).
+
+    `hint` (a plan's kind) wins when its platform has that device type. Otherwise the only
+    registered platform with the device type; where several share it (cuda and rocm), the one
+    `hwenv.detect()` finds here (remembered for the process), else the first in detection order.
+    """
+    import hwenv
+
+    if hint is not None and hwenv.get_platform(hint).device_type == device_type:
+        return hint
+    candidates = [p.kind for p in hwenv.platforms() if p.device_type == device_type]
+    if len(candidates) == 1:
+        return candidates[0]
+    if not candidates:  # a device type no platform claims ("meta"): tables give it their default row
+        return device_type
+    if device_type not in _KIND_OF_DEVICE_TYPE:
+        try:
+            detected = hwenv.detect().kind
+        except hwenv.HwenvError:
+            detected = ""
+        _KIND_OF_DEVICE_TYPE[device_type] = detected if detected in candidates else candidates[0]
+    return _KIND_OF_DEVICE_TYPE[device_type]
