@@ -3,9 +3,7 @@ transformers.TrainingArguments."""
 
 from __future__ import annotations
 
-import importlib.machinery
 import sys
-import types
 
 import hwdist
 import hwenv
@@ -40,6 +38,7 @@ def test_xpu_uses_xccl_built_into_torch(fake_xpu, xccl):
     choice = hwdist.backend_for(hwenv.detect())
     assert choice.name == "xccl" and choice.ddp_backend == "xccl"
     assert "XCCL built in" in choice.reason and "X18" in choice.reason
+    assert "2.7" not in choice.reason
     ensure_available("xccl", "xpu")  # no error
 
 
@@ -54,31 +53,70 @@ def test_xpu_torch_without_xccl_names_the_fix(fake_xpu, xccl):
 
 
 def test_xpu_for_another_machine_decides_by_its_torch_version():
-    choice = hwdist.backend_for(hwenv.Accelerator("xpu", 4, torch_version="2.8.0"))
-    assert choice.name == "xccl" and "2.8.0" in choice.reason
+    choice = hwdist.backend_for(hwenv.Accelerator("xpu", 4, torch_version="2.8.0"))  # the floor
+    assert choice.name == "xccl" and "torch 2.8.0 (>= 2.8) has XCCL built in" in choice.reason
 
 
-def test_old_torch_with_oneccl_bindings_uses_ccl(monkeypatch):
-    module = types.ModuleType("oneccl_bindings_for_pytorch")
-    module.__spec__ = importlib.machinery.ModuleSpec("oneccl_bindings_for_pytorch", loader=None)
-    monkeypatch.setitem(sys.modules, "oneccl_bindings_for_pytorch", module)
-    choice = hwdist.backend_for(hwenv.Accelerator("xpu", 2, torch_version="2.5.1"))
-    assert choice.name == "ccl"
-    assert "older than 2.7" in choice.reason and "oneccl_bindings_for_pytorch" in choice.reason
-    assert choice.ddp_backend is None  # current Transformers has no 'ccl' choice: left to Transformers
+@pytest.mark.facts("X18")
+@pytest.mark.parametrize("version", ["2.7.1", "2.5.1"])
+def test_xpu_torch_below_2_8_is_an_error_naming_the_fix(version):
+    """XCCL is in torch's source from 2.7, but the 2.7 XPU wheels were built without it (INTEL.md);
+    oneCCL's `ccl` backend for older torch is gone from hwdist."""
+    with pytest.raises(hwdist.BackendUnavailableError) as info:
+        hwdist.backend_for(hwenv.Accelerator("xpu", 2, torch_version=version))
+    message = str(info.value)
+    assert f"needs torch >= 2.8, not torch {version}" in message
+    assert "intel/torch-xpu-ops #1318" in message and "download.pytorch.org/whl/xpu" in message
+    assert isinstance(info.value, ImportError)
+
+
+def test_the_oneccl_ccl_path_is_gone():
+    from hwdist import rules
+
+    assert "ccl" not in rules.BACKENDS
+    assert not hasattr(backend_module, "ONECCL_MODULE") and not hasattr(backend_module, "_oneccl_installed")
+
+
+def test_transformers_without_xccl_leaves_ddp_backend_unset(monkeypatch):
+    monkeypatch.setattr(backend_module, "training_arguments_choices", lambda: ("nccl", "gloo", "mpi", "ccl", "hccl"))
+    choice = hwdist.backend_for(hwenv.Accelerator("xpu", 2, torch_version="2.8.0"))
+    assert choice.name == "xccl" and choice.ddp_backend is None
     assert "not among TrainingArguments choices" in choice.reason
 
 
-def test_old_torch_without_bindings_is_an_error(monkeypatch):
-    monkeypatch.setattr(backend_module, "_oneccl_installed", lambda: False)
-    with pytest.raises(hwdist.BackendUnavailableError, match=r"XCCL needs torch >= 2.7"):
-        hwdist.backend_for(hwenv.Accelerator("xpu", 2, torch_version="2.5.1"))
+def test_rocm_is_rccl_through_the_nccl_name():
+    choice = hwdist.backend_for(hwenv.Accelerator("rocm", 2))
+    assert choice.name == "nccl" and choice.ddp_backend == "nccl"
+    assert "RCCL through the nccl name" in choice.reason
+    ensure_available("nccl", "cuda")  # ROCm's tensors are torch's "cuda" device type
 
 
-def test_old_transformers_names_the_intel_backend_ccl(monkeypatch):
-    monkeypatch.setattr(backend_module, "training_arguments_choices", lambda: ("nccl", "gloo", "mpi", "ccl", "hccl"))
-    choice = hwdist.backend_for(hwenv.Accelerator("xpu", 2, torch_version="2.8.0"))
-    assert choice.name == "xccl" and choice.ddp_backend == "ccl"
+def test_every_registered_kind_has_a_row_in_hwdists_table():
+    from hwdist.rules import BACKENDS, DIST_RULES
+
+    kinds = [platform.kind for platform in hwenv.platforms()]
+    assert "rocm" in kinds
+    assert [kind for kind in kinds if kind not in DIST_RULES] == []
+    assert [p.kind for p in hwenv.platforms() if p.dist_backend not in BACKENDS] == []
+
+
+def test_backend_comes_from_the_platform_not_the_kind_name():
+    """A kind hwdist has never heard of (a plug-in) gets its platform's backend and a reason from its data."""
+    from hwdist.rules import DIST_RULES
+
+    dummy = hwenv.Platform(kind="dummynpu", device_type="cuda", display_name="Dummy NPU", probe="x:y", priority=5,
+                           visible_devices=("DUMMY_VISIBLE",), selection_grammar="indices", dist_backend="nccl",
+                           dist_backend_note="through a test")
+    hwenv.register_platform(dummy, origin="test")
+    try:
+        assert "dummynpu" not in DIST_RULES
+        choice = hwdist.backend_for(hwenv.Accelerator("dummynpu", 2))
+        assert choice.name == "nccl"
+        assert choice.reason == "Dummy NPU: nccl (through a test), from its platform (no hwdist row)"
+    finally:
+        from hwenv.platforms import unregister
+
+        unregister("dummynpu")
 
 
 @pytest.mark.facts("G15")
@@ -99,13 +137,15 @@ def test_gaudi_without_plugin_is_a_clear_error(monkeypatch):
     assert isinstance(info.value, ImportError)
 
 
-def test_cuda_cpu_and_mps(fake_cuda):
+def test_cuda_cpu_and_mps_unchanged(fake_cuda):
     fake_cuda(count=1)
     assert hwdist.backend_for(hwenv.detect()).name == "nccl"
     assert hwdist.ddp_backend(hwenv.Accelerator("cuda", 8)) == "nccl"
     assert hwdist.backend_for(hwenv.Accelerator("cpu")).name == "gloo"
     mps = hwdist.backend_for(hwenv.Accelerator("mps"))
     assert mps.name == "gloo" and "MPS" in mps.reason
+    assert hwdist.backend_for(hwenv.Accelerator("cpu")).reason == "CPU: gloo"  # hwrun plan prints it
+    assert hwdist.backend_for(hwenv.Accelerator("cuda", 8)).reason == "CUDA: NCCL"
 
 
 def test_backend_that_does_not_fit_the_device_is_rejected():
@@ -127,7 +167,8 @@ def test_choices_are_read_from_the_real_training_arguments():
 
 @pytest.mark.facts("X18", "G15")
 @pytest.mark.parametrize("accel", [hwenv.Accelerator("xpu", 2, torch_version="2.8.0"), hwenv.Accelerator("hpu", 8),
-                                   hwenv.Accelerator("cuda", 2), hwenv.Accelerator("cpu")], ids=lambda a: a.kind)
+                                   hwenv.Accelerator("rocm", 2), hwenv.Accelerator("cuda", 2),
+                                   hwenv.Accelerator("cpu")], ids=lambda a: a.kind)
 def test_ddp_backend_is_accepted_by_transformers_argument_parser(accel, tmp_path):
     from transformers import HfArgumentParser, TrainingArguments
 
@@ -155,7 +196,7 @@ def test_layer_rule_no_direct_torch_xpu_or_hpu():
         text = path.read_text()
         assert "torch.xpu" not in text and "torch.hpu" not in text, path
         if "habana_frameworks" in text:
-            assert path.name == "backend.py", f"{path.name} may not touch habana_frameworks (only the hccl import)"
+            assert path.name == "rules.py", f"{path.name} may not touch habana_frameworks (only the hccl module name)"
 
 
 def test_stable_ddp_backends_are_accepted_by_the_real_training_arguments():

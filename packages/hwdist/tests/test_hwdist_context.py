@@ -171,19 +171,64 @@ def test_gaudi_world_size_must_match_the_selected_modules(fake_gaudi, monkeypatc
         hwdist.init(accel=hwenv.Accelerator("hpu", 4))
 
 
-@pytest.mark.facts("G8", "G7")
-def test_gaudi_world_without_selection_maps_indices_with_hl_smi(clean_device_env):
-    rows = parse_hl_smi_csv(HL_SMI_CSV_8)  # index 0 -> module 5, index 1 -> module 4
-    assert check_gaudi_world(2, 8, {}, hl_smi_rows=rows) == (5, 4)
-    assert check_gaudi_world(8, 8, {}, hl_smi_rows=rows) is None  # the whole server
-    assert check_gaudi_world(1, 8, {}, hl_smi_rows=rows) is None
-    with pytest.raises(hwdist.GaudiWorldError, match=r"groups of 2 or 4"):
-        check_gaudi_world(3, 8, {}, hl_smi_rows=rows)
-    other = parse_hl_smi_csv("index, module_id\n0, 0\n1, 2\n2, 1\n3, 3\n")
-    with pytest.raises(hwdist.GaudiWorldError, match=r"modules \[0, 2\]"):
-        check_gaudi_world(2, 4, {}, hl_smi_rows=other)
+@pytest.mark.facts("G8")
+def test_gaudi_world_without_selection_is_module_id_equals_local_rank(clean_device_env):
+    """The bridge pins local rank r to module r (hccl `_setup_module_id`): 2 processes check {0,1},
+    not device indices mapped through hl-smi (here index 0 -> module 5, index 1 -> module 4)."""
+    rows = parse_hl_smi_csv(HL_SMI_CSV_8)
+    assert check_gaudi_world(2, 8, {}, hl_smi_rows=rows) == (0, 1)
+    assert check_gaudi_world(4, 8, {}, hl_smi_rows=rows) == (0, 1, 2, 3)
+    assert check_gaudi_world(2, 8, {}) == (0, 1)  # no hl-smi needed (none on PATH here)
+    assert check_gaudi_world(8, 8, {}) is None  # the whole server
+    assert check_gaudi_world(1, 8, {}) is None
+    with pytest.raises(hwdist.GaudiWorldError, match=r"modules \[0, 1, 2\].*groups of 2 or 4") as info:
+        check_gaudi_world(3, 8, {})
+    assert "{0,1} or {2,3}" in str(info.value)  # the message names the supported groups
     with pytest.raises(hwdist.GaudiWorldError, match="only 8 Gaudi device"):
-        check_gaudi_world(9, 8, {}, hl_smi_rows=rows)
+        check_gaudi_world(9, 8, {})
+
+
+@pytest.mark.facts("G8")
+def test_gaudi_visible_modules_list_position_is_the_local_rank(clean_device_env):
+    assert check_gaudi_world(2, 2, {"HABANA_VISIBLE_MODULES": "7,6"}) == (7, 6)
+    with pytest.raises(hwdist.GaudiWorldError, match="not a supported 2-device group"):
+        check_gaudi_world(2, 2, {"HABANA_VISIBLE_MODULES": "1,2"})
+
+
+@pytest.mark.facts("G8")
+@pytest.mark.parametrize("variable", ["HABANA_VISIBLE_MODULES", "HABANA_VISIBLE_DEVICES"])
+def test_one_card_container_is_a_standard_run(clean_device_env, variable):
+    """One process on one card (a container started with card 3) has no group rule and reads no hl-smi."""
+    env = {variable: "3"}
+    expected = (3,) if variable == "HABANA_VISIBLE_MODULES" else None  # an index names no module
+    assert check_gaudi_world(1, 1, env, local_rank=0) == expected
+
+
+@pytest.mark.facts("G8")
+def test_module_pin_hls_module_id(clean_device_env):
+    # one process: the pin wins and is this process's card
+    assert check_gaudi_world(1, 8, {"HLS_MODULE_ID": "5"}) == (5,)
+    # the bridge sets the pin from LOCAL_RANK when it is imported: rank 1 of 2 on module 1 is consistent
+    assert check_gaudi_world(2, 8, {"HLS_MODULE_ID": "1"}, local_rank=1) == (0, 1)
+    assert check_gaudi_world(2, 2, {"HLS_MODULE_ID": "6", "HABANA_VISIBLE_MODULES": "7,6"}, local_rank=1) == (7, 6)
+    # an inherited pin puts every rank on one card: refused before HCCL starts
+    with pytest.raises(hwdist.GaudiWorldError, match=r"HLS_MODULE_ID='5'.*LOCAL_RANK=0 of the 2.*module 0"):
+        check_gaudi_world(2, 8, {"HLS_MODULE_ID": "5"}, local_rank=0)
+
+
+@pytest.mark.facts("G8", "G15")
+@pytest.mark.parametrize("variable", ["HABANA_VISIBLE_MODULES", "HABANA_VISIBLE_DEVICES"])
+def test_init_in_a_one_card_container_reaches_hccl(fake_gaudi, monkeypatch, variable):
+    """`hwdist.init()` with world size 1 in a container started with one card: no group error, the
+    checks pass and hccl's module imports; only torch's (unregistered, fake) hccl backend fails."""
+    fake_gaudi(1)
+    monkeypatch.delenv("HWENV_DEVICE", raising=False)
+    monkeypatch.setenv(variable, "3")
+    launched(monkeypatch, 0, 1, 0, 1)
+    with pytest.raises((RuntimeError, ValueError, AssertionError)) as info:  # torch: "Unknown backend type hccl"
+        hwdist.init(accel=hwenv.detect(), timeout=2)
+    assert not isinstance(info.value, hwdist.HwdistError), info.value
+    assert "hccl" in str(info.value).lower()
 
 
 @pytest.mark.facts("G8")

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import hwdist
+import hwenv
 import pytest
 from hwdist.cli import main
 from hwdist.launch import child_environment
@@ -136,8 +137,8 @@ def test_explicit_kind_is_not_checked_against_this_machines_count(fake_xpu):
 
 @pytest.mark.facts("X4")
 def test_inherited_selection_is_replaced_so_indices_are_not_counted(fake_xpu, fake_cuda, monkeypatch):
-    fake_xpu(count=2)
-    monkeypatch.setenv("ZE_AFFINITY_MASK", "2,3")  # this process sees 2 of (say) 4 XPUs
+    fake_xpu(count=4)
+    monkeypatch.setenv("ZE_AFFINITY_MASK", "2,3")  # this process sees 2 of the 4 XPUs
     argv, env = hwdist.launch_command("train.py")
     assert "--nproc-per-node=2" in argv and env["ZE_AFFINITY_MASK"] == "2,3"
     argv, env = hwdist.launch_command("train.py", devices="0,3")  # replaces the mask in the child
@@ -168,7 +169,7 @@ def test_without_xpus_here_devices_are_checked_for_syntax_only(clean_device_env,
 
 @pytest.mark.parametrize("device_count, kind, pattern", [
     (0, "xpu", "positive integer"), (True, "xpu", "positive integer"), ("8", "xpu", "positive integer"),
-    (2, "cpu", "counts xpu, hpu or cuda devices.*--nproc-per-node"),
+    (2, "cpu", "counts hpu, xpu, rocm or cuda devices.*--nproc-per-node.*--kind hpu|xpu|rocm|cuda"),
 ])
 def test_bad_device_count_is_rejected(device_count, kind, pattern):
     with pytest.raises(hwdist.LaunchError, match=pattern):
@@ -230,9 +231,14 @@ def test_module_flag_runs_python_dash_m(capsys):
 
 
 @pytest.mark.facts("G6")
-def test_child_environment_drops_conflicting_gaudi_indices():
-    env = child_environment({"HABANA_VISIBLE_MODULES": "0,1"}, {"HABANA_VISIBLE_DEVICES": "3", "PATH": "/bin"})
-    assert env == {"HABANA_VISIBLE_MODULES": "0,1", "PATH": "/bin"}
+def test_child_environment_drops_conflicting_gaudi_indices_and_the_module_pin(clean_device_env):
+    selection = hwenv.select("hpu", "0,1")
+    inherited = {"HABANA_VISIBLE_DEVICES": "3", "HLS_MODULE_ID": "3", "PATH": "/bin"}
+    env = child_environment({"HABANA_VISIBLE_MODULES": "0,1"}, inherited, selection=selection)
+    assert env["HABANA_VISIBLE_MODULES"] == "0,1" and env["PATH"] == "/bin"
+    assert "HABANA_VISIBLE_DEVICES" not in env and "HLS_MODULE_ID" not in env
+    # without the plan's selection (tools that only have the changes), the module pin still goes
+    assert child_environment({}, {"HLS_MODULE_ID": "3", "PATH": "/bin"}) == {"PATH": "/bin"}
 
 
 # ---- real runs through torchrun ----------------------------------------------------------

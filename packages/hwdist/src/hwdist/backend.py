@@ -1,7 +1,9 @@
-"""Which collective backend a device uses (`xccl`, `ccl`, `hccl`, `nccl`, `gloo`), and why.
+"""Which collective backend a device uses (`xccl`, `hccl`, `nccl`, `gloo`), and why.
 
-FACTS.md X18 (XPU: xccl), G15 (Gaudi: hccl). The same choice accelerate makes in
-`accelerate/state.py` (hpu -> hccl, cuda -> nccl, xpu -> xccl, CPU -> gloo).
+The backend name is the platform's (`hwenv.get_platform(kind).dist_backend`): xccl on Intel GPUs
+(X18), hccl on Gaudi (G15), nccl on NVIDIA and on AMD (RCCL through the nccl name), gloo on CPU
+and MPS -- the choice accelerate makes in `accelerate/state.py`. What each backend needs (torch
+>= 2.8 for xccl, the Gaudi module for hccl) is hwdist's table in `rules.py`.
 """
 
 from __future__ import annotations
@@ -9,29 +11,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import importlib.util
 import logging
 from dataclasses import dataclass
 
 import hwenv
-from hwenv.gaudi import PLUGIN_INSTALL_HINT
 
 from .errors import BackendMismatchError, BackendUnavailableError
+from .rules import BACKENDS, rule_for, serves
 
 logger = logging.getLogger(__name__)
-
-#: torch got XCCL built in with 2.7 (LIBRARIES.md; `distributed_c10d.is_xccl_available()`).
-XCCL_MIN_TORCH = (2, 7)
-#: The module that registers Gaudi's `hccl` backend with torch.distributed (G15).
-HCCL_MODULE = "habana_frameworks.torch.distributed.hccl"
-#: Intel's old oneCCL bindings, which register the `ccl` backend for torch < 2.7.
-ONECCL_MODULE = "oneccl_bindings_for_pytorch"
-
-#: The device types each backend moves tensors of.
-BACKEND_DEVICES: dict[str, tuple[str, ...]] = {
-    "xccl": ("xpu",), "ccl": ("xpu", "cpu"), "hccl": ("hpu",), "nccl": ("cuda",), "gloo": ("cpu",),
-}
-
 
 @dataclass(frozen=True)
 class BackendChoice:
@@ -47,59 +35,65 @@ def _torch_version(accel: hwenv.Accelerator) -> str | None:
     return accel.torch_version or hwenv.installed_version("torch")
 
 
-def _xccl_built_in() -> bool:
+def _title(name: str) -> str:
+    return name.upper() if name.endswith("ccl") else name
+
+
+def _built_in(name: str) -> bool | None:
+    """Whether this torch build has backend `name` (None: torch has no check for it)."""
+    needs = BACKENDS.get(name)
+    if needs is None or needs.built_in_check is None:
+        return None
     from torch.distributed import distributed_c10d
 
-    check = getattr(distributed_c10d, "is_xccl_available", None)
+    check = getattr(distributed_c10d, needs.built_in_check, None)
     return bool(check()) if check is not None else False
 
 
-def _oneccl_installed() -> bool:
-    return importlib.util.find_spec(ONECCL_MODULE) is not None
+def _min_torch_text(needs_min: tuple[int, int]) -> str:
+    return ".".join(str(part) for part in needs_min)
 
 
-def _xpu_backend(accel: hwenv.Accelerator, oneccl: bool | None = None) -> tuple[str, str]:
+def _torch_detail(name: str, accel: hwenv.Accelerator) -> str:
+    """What the torch version says about backend `name`; a torch below its floor is an error."""
+    needs = BACKENDS.get(name)
+    if needs is None:
+        return ""
     version = _torch_version(accel)
-    if version is not None and hwenv.at_least(version, XCCL_MIN_TORCH):
-        here = hwenv.installed_version("torch")
-        if accel.torch_version in (None, here):
-            if _xccl_built_in():
-                return "xccl", f"XPU: torch {version} has XCCL built in (X18)"
-            return "xccl", (
-                f"XPU: xccl (X18), but this torch {version} build has no XCCL "
-                f"(is_xccl_available() is False); install torch's XPU build (X1) before init()"
+    floor = needs.min_torch
+    if floor is not None:
+        if version is None:
+            return f"torch is not installed here; {name} needs torch >= {_min_torch_text(floor)} ({needs.fix})"
+        if not hwenv.at_least(version, floor):
+            raise BackendUnavailableError(
+                f"backend {name!r} for {accel.name} needs torch >= {_min_torch_text(floor)}, not torch {version}: "
+                f"{needs.min_torch_why}. Fix: {needs.fix}."
             )
-        return "xccl", f"XPU: torch {version} (>= 2.7) has XCCL built in (X18)"
-    if _oneccl_installed() if oneccl is None else oneccl:
-        return "ccl", (
-            f"XPU: torch {version} is older than 2.7 (no XCCL), so oneCCL's `ccl` backend from "
-            f"{ONECCL_MODULE} is used; upgrade torch to >= 2.7 for xccl"
-        )
-    raise BackendUnavailableError(
-        f"No collective backend for XPU with torch {version}: XCCL needs torch >= 2.7 and "
-        f"{ONECCL_MODULE} (the `ccl` backend for older torch) is not installed. Upgrade to torch "
-        f">= 2.7 from the XPU index (X1)."
-    )
+    if version is None or accel.torch_version not in (None, hwenv.installed_version("torch")):
+        # A plan for another machine: only its version is known.
+        return f"torch {version} (>= {_min_torch_text(floor)}) has {_title(name)} built in" if floor else ""
+    built_in = _built_in(name)
+    if built_in is False:
+        return (f"this torch {version} build has no {_title(name)} ({needs.built_in_check}() is False); "
+                f"{needs.fix} before init()")
+    return f"torch {version} has {_title(name)} built in" if floor and built_in else ""
 
 
 def choose_backend(accel: hwenv.Accelerator) -> tuple[str, str]:
-    """(backend name, reason) for `accel`, without the Transformers check (no transformers import)."""
-    if accel.kind == "xpu":
-        name, reason = _xpu_backend(accel)
-    elif accel.kind == "hpu":
-        name, reason = "hccl", f"Gaudi: HCCL from {HCCL_MODULE} (G15), imported when init() runs"
-    elif accel.kind == "cuda":
-        name, reason = "nccl", "CUDA: NCCL"
-    elif accel.kind == "mps":
-        name, reason = "gloo", "MPS has no collective backend; gloo reduces CPU tensors"
-    else:
-        name, reason = "gloo", "CPU: gloo"
-    return name, reason
+    """(backend name, reason) for `accel`, from its platform, without the Transformers check.
+
+    A torch older than the backend's floor (torch < 2.8 for xccl) is a `BackendUnavailableError`.
+    """
+    platform = accel.platform
+    name = platform.dist_backend
+    reason = rule_for(platform).reason
+    detail = _torch_detail(name, accel)
+    return name, f"{reason}; {detail}" if detail else reason
 
 
 def backend_for(accel: hwenv.Accelerator) -> BackendChoice:
-    """The backend `init()` uses for `accel` and why: xccl on XPU (ccl for torch < 2.7 with
-    oneCCL bindings), hccl on Gaudi, nccl on CUDA, gloo on CPU and MPS; plus `ddp_backend`."""
+    """The backend `init()` uses for `accel` and why: the platform's `dist_backend` (xccl on XPU
+    with torch >= 2.8, hccl on Gaudi, nccl on CUDA and ROCm, gloo on CPU and MPS), plus `ddp_backend`."""
     name, reason = choose_backend(accel)
     ddp, note = _ddp_value(name)
     if note:
@@ -109,7 +103,7 @@ def backend_for(accel: hwenv.Accelerator) -> BackendChoice:
 
 def ddp_backend(accel: hwenv.Accelerator) -> str | None:
     """The `TrainingArguments(ddp_backend=...)` value for `accel`, checked against the
-    installed Transformers' choices (`xccl` today, `ccl` in old releases)."""
+    installed Transformers' choices."""
     return backend_for(accel).ddp_backend
 
 
@@ -128,8 +122,8 @@ def training_arguments_choices() -> tuple[str, ...] | None:
 
 
 #: Values every Transformers release in our window (>=5.20.2,<5.23) accepts for `ddp_backend`;
-#: only the Intel name changed (`ccl` -> `xccl`), so only that one needs the real class, whose
-#: import pulls in the Trainer stack (peft, bitsandbytes) and costs seconds.
+#: only `xccl` needs the real class (checked, since it is the newest name), whose import pulls in
+#: the Trainer stack (peft, bitsandbytes) and costs seconds.
 STABLE_DDP_BACKENDS = frozenset({"nccl", "gloo", "mpi", "hccl"})
 
 
@@ -142,62 +136,51 @@ def _ddp_value(name: str) -> tuple[str | None, str]:
         return name, "ddp_backend not checked (transformers not installed)"
     if name in choices:
         return name, ""
-    if name == "xccl" and "ccl" in choices:  # Transformers before xccl named the Intel backend `ccl`
-        return "ccl", "ddp_backend='ccl': this Transformers predates 'xccl' and names the Intel backend 'ccl'"
     logger.info("ddp_backend %r is not among TrainingArguments choices %s; leaving it unset", name, choices)
     return None, f"ddp_backend left unset: {name!r} is not among TrainingArguments choices {list(choices)}"
 
 
 def ensure_available(name: str, device_type: str) -> None:
     """Raise before any process group starts when backend `name` cannot run on `device_type`
-    here; imports Gaudi's hccl module (which registers `hccl`) or oneCCL bindings as needed."""
-    import torch.distributed as dist
-
-    allowed = BACKEND_DEVICES.get(name)
-    if allowed is not None and device_type not in allowed:
+    here; imports the module that registers the backend (Gaudi's hccl) where one is needed."""
+    needs = BACKENDS.get(name)
+    if needs is None:
+        return  # a plug-in's backend: torch.distributed says whether it is registered
+    if not serves(name, device_type):
         raise BackendMismatchError(
-            f"backend {name!r} does not move {device_type} tensors (it serves {', '.join(allowed)}); "
+            f"backend {name!r} does not move {device_type} tensors (it serves {', '.join(needs.device_types)}); "
             f"leave backend=None to use the device's backend, or pick one for {device_type}."
         )
-    if name == "gloo" and not dist.is_gloo_available():
-        raise BackendUnavailableError("this torch build has no gloo backend; install torch from PyPI.")
-    if name == "nccl" and not dist.is_nccl_available():
-        raise BackendUnavailableError("this torch build has no NCCL; install a CUDA build of torch.")
-    if name == "xccl" and not _xccl_built_in():
+    if _built_in(name) is False:
         raise BackendUnavailableError(
-            "backend 'xccl' is not available: this torch build has no XCCL "
-            "(torch.distributed.distributed_c10d.is_xccl_available() is False). Install torch >= 2.7 "
-            "from PyTorch's XPU index (X1)."
+            f"backend {name!r} is not available: this torch build has no {_title(name)} "
+            f"(torch.distributed.distributed_c10d.{needs.built_in_check}() is False). Fix: {needs.fix}."
         )
-    if name == "hccl":
+    if needs.registered_by is not None:
         try:
-            importlib.import_module(HCCL_MODULE)  # registers the hccl backend (G15)
+            importlib.import_module(needs.registered_by)  # registers the backend (hccl: G15)
         except ImportError as error:
             raise BackendUnavailableError(
-                f"backend 'hccl' needs {HCCL_MODULE}, which cannot be imported ({error}). {PLUGIN_INSTALL_HINT}"
-            ) from error
-    if name == "ccl":
-        try:
-            importlib.import_module(ONECCL_MODULE)  # registers the ccl backend
-        except ImportError as error:
-            raise BackendUnavailableError(
-                f"backend 'ccl' needs {ONECCL_MODULE} ({error}); with torch >= 2.7 use 'xccl' instead."
+                f"backend {name!r} needs {needs.registered_by}, which cannot be imported ({error}). {needs.fix}"
             ) from error
 
 
 def backend_table() -> str:
-    """The README's backend table, generated from the decisions above (a test keeps them equal)."""
-    cases = [
-        ("Intel GPU (`xpu`), torch >= 2.7", _xpu_backend(hwenv.Accelerator("xpu", torch_version="2.8.0"))),
-        ("Intel GPU, torch < 2.7 with oneCCL bindings",
-         _xpu_backend(hwenv.Accelerator("xpu", torch_version="2.6.0"), oneccl=True)),
-        ("Intel Gaudi (`hpu`)", choose_backend(hwenv.Accelerator("hpu"))),
-        ("NVIDIA GPU (`cuda`)", choose_backend(hwenv.Accelerator("cuda"))),
-        ("CPU", choose_backend(hwenv.Accelerator("cpu"))),
-        ("Apple GPU (`mps`)", choose_backend(hwenv.Accelerator("mps"))),
-    ]
+    """The README's backend table: one row per registered platform (and one per torch floor),
+    generated from the decisions above for a machine with torch 2.8 (a test keeps README equal)."""
     lines = ["| device | backend | `ddp_backend` (TrainingArguments) | why |", "|---|---|---|---|"]
-    for device, (name, reason) in cases:
+    for platform in hwenv.platforms():
+        name = platform.dist_backend
+        floor = BACKENDS[name].min_torch if name in BACKENDS else None
+        device = f"`{platform.kind}`: {platform.display_name}"
+        if floor is not None:
+            below = f"{floor[0]}.{floor[1] - 1}.0" if floor[1] else f"{floor[0] - 1}.0.0"
+            try:
+                choose_backend(hwenv.Accelerator(platform.kind, torch_version=below))
+            except BackendUnavailableError as error:
+                lines.append(f"| {device}, torch < {_min_torch_text(floor)} | refused | - | {error} |")
+            device += f", torch >= {_min_torch_text(floor)}"
+        _, reason = choose_backend(hwenv.Accelerator(platform.kind, torch_version="2.8.0"))
         ddp, note = _ddp_value(name)
         why = reason + (f"; {note}" if note else "")
         lines.append(f"| {device} | `{name}` | {f'`{ddp}`' if ddp else 'unset (Transformers decides)'} | {why} |")

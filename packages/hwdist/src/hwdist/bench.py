@@ -87,10 +87,11 @@ def _torch_dtype(name: str) -> Any:
 
 
 def _sync(ctx: DistContext) -> None:
-    if ctx.device != "cpu":
-        import torch
+    """Wait for the device's queued work (through hwenv's runtime: Gaudi's synchronize() takes no device)."""
+    if ctx.on_accelerator:
+        from hwenv.platforms import runtime
 
-        torch.accelerator.synchronize()
+        runtime.synchronize(ctx.platform, ctx.device)
 
 
 def _buffers(op: str, size: int, dtype: Any, ctx: DistContext) -> tuple[Any, int, int]:

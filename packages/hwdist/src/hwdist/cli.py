@@ -24,6 +24,13 @@ TORCHRUN_OPTIONS = (
 )
 
 
+def _kinds() -> tuple[str, ...]:
+    """Every registered device kind (plug-ins included), in detection order."""
+    import hwenv
+
+    return tuple(p.kind for p in hwenv.platforms())
+
+
 def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
@@ -33,8 +40,9 @@ def _launch_parser(sub: argparse._SubParsersAction) -> None:
                        description="Run SCRIPT under torchrun (python -m torch.distributed.run), one process per "
                                    "selected device (G16), the selection's variables set for that command only.")
     p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, help="processes on this node (default: selected devices; 1 on CPU)")
-    p.add_argument("--devices", help="device ids: XPU affinity mask ('0,2'), Gaudi module IDs, CUDA indices")
-    p.add_argument("--kind", choices=("xpu", "hpu", "cuda", "mps", "cpu"), help="accelerator kind (default: detected)")
+    p.add_argument("--devices", help="device ids in the kind's grammar: XPU affinity mask ('0,2'), Gaudi module IDs, "
+                   "CUDA/ROCm indices")
+    p.add_argument("--kind", choices=_kinds(), help="device kind, from hwenv's platform registry (default: detected)")
     p.add_argument("--by", choices=("module", "index"), default="module", help="Gaudi: --devices are module IDs (default) or indices")
     p.add_argument("--device-count", type=int, help="devices of --kind on each node the command is for: --devices and "
                    "--nproc-per-node are checked against it (default: this machine's, only when --kind is detected)")
@@ -79,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from .launch import child_environment, launch_command, run
+    from .launch import child_environment, plan_launch, run
 
     passthrough: list[str] = []
     for ours, theirs, takes_value in TORCHRUN_OPTIONS:
@@ -88,13 +96,13 @@ def _launch(args: argparse.Namespace) -> int:
             passthrough += [theirs, value]
         elif not takes_value and value:
             passthrough.append(theirs)
-    argv, changes = launch_command(args.script, args.script_args, nproc_per_node=args.nproc_per_node,
-                                   devices=args.devices, kind=args.kind, device_count=args.device_count,
-                                   torchrun_args=passthrough, module=args.module, by=args.by)
+    plan = plan_launch(args.script, args.script_args, nproc_per_node=args.nproc_per_node,
+                       devices=args.devices, kind=args.kind, device_count=args.device_count,
+                       torchrun_args=passthrough, module=args.module, by=args.by)
     if args.dry_run:
-        print(json.dumps({"argv": argv, "env": changes, "command": shlex.join(argv)}, indent=2))
+        print(json.dumps({"argv": plan.argv, "env": plan.env, "command": shlex.join(plan.argv)}, indent=2))
         return 0
-    return run(argv, child_environment(changes))
+    return run(plan.argv, child_environment(plan.env, selection=plan.selection))
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -107,7 +115,7 @@ def _bench(args: argparse.Namespace) -> int:
         parse_sizes(args.sizes, args.step_factor)  # bad input is rejected before any group starts
     ctx = init(timeout=args.timeout)
     try:
-        sizes = parse_sizes(args.sizes or ("8B..16M" if ctx.device == "cpu" else "8B..1G"), args.step_factor)
+        sizes = parse_sizes(args.sizes or ("8B..1G" if ctx.on_accelerator else "8B..16M"), args.step_factor)
         result = run_bench(ops, sizes, args.dtype, iters=args.iters, warmup=args.warmup,
                            repeats=args.repeats, progress=args.progress)
     finally:

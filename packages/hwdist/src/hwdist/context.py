@@ -13,17 +13,19 @@ from datetime import timedelta
 from typing import Any
 
 import hwenv
-from hwenv.kinds import VISIBLE_DEVICES_VARIABLE
 
-from .backend import BACKEND_DEVICES, choose_backend, ensure_available
+from .backend import choose_backend, ensure_available
 from .env import LaunchEnv, read_launch_env
 from .errors import BackendMismatchError, DistEnvError, NotInitializedError
 from .gaudi_world import check_gaudi_world
+from .rules import BACKENDS, rule_for, serves
 
 logger = logging.getLogger(__name__)
 
 #: torch's own default for NCCL process groups; also used for gloo so both fail alike.
 DEFAULT_TIMEOUT = timedelta(minutes=10)
+#: Where gloo reduces: host memory (on CPU and MPS, or on any device when backend="gloo" is asked for).
+HOST_DEVICE = "cpu"
 
 
 @dataclass(frozen=True)
@@ -42,11 +44,23 @@ class DistContext:
     launched: bool = False
     modules: tuple[int, ...] | None = field(default=None, compare=False)
     check: bool = True  # exchange a dtype/shape descriptor before each collective
+    kind: str = "cpu"  # the hwenv platform kind this process runs on (ROCm: "rocm", device "cuda:N")
 
     @property
     def device_type(self) -> str:
         """`cuda`, `xpu`, `hpu` or `cpu`: the device type of the tensors this group reduces."""
         return self.device.partition(":")[0]
+
+    @property
+    def platform(self) -> hwenv.Platform:
+        """The platform of `kind` (its device facts)."""
+        return hwenv.get_platform(self.kind)
+
+    @property
+    def on_accelerator(self) -> bool:
+        """True when the group reduces accelerator tensors (False: host tensors, e.g. gloo on MPS)."""
+        platform = self.platform
+        return platform.is_accelerator and self.device_type == platform.device_type
 
     @property
     def is_main(self) -> bool:
@@ -65,7 +79,7 @@ class DistContext:
             "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
             "local_world_size": self.local_world_size, "device": self.device, "backend": self.backend,
             "timeout_s": self.timeout.total_seconds(), "reason": self.reason, "owns_group": self.owns_group,
-            "launched": self.launched,
+            "launched": self.launched, "kind": self.kind,
         }
 
 
@@ -79,13 +93,14 @@ def _as_timedelta(timeout: float | timedelta) -> timedelta:
     return value
 
 
-def _collective_device(kind: str, backend: str, local_rank: int) -> str:
-    """The device whose tensors `backend` reduces in this process."""
-    if kind in ("xpu", "cuda") and kind in BACKEND_DEVICES.get(backend, (kind,)):
-        return f"{kind}:{local_rank}"
-    if kind == "hpu" and backend == "hccl":
-        return "hpu"  # the Gaudi bridge places one process per visible module itself
-    return "cpu"
+def _collective_device(platform: hwenv.Platform, backend: str, local_rank: int) -> str:
+    """The device whose tensors `backend` reduces in this process: the local rank's device where
+    devices are indexed (`xpu:1`, `cuda:1` on NVIDIA and ROCm), the bare type where the stack places
+    the process itself (Gaudi: `hpu`, one module per process), host memory where the backend
+    does not move the platform's tensors (gloo on MPS)."""
+    if not platform.is_accelerator or not serves(backend, platform.device_type):
+        return HOST_DEVICE
+    return f"{platform.device_type}:{local_rank}" if platform.indexed_device else platform.device_type
 
 
 def _bind(device: str) -> None:
@@ -105,10 +120,10 @@ def _bind(device: str) -> None:
 
 
 def _check_local_rank(launch: LaunchEnv, accel: hwenv.Accelerator) -> None:
-    if accel.kind not in ("xpu", "cuda", "hpu") or not launch.launched:
+    if not accel.platform.selectable or not launch.launched:
         return
     if launch.local_rank >= accel.count:
-        variable = VISIBLE_DEVICES_VARIABLE[accel.kind]
+        variable = accel.platform.visible_devices_variable
         raise DistEnvError(
             f"LOCAL_RANK={launch.local_rank} but this process sees {accel.count} {accel.name} device(s) "
             f"(restricted by {variable}={os.environ.get(variable)!r}); launch at most {accel.count} processes "
@@ -128,11 +143,11 @@ def _adopt(backend: str | None, timeout: timedelta, accel: hwenv.Accelerator, ch
         )
     launch = read_launch_env()
     name = running.split(":")[-1] if ":" in running else running
-    device = _collective_device(accel.kind, name, launch.local_rank)
+    device = _collective_device(accel.platform, name, launch.local_rank)
     logger.info("adopting the running %s process group (rank %d of %d)", running, dist.get_rank(), dist.get_world_size())
     return DistContext(dist.get_rank(), launch.local_rank, dist.get_world_size(), device, name,
                        launch.local_world_size, timeout, "adopted a process group started elsewhere",
-                       owns_group=False, launched=launch.launched, check=check)
+                       owns_group=False, launched=launch.launched, check=check, kind=accel.kind)
 
 
 def init(
@@ -166,11 +181,13 @@ def init(
         return _current
     launch = read_launch_env()
     name, reason = choose_backend(accel) if backend is None else (backend, f"backend={backend!r} given")
-    device = _collective_device(accel.kind, name, launch.local_rank)
+    platform = accel.platform
+    device = _collective_device(platform, name, launch.local_rank)
     _check_local_rank(launch, accel)
     modules = None
-    if accel.kind == "hpu" and name == "hccl":
-        modules = check_gaudi_world(launch.local_world_size, accel.count)
+    if rule_for(platform).partial_server_groups and name == platform.dist_backend:
+        modules = check_gaudi_world(launch.local_world_size, accel.count, local_rank=launch.local_rank,
+                                    kind=accel.kind)
     ensure_available(name, device.split(":")[0])
     _bind(device)
     kwargs: dict[str, Any] = {"backend": name, "timeout": limit}
@@ -179,13 +196,14 @@ def init(
     else:
         kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
         logger.info("one process (no launcher rendezvous): a world-size-1 %s group with an in-memory store", name)
-    if name == "nccl":
+    if name in BACKENDS and BACKENDS[name].binds_device:  # NCCL (RCCL on ROCm) connects to the device eagerly
         import torch
 
         kwargs["device_id"] = torch.device(device)
     dist.init_process_group(**kwargs)
     _current = DistContext(launch.rank, launch.local_rank, launch.world_size, device, name,
-                           launch.local_world_size, limit, reason, True, launch.launched, modules, check)
+                           launch.local_world_size, limit, reason, True, launch.launched, modules, check,
+                           kind=accel.kind)
     logger.info("hwdist: rank %d/%d on %s with %s (%s)", launch.rank, launch.world_size, device, name, reason)
     return _current
 

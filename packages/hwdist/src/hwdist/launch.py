@@ -1,43 +1,67 @@
 """`hwdist launch`: torchrun underneath, one process per selected device (G16), no shell.
 
-The selection's variables (hwenv: `ZE_AFFINITY_MASK`, `HABANA_VISIBLE_MODULES`, ...) go to
-the torchrun child only (X4); torchrun's multi-node options pass through unchanged.
+The selection's variables (hwenv: `ZE_AFFINITY_MASK`, `HABANA_VISIBLE_MODULES`,
+`HIP_VISIBLE_DEVICES`, ...) go to the torchrun child only (X4); torchrun's multi-node options
+pass through unchanged. Which kinds take `--devices`, and through which variable, is the
+platform's (`hwenv.get_platform(kind).selectable`, `.visible_devices`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import hwenv
 
 from .errors import LaunchError
+from .rules import DIST_RULES, rule_for
 
 logger = logging.getLogger(__name__)
 
 TORCHRUN = ("-m", "torch.distributed.run")
-SELECTABLE = ("xpu", "hpu", "cuda")
 _OWN_OPTIONS = ("--nproc-per-node", "--nproc_per_node")
 
 
-def _selection(kind: str, devices: str | None, by: str, device_count: int | None,
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What `hwdist launch` runs: the torchrun argv, the selection's variables for the child, the
+    selection itself (its `apply` also removes what the child must not inherit) and the processes."""
+
+    argv: list[str]
+    env: dict[str, str]
+    selection: hwenv.Selection
+    nproc_per_node: int
+
+
+def _selectable_kinds(joiner: str) -> str:
+    """The kinds that take `--devices`, from the registry: `hpu|xpu|rocm|cuda` or `hpu, xpu, rocm or cuda`."""
+    kinds = [p.kind for p in hwenv.platforms() if p.selectable]
+    if joiner == "|" or len(kinds) < 2:
+        return joiner.join(kinds)
+    return ", ".join(kinds[:-1]) + f" or {kinds[-1]}"
+
+
+def _selection(platform: hwenv.Platform, devices: str | None, by: str, device_count: int | None,
                given: bool) -> hwenv.Selection:
-    """Validate `devices` for `kind`: syntax (and Gaudi's groups, G8) always; indices against
-    `device_count` only when that count is known for the target (`given`: from --device-count,
-    else the count this process sees)."""
+    """Validate `devices` for the platform's kind: syntax (and Gaudi's groups for 2+ cards, G8)
+    always; indices against `device_count` only when that count is known for the target (`given`:
+    from --device-count, else the count this process sees)."""
+    kind = platform.kind
     try:
         if devices is None:
-            if kind not in SELECTABLE:
+            if not platform.selectable:
                 return hwenv.Selection(kind)
             inherited = hwenv.current_selection(kind)  # a selection already in this environment
-            return hwenv.Selection(kind, inherited.devices)  # with XPU's stable PCI order (X5)
-        if kind not in SELECTABLE:
+            return dataclasses.replace(inherited, pci_order=True)  # with XPU's stable PCI order (X5)
+        if not platform.selectable:
             raise LaunchError(
-                f"--devices {devices!r} selects nothing on {kind}: only xpu, hpu and cuda devices are selected; "
-                f"leave --devices out, or pass --kind xpu|hpu|cuda."
+                f"--devices {devices!r} selects nothing on {kind}: only {_selectable_kinds(',')} devices are "
+                f"selected; leave --devices out, or pass --kind {_selectable_kinds('|')}."
             )
         return hwenv.select(kind, devices, by=by, device_count=device_count)
     except hwenv.HwenvError as error:
@@ -48,13 +72,17 @@ def _selection(kind: str, devices: str | None, by: str, device_count: int | None
         raise LaunchError(f"cannot select devices {devices!r} on {kind}{where}: {error}{hint}") from error
 
 
-def _nproc(kind: str, requested: int | None, selection: hwenv.Selection, target: int | None,
+def _nproc(platform: hwenv.Platform, requested: int | None, selection: hwenv.Selection, target: int | None,
            given: bool, local: int | None) -> int:
-    """Processes per node: `requested`, else the selection's size, else the target's device count (G16).
+    """Processes per node: `requested`, else the selection's device count, else the target's count (G16).
 
-    `target` is the device count known for the node the command is for (None: unknown, so an
-    explicit request is not bounded by it); `local` is this machine's count, a default only.
+    `selection.count` is the number of devices the child will see (hwenv: under
+    `ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE` the sub-device entries of one card are one device), not
+    the number of entries. `target` is the device count known for the node the command is for
+    (None: unknown, so an explicit request is not bounded by it); `local` is this machine's
+    count, a default only.
     """
+    kind = platform.kind
     if requested is not None:
         if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
             raise LaunchError(f"--nproc-per-node {requested!r} must be a positive integer.")
@@ -66,7 +94,7 @@ def _nproc(kind: str, requested: int | None, selection: hwenv.Selection, target:
                 f"--nproc-per-node {requested} exceeds the {available} {kind} device(s) {what}; run one process "
                 f"per device (G16): pass --nproc-per-node {available} or select more --devices."
             )
-        if kind == "hpu" and selection.count is not None and 1 < requested < selection.count:
+        if rule_for(platform).partial_server_groups and selection.count is not None and 1 < requested < selection.count:
             raise LaunchError(
                 f"--nproc-per-node {requested} uses part of the {selection.count} selected Gaudi modules; Intel "
                 f"supports partial-server groups only as selected (G8): select exactly the modules to use."
@@ -74,7 +102,7 @@ def _nproc(kind: str, requested: int | None, selection: hwenv.Selection, target:
         return requested
     if selection.count is not None:
         return selection.count
-    if kind not in SELECTABLE:
+    if not platform.selectable:
         logger.info("launch on %s: one process unless --nproc-per-node says otherwise", kind)
         return 1
     if target is not None:
@@ -89,7 +117,8 @@ def _nproc(kind: str, requested: int | None, selection: hwenv.Selection, target:
     )
 
 
-def _check_device_count(device_count: object, kind: str) -> int | None:
+def _check_device_count(device_count: object, platform: hwenv.Platform) -> int | None:
+    kind = platform.kind
     if device_count is None:
         return None
     if isinstance(device_count, bool) or not isinstance(device_count, int) or device_count < 1:
@@ -97,19 +126,82 @@ def _check_device_count(device_count: object, kind: str) -> int | None:
             f"--device-count {device_count!r} must be a positive integer: the {kind} devices of each node the "
             "command is for."
         )
-    if kind not in SELECTABLE:
+    if not platform.selectable:
         raise LaunchError(
-            f"--device-count {device_count} counts xpu, hpu or cuda devices, and the launch is on {kind}; leave it "
-            f"out and pass --nproc-per-node N for {kind} processes, or pass --kind xpu|hpu|cuda."
+            f"--device-count {device_count} counts {_selectable_kinds(',')} devices, and the launch is on {kind}; "
+            f"leave it out and pass --nproc-per-node N for {kind} processes, or pass --kind {_selectable_kinds('|')}."
         )
     return device_count
 
 
-def _narrowed_here(kind: str) -> str | None:
-    """The variable and value that already narrow `kind`'s devices in this environment, if any."""
-    variable = hwenv.Selection(kind).variable
-    value = os.environ.get(variable) if variable else None
-    return f"{variable}={value!r}" if value is not None else None
+def _narrowed_here(platform: hwenv.Platform) -> str | None:
+    """The variable and value that already narrow the platform's devices in this environment, if any."""
+    for variable in platform.visible_devices:
+        value = os.environ.get(variable)
+        if value is not None:
+            return f"{variable}={value!r}"
+    return None
+
+
+def _platform(kind: str | None) -> tuple[hwenv.Platform, int | None, bool]:
+    """(platform, how many of its devices this process sees or None, whether the kind was detected)."""
+    if kind is None:
+        try:
+            accel = hwenv.detect()
+        except hwenv.HwenvError as error:
+            raise LaunchError(f"cannot detect the accelerator to launch on: {error} Or pass --kind.") from error
+        return accel.platform, accel.count, True
+    try:
+        platform = hwenv.get_platform(kind)
+    except hwenv.HwenvError:
+        known = ", ".join(p.kind for p in hwenv.platforms())
+        raise LaunchError(f"--kind {kind!r} is not an accelerator kind; use one of {known}.") from None
+    if not platform.selectable:
+        return platform, None, False
+    probe = hwenv.run_probe(kind)  # is that kind here, and how many does this process see?
+    return platform, probe.count if probe.available else None, False
+
+
+def plan_launch(
+    script: str,
+    script_args: Sequence[str] = (),
+    *,
+    nproc_per_node: int | None = None,
+    devices: str | None = None,
+    kind: str | None = None,
+    device_count: int | None = None,
+    torchrun_args: Sequence[str] = (),
+    module: bool = False,
+    by: str = "module",
+) -> LaunchPlan:
+    """The `LaunchPlan` for `launch_command`'s arguments (see there): what `hwdist launch` runs."""
+    if not script:
+        raise LaunchError("hwdist launch needs a script (or -m MODULE) to run, e.g. hwdist launch train.py")
+    torchrun_args = [str(a) for a in torchrun_args]
+    clash = [a for a in torchrun_args if a.split("=")[0] in _OWN_OPTIONS]
+    if clash:
+        raise LaunchError(f"torchrun_args {clash} repeat --nproc-per-node; pass it as nproc_per_node instead.")
+    platform, local, detected = _platform(kind)
+    target = _check_device_count(device_count, platform)
+    given = target is not None
+    if not given and detected and platform.selectable:
+        target = local
+    index_count = target
+    narrowed = _narrowed_here(platform) if device_count is None and devices is not None else None
+    if narrowed is not None and index_count is not None:
+        # The child gets `devices` instead of the inherited selection, and its indices count devices this
+        # process cannot see: only their syntax can be checked here.
+        logger.info("launch on %s: %s is set here and --devices %r replaces it for the child; its indices are "
+                    "not checked against the %d device(s) this process sees (pass --device-count to check them)",
+                    platform.kind, narrowed, devices, index_count)
+        index_count = None
+    selection = _selection(platform, devices, by, index_count, given)
+    count = _nproc(platform, nproc_per_node, selection, target, given, local)
+    argv = [sys.executable, *TORCHRUN, f"--nproc-per-node={count}", *torchrun_args]
+    if module:
+        argv.append("-m")
+    argv += [script, *[str(a) for a in script_args]]
+    return LaunchPlan(argv, selection.env(), selection, count)
 
 
 def launch_command(
@@ -126,64 +218,38 @@ def launch_command(
 ) -> tuple[list[str], dict[str, str]]:
     """The torchrun argv and the selection's environment changes for the child process.
 
-    `devices` is always checked for syntax (and Gaudi's groups, G8). Device indices and
-    `nproc_per_node` are checked against a device count only where it is known for the node
+    `devices` is always checked for syntax (and Gaudi's groups for 2+ cards, G8). Device indices
+    and `nproc_per_node` are checked against a device count only where it is known for the node
     the command is for: `device_count` when given (the devices of `kind` on each node); else,
     with `kind` detected, the devices this process sees, unless this environment already
     narrows them (an inherited `ZE_AFFINITY_MASK`, ...), which `devices` replaces in the child.
     An explicit `kind` may be for another machine, so its local count is a default only.
 
-    `nproc_per_node` defaults to the selected device count (G16), else `device_count`, else the
+    `nproc_per_node` defaults to the selected device count (G16; hwenv's `Selection.count`, so
+    XPU sub-devices of one card under COMPOSITE are one process), else `device_count`, else the
     devices of `kind` this process sees, else 1 on CPU/MPS. `torchrun_args` (`--nnodes 2`,
     `--rdzv-endpoint ...`) go to torchrun unchanged; `module=True` runs `script` as `python -m script`.
     """
-    if not script:
-        raise LaunchError("hwdist launch needs a script (or -m MODULE) to run, e.g. hwdist launch train.py")
-    torchrun_args = [str(a) for a in torchrun_args]
-    clash = [a for a in torchrun_args if a.split("=")[0] in _OWN_OPTIONS]
-    if clash:
-        raise LaunchError(f"torchrun_args {clash} repeat --nproc-per-node; pass it as nproc_per_node instead.")
-    local: int | None = None  # the devices of `kind` this process sees
-    detected = kind is None
-    if detected:
-        try:
-            accel = hwenv.detect()
-        except hwenv.HwenvError as error:
-            raise LaunchError(f"cannot detect the accelerator to launch on: {error} Or pass --kind.") from error
-        kind, local = accel.kind, accel.count
-    elif kind not in hwenv.KINDS:
-        raise LaunchError(f"--kind {kind!r} is not an accelerator kind; use one of {', '.join(hwenv.DETECTION_ORDER)}.")
-    elif kind in SELECTABLE:
-        probe = hwenv.run_probe(kind)  # is that kind here, and how many does this process see?
-        local = probe.count if probe.available else None
-    target = _check_device_count(device_count, kind)
-    given = target is not None
-    if not given and detected and kind in SELECTABLE:
-        target = local
-    index_count = target
-    narrowed = _narrowed_here(kind) if device_count is None and devices is not None else None
-    if narrowed is not None and index_count is not None:
-        # The child gets `devices` instead of the inherited selection, and its indices count devices this
-        # process cannot see: only their syntax can be checked here.
-        logger.info("launch on %s: %s is set here and --devices %r replaces it for the child; its indices are "
-                    "not checked against the %d device(s) this process sees (pass --device-count to check them)",
-                    kind, narrowed, devices, index_count)
-        index_count = None
-    selection = _selection(kind, devices, by, index_count, given)
-    count = _nproc(kind, nproc_per_node, selection, target, given, local)
-    argv = [sys.executable, *TORCHRUN, f"--nproc-per-node={count}", *torchrun_args]
-    if module:
-        argv.append("-m")
-    argv += [script, *[str(a) for a in script_args]]
-    return argv, selection.env()
+    plan = plan_launch(script, script_args, nproc_per_node=nproc_per_node, devices=devices, kind=kind,
+                       device_count=device_count, torchrun_args=torchrun_args, module=module, by=by)
+    return plan.argv, plan.env
 
 
-def child_environment(env_changes: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The full child environment: `environ` (default os.environ) plus `env_changes`; a Gaudi
-    module selection drops an inherited HABANA_VISIBLE_DEVICES, as hwenv's Selection.apply does."""
+def child_environment(env_changes: Mapping[str, str], environ: Mapping[str, str] | None = None, *,
+                      selection: hwenv.Selection | None = None) -> dict[str, str]:
+    """The full child environment: `environ` (default os.environ) plus `env_changes`.
+
+    With the plan's `selection`, hwenv's `Selection.apply` decides what the child must not inherit
+    (on Gaudi: the other selection variable, and the module pin `HLS_MODULE_ID`). Without it, each
+    kind's per-process pin (`DistRule.module_pin_variable`) is still removed: torchrun's children
+    are several processes, and an inherited pin would put them all on one card.
+    """
     merged = dict(os.environ if environ is None else environ)
-    if "HABANA_VISIBLE_MODULES" in env_changes:
-        merged.pop("HABANA_VISIBLE_DEVICES", None)
+    if selection is not None:
+        merged = selection.apply(merged)
+    for rule in DIST_RULES.values():
+        if rule.module_pin_variable is not None:
+            merged.pop(rule.module_pin_variable, None)
     merged.update(env_changes)
     return merged
 
