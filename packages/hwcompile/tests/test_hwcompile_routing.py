@@ -69,7 +69,7 @@ def test_warning_once_holds_across_threads(caplog):
     assert len(routing_warnings(caplog.records)) == 1
 
 
-@pytest.mark.parametrize("kind", ["cuda", "xpu", "cpu", "mps"])
+@pytest.mark.parametrize("kind", ["cuda", "rocm", "xpu", "cpu", "mps"])
 @pytest.mark.parametrize("requested", [None, "inductor", "aot_eager", "eager", _my_backend])
 def test_elsewhere_the_requested_backend_stays(kind, requested, caplog):
     caplog.set_level(logging.WARNING)

@@ -218,6 +218,12 @@ def routing_table() -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def missing_table_kinds() -> tuple[str, ...]:
+    """Registered kinds (`hwenv.platforms()`, plug-ins included) without a row in `TABLE_CASES`."""
+    shown = {kind for kind, _ in TABLE_CASES}
+    return tuple(platform.kind for platform in hwenv.platforms() if platform.kind not in shown)
+
+
 def routing_table_markdown() -> str:
     """The routing table as Markdown (the README embeds exactly this; a test keeps them in sync)."""
     lines = ["| accelerator | backend asked for | backend used | warning logged |", "|---|---|---|---|"]
