@@ -115,9 +115,9 @@ def select(
         model = as_hierarchy(hierarchy)  # None: this process's environment, which the child inherits
         given = model.value if model.explicit else None
         if devices is None:
-            return Selection("xpu", (), pci_order, given)
+            return Selection("xpu", (), pci_order, hierarchy=given)
         entries = parse_affinity_mask(devices, device_count, hierarchy=model)
-        return Selection("xpu", tuple(format_affinity_mask([e]) for e in entries), pci_order, given)
+        return Selection("xpu", tuple(format_affinity_mask([e]) for e in entries), pci_order, hierarchy=given)
     if kind == "hpu":
         if by not in ("module", "index"):
             raise SelectionError(f"by={by!r} is not valid for Gaudi; use 'module' (module IDs) or 'index' (device indices).")
