@@ -9,7 +9,7 @@ import torch
 from hwattn import AttentionEnvironment, native_gqa, resolve_attention, uses_native_gqa
 from hwenv import Accelerator, at_least
 
-KINDS = ("xpu", "mps", "cuda", "cpu", "hpu")
+KINDS = ("xpu", "mps", "cuda", "rocm", "cpu", "hpu")
 TORCH_VERSIONS = ("2.7.1", "2.8.0", "2.12.0", "2.13.0")
 HEAD_DIMS = ((64, 64), (128, 128), (256, 256), (512, 512), (192, 128))
 

@@ -24,6 +24,7 @@ from .errors import (
     KernelsMissingError,
     KernelsUnsupportedError,
     KernelUnavailableError,
+    KindNotCoveredError,
     ShapeError,
     UnknownAttentionError,
 )
@@ -42,7 +43,7 @@ __all__ = [
     "CAUSAL_SDPA", "causal_sdpa_mask", "is_causal_sdpa_registered", "register_causal_sdpa", "unregister_causal_sdpa",
     "AcceleratorTypeError", "AttentionChoice", "AttentionEnvironment", "AttentionUnsupportedError",
     "FLASH_KERNEL_REPO", "HwattnError", "KernelMappingError", "KernelPlan", "KernelUnavailableError",
-    "KernelsMissingError", "KernelsUnsupportedError", "LayerKernel", "ShapeError", "UnknownAttentionError",
+    "KernelsMissingError", "KernelsUnsupportedError", "KindNotCoveredError", "LayerKernel", "ShapeError", "UnknownAttentionError",
     "check_name", "current_environment", "decision_table", "device_keys", "eager_attention",
     "flash_packages_installed", "for_device", "is_kernel_string", "kernel_mapping", "kernel_plan", "kernels_available",
     "load_kernel", "load_kwargs", "local_kernel_hint", "native_gqa", "native_gqa_reason", "registered_layers",

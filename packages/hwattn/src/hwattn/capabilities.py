@@ -21,7 +21,7 @@ from typing import TypeVar
 from .errors import KindNotCoveredError
 from .names import FLASH_KERNEL_REPO, ROCM_FLASH_KERNEL_REPO
 
-#: FlashAttention versions that run only on NVIDIA GPUs (X8); only `vendor == "nvidia"` rows may offer them.
+#: FlashAttention versions that run only on NVIDIA GPUs (X8); only rows of an NVIDIA-vendor platform may offer them.
 NVIDIA_ONLY_FLASH: tuple[str, ...] = ("flash_attention_3", "flash_attention_4")
 
 
@@ -88,7 +88,7 @@ FLASH: dict[str, FlashSupport] = {
                "flash-attn is installed; FlashAttention-3/4 are NVIDIA-only (X8)"),
     "rocm": FlashSupport(
         kernels={"flash_attention_2": ROCM_FLASH_KERNEL_REPO}, packages=True, label="ROCm",
-        source="Transformers' FLASH_ATTN_KERNEL_FALLBACK on ROCm",
+        source="Transformers' ROCm fallback",
         refusal_note=" Transformers itself would load kernels-community/aiter-flash-attn for 'flash_attention_3' "
                      "on ROCm: that is the kernel 'flash_attention_2' gives here.",
         reason="flash_attention_2 is the flash-attn package (ROCm build) when installed, else the hub kernel "

@@ -170,13 +170,19 @@ def _flash_refused(accel: Accelerator, name: str, fallback: bool,
     if support.fallback_allowed:
         why = "FlashAttention-3/4 run only on NVIDIA GPUs (X8)" if nvidia_only else support.why_not
         return _no_flash_device(accel, name, fallback, why)
-    offered = ", ".join(f"{n!r} (the hub kernel {r}, {support.source})" for n, r in support.kernels.items())
+    offered = ", ".join(_offered(support, n, r) for n, r in support.kernels.items())
     rule = (f"runs only on NVIDIA GPUs (X8), not on {accel.name}" if nvidia_only
             else f"cannot run on {accel.name}: {support.why_not}")
     raise AttentionUnsupportedError(
         f"{name!r} {rule}. On {support.label} use {offered}, 'sdpa' (the default, X6) or 'eager'."
         + support.refusal_note
     )
+
+
+def _offered(support: FlashSupport, name: str, repo: str) -> str:
+    """`'flash_attention_2' (the hub kernel ..., X7)`: one flash version a kind runs, and through what."""
+    package = f"the {FLASH_DISTRIBUTION[name]} package, else " if support.packages else ""
+    return f"{name!r} ({package}the hub kernel {repo}, {support.source})"
 
 
 def _hub_kernel(accel: Accelerator, name: str, fallback: bool,
