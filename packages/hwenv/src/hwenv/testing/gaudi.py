@@ -1,4 +1,34 @@
-"""`fake_gaudi` and `fake_hl_smi`: a fake `habana_frameworks` / `torch.hpu` and a fake `hl-smi` on PATH."""
+"""`fake_gaudi` and `fake_hl_smi`: a fake `habana_frameworks` / `torch.hpu` and a fake `hl-smi` on PATH.
+
+What the Gaudi fake models, and from which source (gaudi-pytorch-bridge 1.19.0, the newest public
+source, `python_packages/habana_frameworks/torch/...`; INTEL.md S8). Names and signatures are
+checked against `tests/data/gaudi_bridge_1.19_manifest.json` by `tests/test_hwenv_gaudi_fake_drift.py`.
+- `hpu/__init__.py`: `is_available()`, `device_count()`, `get_device_name(device=None)` (the
+  same name for every index; `AssertionError("Invalid device id")` out of range),
+  `is_bf16_supported()` (no parameter; `is_available()`), `synchronize()` (no parameter),
+  `current_device()`, `init()`, `is_initialized()`, `get_device_properties(device=None)`
+  returning a *string* `"(sramBaseAddress=..., dramSize=..., ...)"` (`device.cpp`), and
+  `set_device(device)` with the bridge's rule: `HLS_MODULE_ID` wins; with neither it nor
+  `HABANA_VISIBLE_MODULES` set and fewer than 8 devices only index 0 is allowed (nothing is
+  pinned); otherwise it sets `HLS_MODULE_ID` to the index's module.
+- `hpu/memory.py`: `memory_stats()` (`Limit`, `InUse`, `MaxInUse`, ...), `mem_get_info(device=None)`
+  = `(Limit - InUse, Limit)`, `memory_allocated`, `max_memory_allocated`, `reset_peak_memory_stats`.
+- `hpu/streams.py`, `hpu/events.py`: `Stream(device=None, priority=0, **kwargs)`, `Event(enable_timing=False)`.
+- `hpu/graphs.py`: `HPUGraph` (`capture_begin`, `capture_end`, `replay`, `reset`), `graph(hpu_graph,
+  stream=None, dry_run=False)`, `wrap_in_hpu_graph(module, ...)` (replaces `forward` with a
+  wrapper that calls it, adds `clear_cache`/`clear_inputs`; no graph is captured). Re-exported
+  into `habana_frameworks.torch.hpu` only in lazy mode, as `hpu/__init__.py` does.
+- `utils/internal.py` `is_lazy()`: fixed when the fake is entered ("imported"), as the bridge
+  reads `PT_HPU_LAZY_MODE` once; unset follows the plugin version (`hwenv.gaudi.execution_mode`:
+  lazy up to 1.19, eager after). A later change of the variable does not switch it.
+- `distributed/hccl/__init__.py`: importing `habana_frameworks.torch` runs
+  `initialize_distributed_hpu()`, whose `_setup_module_id` pins `HLS_MODULE_ID` from
+  `LOCAL_RANK`/`WORLD_SIZE` (and `HABANA_VISIBLE_MODULES`); the fake runs it on entry.
+- `core/__init__.py`: `mark_step(device_str="", sync=False)`; `torch._register_device_module("hpu", ...)`
+  (so `torch.hpu` and `sys.modules["torch.hpu"]`).
+Not modelled: allocation on the device, HCCL collectives, the C++ `_hpu_C` module, Dynamo's
+`hpu_backend` (hwcompile's tests register a stand-in).
+"""
 
 from __future__ import annotations
 
@@ -12,10 +42,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..gaudi import MODULE_ID_VARIABLE, MODULES_VARIABLE, execution_mode
 from .common import (
     DEVICE_VARIABLES,
     GiB,
-    _fake_device_functions,
     _package,
     _Patches,
     clear_library_caches,
@@ -36,7 +66,8 @@ HL_SMI_CSV_8 = """index, module_id
 4, 1
 """
 
-#: Environment variables that steer device selection; fakes clear them so tests start clean.
+#: Gaudi variables the fake clears on entry besides `DEVICE_VARIABLES` (tests start unpinned).
+GAUDI_VARIABLES = (MODULE_ID_VARIABLE,)
 
 def write_fake_hl_smi(directory: str | os.PathLike, csv: str = HL_SMI_CSV_8, *, exit_code: int = 0) -> Path:
     """Write an executable `hl-smi` into `directory` that prints `csv` for `-Q index,module_id -f csv`."""
@@ -73,50 +104,296 @@ def _torch_globals_transformers_patches(torch: Any) -> list[tuple[Any, str]]:
             (torch, "scatter"), (torch.Tensor, "scatter"), (torch, "compile")]
 
 
+# ---- the bridge's Python layer, as the fake runs it ------------------------------------------
+
+_SYN_DEVICE_TYPE = {"GAUDI": 1, "GAUDI2": 3, "GAUDI3": 5}  # illustrative synDeviceType numbers for the string
+
+
+def _available_modules() -> list[int]:
+    """`hpu/_utils.py` `_get_available_modules_from_environ`: HABANA_VISIBLE_MODULES, default 0..7."""
+    text = os.getenv(MODULES_VARIABLE, default="0,1,2,3,4,5,6,7")
+    modules = [int(item) for item in text.split(",")] if text else []
+    return modules or [0, 1, 2, 3, 4, 5, 6, 7]
+
+
+def _module_id_from_environ() -> int:
+    """`hpu/_utils.py` `_get_module_id_from_environ`: HLS_MODULE_ID, -1 when unset or empty."""
+    value = os.getenv(MODULE_ID_VARIABLE, -1)
+    return int(value) if value else -1
+
+
+def _setup_module_id(local_rank: int = -1, world_size: int = 1) -> None:
+    """`distributed/hccl/__init__.py` `_setup_module_id` (emulation mode not modelled)."""
+    if MODULE_ID_VARIABLE in os.environ:
+        return
+    if local_rank == -1 or world_size == 1:
+        return
+    if MODULES_VARIABLE in os.environ:
+        visible = os.environ[MODULES_VARIABLE].split(",")
+        assert local_rank < len(visible), f"There is not enough devices available for training ({MODULES_VARIABLE})."
+        os.environ[MODULE_ID_VARIABLE] = visible[local_rank]
+        return
+    os.environ[MODULE_ID_VARIABLE] = str(local_rank)
+
+
+def _device_functions(count: int, name: str, memory: int) -> dict[str, Any]:
+    """`habana_frameworks.torch.hpu`'s device and memory functions with the bridge's signatures and rules."""
+    import torch
+
+    state = {"current": 0, "initialized": False, "in_use": 0, "max_in_use": 0}
+
+    def _get_device_index(device: Any, optional: bool = False) -> int:
+        # hpu/_utils.py: ints as given, "hpu:1"/torch.device -> index, None/"hpu" -> current_device()
+        if isinstance(device, str):
+            device = torch.device(device)
+        index = None
+        if isinstance(device, torch.device):
+            if device.type != "hpu":
+                raise ValueError(f"Expected a hpu device, but got: {device}")
+            index = device.index
+        if isinstance(device, int):
+            index = device
+        if index is None:
+            if optional:
+                index = current_device()
+            else:
+                raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        return index
+
+    def _checked(device: Any) -> int:
+        init()
+        index = _get_device_index(device, optional=True)
+        if index < 0 or index >= device_count():
+            raise AssertionError("Invalid device id")
+        return index
+
+    def init() -> None:
+        state["initialized"] = True
+
+    def is_initialized() -> bool:
+        return state["initialized"]
+
+    def is_available() -> bool:
+        return count > 0
+
+    def device_count():
+        return count
+
+    def get_device_name(device=None) -> str:
+        if not is_available():
+            return ""
+        _checked(device)
+        return name  # the bridge ignores the index: one device per process
+
+    def current_device() -> int:
+        init()
+        return state["current"]
+
+    def synchronize() -> None:
+        init()
+
+    def is_bf16_supported():
+        return bool(is_available())
+
+    def get_device_properties(device=None) -> str:
+        if not is_available():
+            return ""
+        index = _checked(device)
+        return (f"(sramBaseAddress=1153202979533225984, dramBaseAddress=1153203082662772736, sramSize=0, "
+                f"dramSize={memory}, tpcEnabledMask=18446744073709551615, dramEnabled=1, fd=21, "
+                f"device_id={index}, device_type={_SYN_DEVICE_TYPE.get(name, 0)})")
+
+    def set_device(device) -> None:
+        # hpu/__init__.py set_device, statement for statement
+        device_idx = _get_device_index(device, optional=True)
+        available_modules = _available_modules()
+        if device_idx not in available_modules and device_idx > len(available_modules):
+            raise AssertionError(
+                f"Trying to open device with idx={device_idx} when only {available_modules} are avaliable)")
+        current_module_id = _module_id_from_environ()
+        if current_module_id >= 0:
+            for index in range(device_count()):
+                if available_modules[index] == current_module_id:
+                    device_idx = index
+                    break
+            assert available_modules[device_idx] == current_module_id, (
+                f"Requested module_id={available_modules[device_idx]} is different from "
+                f"current_module_id={current_module_id} which was previously set.")
+        if current_module_id == -1 and MODULES_VARIABLE not in os.environ and device_count() < 8:
+            assert device_idx == 0, f"As {MODULES_VARIABLE} is not provided, the only supported device idx is 0."
+        else:
+            os.environ[MODULE_ID_VARIABLE] = str(available_modules[device_idx])
+        state["current"] = device_idx
+
+    def memory_stats(device=None) -> dict[str, Any]:
+        _checked(device)
+        return {"Limit": memory, "InUse": state["in_use"], "MaxInUse": state["max_in_use"], "NumAllocs": 0,
+                "NumFrees": 0, "ActiveAllocs": 0, "MaxAllocSize": 0, "TotalSystemAllocs": 0,
+                "TotalSystemFrees": 0, "TotalActiveAllocs": 0}
+
+    def mem_get_info(device=None) -> tuple:
+        stats = memory_stats(device)
+        return (stats["Limit"] - stats["InUse"], stats["Limit"])
+
+    def memory_allocated(device=None) -> int:
+        return memory_stats(device=_checked(device)).get("InUse")
+
+    def max_memory_allocated(device=None) -> int:
+        return memory_stats(device=_checked(device)).get("MaxInUse")
+
+    def reset_peak_memory_stats(device=None) -> None:
+        _checked(device)
+        state["max_in_use"] = state["in_use"]
+
+    return {f.__name__: f for f in (
+        init, is_initialized, is_available, device_count, get_device_name, current_device, synchronize,
+        is_bf16_supported, get_device_properties, set_device, memory_stats, mem_get_info, memory_allocated,
+        max_memory_allocated, reset_peak_memory_stats)}
+
+
+class Stream:
+    """`hpu/streams.py` `Stream(device=None, priority=0, **kwargs)` (one device per process; no work queued)."""
+
+    def __init__(self, device=None, priority=0, **kwargs):
+        self.device, self.priority = device, priority
+
+
+class Event:
+    """`hpu/events.py` `Event(enable_timing=False)`."""
+
+    def __init__(self, enable_timing=False):
+        self.enable_timing = enable_timing
+
+
+class HPUGraph:
+    """`hpu/graphs.py` `HPUGraph`: capture/replay calls are accepted; nothing is captured."""
+
+    def __init__(self):
+        self.captured = False
+
+    def capture_begin(self, dry_run=False):
+        self.captured = False
+
+    def capture_end(self):
+        self.captured = True
+
+    def replay(self, asynchronous=False):
+        if not self.captured:
+            raise RuntimeError("fake HPUGraph: replay() before capture_end()")
+
+    def reset(self):
+        self.captured = False
+
+
+class graph:  # noqa: N801 - the bridge's name
+    """`hpu/graphs.py` `graph(hpu_graph, stream=None, dry_run=False)`: capture context around an `HPUGraph`."""
+
+    def __init__(self, hpu_graph, stream=None, dry_run=False):
+        self.hpu_graph, self.stream, self.dry_run = hpu_graph, stream, dry_run
+
+    def __enter__(self):
+        self.hpu_graph.capture_begin(dry_run=self.dry_run)
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        self.hpu_graph.capture_end()
+        return False
+
+
+def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dry_run=False, max_graphs=None):
+    """`hpu/graphs.py` `wrap_in_hpu_graph`: replace `module.forward` (here: a plain call) and add the cache calls."""
+    original = module.forward
+
+    def forward(*args, **kwargs):
+        return original(*args, **kwargs)
+
+    module.forward = forward
+    module.clear_cache = lambda: None
+    module.clear_inputs = lambda: None
+    return module
+
+
+def mark_step(device_str="", sync=False):
+    """`core/step_closure.py` `mark_step`: in lazy mode it flushes the accumulated graph; here a no-op."""
+    return None
+
+
+def initialize_distributed_hpu(world_size=None, rank=None, local_rank=None):
+    """`distributed/hccl/__init__.py` `initialize_distributed_hpu` (MPI variables not modelled)."""
+    if all(value is not None for value in (world_size, rank, local_rank)):
+        os.environ["WORLD_SIZE"], os.environ["RANK"], os.environ["LOCAL_RANK"] = str(world_size), str(rank), str(local_rank)
+    world_size = int(os.getenv("WORLD_SIZE", 1))
+    rank = int(os.getenv("RANK", -1))
+    local_rank = int(os.environ.get("LOCAL_RANK", -1))
+    _setup_module_id(local_rank=local_rank, world_size=world_size)
+    if rank != -1:
+        os.environ["ID"] = str(rank)
+    return world_size, rank, local_rank
+
+
+#: Graph names `hpu/__init__.py` re-exports into `habana_frameworks.torch.hpu` in lazy mode only.
+LAZY_ONLY_HPU_NAMES = ("HPUGraph", "graph", "wrap_in_hpu_graph")
+
+
 @contextlib.contextmanager
 def fake_gaudi(count: int = 8, *, name: str = "GAUDI2", memory: int = 96 * GiB, plugin_version: str = "1.22.0",
                accelerate_version: str | None = None, hl_smi: str | None = HL_SMI_CSV_8,
-               lazy_mode: str | None = None) -> Iterator[types.SimpleNamespace]:
-    """Install a fake `habana_frameworks` (with `.torch`, `.torch.core`, `.torch.hpu`,
-    `.torch.distributed.hccl`) and `torch.hpu`, as the real plugin registers it, plus a fake
-    `hl-smi` on PATH. `accelerate_version` overrides the version hwenv reads (G5 tests).
+               lazy_mode: str | None = None, hls_module_id: str | None = None,
+               visible_modules: str | None = None) -> Iterator[types.SimpleNamespace]:
+    """Install a fake `habana_frameworks` (`.torch`, `.torch.core`, `.torch.hpu`, `.torch.hpu.graphs`,
+    `.torch.utils.internal`, `.torch.distributed.hccl`) and `torch.hpu`, as the real plugin registers
+    them, plus a fake `hl-smi` on PATH. `lazy_mode` sets `PT_HPU_LAZY_MODE` before the fake
+    "imports" (None: unset, so `plugin_version` decides); `hls_module_id` sets `HLS_MODULE_ID`
+    (None: unset; `LOCAL_RANK`/`WORLD_SIZE` in the environment may then pin one, as the bridge does);
+    `visible_modules` sets `HABANA_VISIBLE_MODULES` before that (the fake clears selection variables).
+    `accelerate_version` overrides the version hwenv reads (G5 tests). The namespace it yields
+    has `count`, `names`, `memory`, `hpu`, `modules`, `hl_smi`, `functions`, `lazy`, `mode`.
     """
     import torch
 
     patches = _Patches()
-    names = [name] * count
-    functions = _fake_device_functions(count, names, True, memory)
-    # Stream/Event: torch._dynamo reads them from torch.hpu while tracing (_in_graph_classes).
-    hpu = _package("habana_frameworks.torch.hpu", **functions, Stream=type("Stream", (), {}),
-                   Event=type("Event", (), {}))
-    core = _package("habana_frameworks.torch.core", mark_step=lambda *args, **kwargs: None)
-    hccl = _package("habana_frameworks.torch.distributed.hccl")
-    distributed = _package("habana_frameworks.torch.distributed", hccl=hccl)
-    htorch = _package("habana_frameworks.torch", core=core, hpu=hpu, distributed=distributed)
-    root = _package("habana_frameworks", torch=htorch, __version__=plugin_version)
     overrides = {"habana-torch-plugin": plugin_version}
     if accelerate_version is not None:
         overrides["accelerate"] = accelerate_version
     with contextlib.ExitStack() as stack:
         try:
-            for variable in DEVICE_VARIABLES:
+            for variable in (*DEVICE_VARIABLES, *GAUDI_VARIABLES):
                 patches.setenv(variable, None)
+            patches.setenv("ID", os.environ.get("ID"))  # initialize_distributed_hpu may set it: restore on exit
             if lazy_mode is not None:
                 patches.setenv("PT_HPU_LAZY_MODE", lazy_mode)
+            if hls_module_id is not None:
+                patches.setenv(MODULE_ID_VARIABLE, hls_module_id)
+            if visible_modules is not None:
+                patches.setenv(MODULES_VARIABLE, visible_modules)
+            mode = execution_mode(os.environ, plugin_version=plugin_version)  # read once, as at plugin import
+            functions = _device_functions(count, name, memory)
+            graphs = _package("habana_frameworks.torch.hpu.graphs", HPUGraph=HPUGraph, graph=graph,
+                              wrap_in_hpu_graph=wrap_in_hpu_graph)
+            lazy_names = {key: getattr(graphs, key) for key in LAZY_ONLY_HPU_NAMES} if mode.lazy else {}
+            # Stream/Event: torch._dynamo reads them from torch.hpu while tracing (_in_graph_classes).
+            hpu = _package("habana_frameworks.torch.hpu", **functions, Stream=Stream, Event=Event, graphs=graphs,
+                           **lazy_names)
+            internal = _package("habana_frameworks.torch.utils.internal", is_lazy=lambda: mode.lazy)
+            utils = _package("habana_frameworks.torch.utils", internal=internal)
+            core = _package("habana_frameworks.torch.core", mark_step=mark_step)
+            hccl = _package("habana_frameworks.torch.distributed.hccl", initialize_distributed_hpu=initialize_distributed_hpu)
+            distributed = _package("habana_frameworks.torch.distributed", hccl=hccl)
+            htorch = _package("habana_frameworks.torch", core=core, hpu=hpu, distributed=distributed, utils=utils)
+            root = _package("habana_frameworks", torch=htorch, __version__=plugin_version)
             # transformers.is_torch_hpu_available() patches these torch globals when it first
             # returns True; save them so the fake leaves torch as it found it.
             for owner, attribute in _torch_globals_transformers_patches(torch):
                 patches.setattr(owner, attribute, getattr(owner, attribute))
-            for module in (root, htorch, core, hpu, distributed, hccl):
+            for module in (root, htorch, core, hpu, graphs, utils, internal, distributed, hccl):
                 patches.module(module.__name__, module)
-            patches.setattr(torch, "hpu", hpu)
+            patches.setattr(torch, "hpu", hpu)  # torch._register_device_module("hpu", hpu) (core/__init__.py)
+            patches.module("torch.hpu", hpu)
             stack.enter_context(override_versions(**overrides))
             hl_smi_path = stack.enter_context(fake_hl_smi(hl_smi)) if hl_smi is not None else None
+            initialize_distributed_hpu()  # importing habana_frameworks.torch imports hccl, which runs it
             clear_library_caches()
-            yield types.SimpleNamespace(count=count, names=names, memory=memory, hpu=hpu, modules=root,
-                                        hl_smi=hl_smi_path, functions=functions)
+            yield types.SimpleNamespace(count=count, names=[name] * count, memory=memory, hpu=hpu, modules=root,
+                                        hl_smi=hl_smi_path, functions=functions, lazy=mode.lazy, mode=mode)
         finally:
             patches.undo()
             clear_library_caches()
-
-
