@@ -68,3 +68,32 @@ def test_no_input_raises_anything_but_the_package_error(text):
         parse_affinity_mask(text)
     except HwenvError:
         pass
+
+
+@pytest.mark.facts("X4")
+@pytest.mark.parametrize("hierarchy", ["FLAT", "COMBINED"])
+def test_subdevice_entries_are_refused_in_a_tile_hierarchy(hierarchy):
+    # Level Zero spec, Affinity Mask: under FLAT "0.0 is not valid"; compute-runtime skips X.Y under FLAT and COMBINED
+    with pytest.raises(AffinityMaskError) as error:
+        parse_affinity_mask("0,1.1", hierarchy=hierarchy)
+    assert f"ZE_FLAT_DEVICE_HIERARCHY={hierarchy}" in str(error.value) and "1.1" in str(error.value)
+    assert parse_affinity_mask("0,3", hierarchy=hierarchy) == (AffinityEntry(0), AffinityEntry(3))
+
+
+def test_composite_accepts_subdevices_and_without_a_hierarchy_only_the_grammar_is_checked():
+    assert parse_affinity_mask("0,1.0,1.1", hierarchy="COMPOSITE")[1] == AffinityEntry(1, 0)
+    assert parse_affinity_mask("0.1") == (AffinityEntry(0, 1),)  # grammar only: no hierarchy given
+
+
+def test_device_count_bounds_the_devices_of_the_hierarchy():
+    # two 2-tile cards: 4 FLAT devices, 2 COMPOSITE devices
+    assert len(parse_affinity_mask("3", device_count=4, hierarchy="FLAT")) == 1
+    with pytest.raises(AffinityMaskError, match="only 2 device"):
+        parse_affinity_mask("2.0", device_count=2, hierarchy="COMPOSITE")
+
+
+def test_visible_root_devices_counts_cards_once():
+    from hwenv.affinity import visible_root_devices
+
+    assert visible_root_devices(parse_affinity_mask("1.1,1.2", hierarchy="COMPOSITE")) == 1
+    assert visible_root_devices(parse_affinity_mask("0,1.0,1.1", hierarchy="COMPOSITE")) == 2
