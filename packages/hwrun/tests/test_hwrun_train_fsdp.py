@@ -54,7 +54,7 @@ WORKER = textwrap.dedent('''
     from torch.distributed.tensor import DTensor
     from transformers import TrainerCallback
 
-    hwrun.training.arguments.FSDP_UNSUPPORTED_KINDS = frozenset({"mps"})  # the gate is lifted above
+    hwrun.training.arguments.FSDP_SUPPORT["cpu"] = True  # the gate is lifted above
     # argv: model, data, then a JSON list of runs {"out": folder, "options": train() keywords}, done in order
     model, data, runs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     rank = int(os.environ["RANK"])
@@ -163,7 +163,7 @@ def test_two_process_fsdp2_lora_saves_the_gathered_adapter(tmp_path, data):
     launch_fsdp(tmp_path, data, (out, LORA))
 
     info, (rank0, rank1) = rank_outputs(out)
-    # If this fails, accelerate now builds FSDP on CPU: drop "cpu" from FSDP_UNSUPPORTED_KINDS.
+    # If this fails, accelerate now builds FSDP on CPU: set FSDP_SUPPORT["cpu"] to True.
     assert all(i["accelerate_kept_fsdp_on_cpu"] is False for i in info)
     assert_sharded(info, steps=3)
     assert all(len(i["losses"]) == 3 and all(math.isfinite(loss) for _, loss in i["losses"]) for i in info)

@@ -17,7 +17,7 @@ STATIC_CHUNK = 16
 
 
 def _add_plan_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="auto", help="auto (detect) or cpu, cuda, xpu, hpu, mps")
+    parser.add_argument("--device", default="auto", help="auto (detect) or a device kind: hpu, xpu, rocm, cuda, mps, cpu (or a plug-in's)")
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
     parser.add_argument("--attention", default="auto", help="auto, sdpa, eager, flash_attention_2, ...")
     parser.add_argument("--use-kernels", action="store_true", help="replace supported layers with Hub kernels (X12)")
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_gen.add_argument("--batch-file", default=None, help="a text file with one prompt per line")
     p_gen.add_argument("--batching", choices=("auto", "static", "continuous"), default="auto")
     p_gen.add_argument("--decode", choices=("auto", "generate", "graphs"), default="auto",
-                       help="graphs: static cache + CUDA graph replay per token (greedy)")
+                       help="graphs: static cache + CUDA/XPU graph replay per token (greedy)")
     p_gen.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p_gen.add_argument("--temperature", type=float, default=1.0)
     p_gen.add_argument("--top-p", type=float, default=1.0)

@@ -47,6 +47,13 @@ def platform_tables() -> dict[str, Mapping[str, Any]]:
     return tables
 
 
+def missing_rows() -> dict[str, tuple[str, ...]]:
+    """{table: kinds with no row} over every table and every registered kind (empty when complete)."""
+    registered = kinds()
+    missing = {path: tuple(k for k in registered if k not in table) for path, table in platform_tables().items()}
+    return {path: absent for path, absent in missing.items() if absent}
+
+
 def row(table: Mapping[str, T], kind: str, default: T) -> T:
     """`table[kind]`, or `default` for a kind the table has no row for (a plug-in hwrun does not know)."""
     return table.get(kind, default)
@@ -77,10 +84,11 @@ def kind_of_device_type(device_type: str, hint: str | None = None) -> str:
     `hwenv.detect()` finds here (remembered for the process), else the first in detection order.
     """
     import hwenv
+    from hwenv.platforms import platforms
 
     if hint is not None and hwenv.get_platform(hint).device_type == device_type:
         return hint
-    candidates = [p.kind for p in hwenv.platforms() if p.device_type == device_type]
+    candidates = [p.kind for p in platforms() if p.device_type == device_type]
     if len(candidates) == 1:
         return candidates[0]
     if not candidates:  # a device type no platform claims ("meta"): tables give it their default row
@@ -90,5 +98,6 @@ def kind_of_device_type(device_type: str, hint: str | None = None) -> str:
             detected = hwenv.detect().kind
         except hwenv.HwenvError:
             detected = ""
-        _KIND_OF_DEVICE_TYPE[device_type] = detected if detected in candidates else candidates[0]
+        named = [kind for kind in candidates if kind == device_type]  # the kind named after the type (cuda)
+        _KIND_OF_DEVICE_TYPE[device_type] = detected if detected in candidates else (named or candidates)[0]
     return _KIND_OF_DEVICE_TYPE[device_type]

@@ -80,7 +80,7 @@ def check_quantization(quantization: str | None, accel: hwenv.Accelerator) -> st
     if not support.supported:
         raise QuantizationError(
             f"quantization={quantization!r} on {accel.name} ({accel.kind}): bitsandbytes has no backend hwrun "
-            f"supports there (supported: {', '.join(bnb_devices())}); load without quantization."
+            f"supports there ({support.note}; supported: {', '.join(bnb_devices())}); load without quantization."
         )
     checks = [support.check(name, quantization) for name in dict.fromkeys(accel.names)] if support.check else []
     refusals = [why for why, _ in checks if why]
