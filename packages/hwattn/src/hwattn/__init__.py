@@ -35,13 +35,13 @@ from .names import FLASH_KERNEL_REPO, check_name, is_kernel_string, valid_names
 from .plan import KernelPlan, LayerKernel, kernel_plan
 from .resolve import AttentionChoice, resolve_attention
 from .sdpa import eager_attention, repeat_kv, sdpa, uses_native_gqa
-from .table import decision_table, software_table
+from .table import capability_table, decision_table, software_table
 
 __version__ = "0.1.1"
 
 __all__ = [
     "CAUSAL_SDPA", "causal_sdpa_mask", "is_causal_sdpa_registered", "register_causal_sdpa", "unregister_causal_sdpa",
-    "AcceleratorTypeError", "AttentionChoice", "AttentionEnvironment", "AttentionUnsupportedError",
+    "AcceleratorTypeError", "AttentionChoice", "capability_table", "AttentionEnvironment", "AttentionUnsupportedError",
     "FLASH_KERNEL_REPO", "HwattnError", "KernelMappingError", "KernelPlan", "KernelUnavailableError",
     "KernelsMissingError", "KernelsUnsupportedError", "KindNotCoveredError", "LayerKernel", "ShapeError", "UnknownAttentionError",
     "check_name", "current_environment", "decision_table", "device_keys", "eager_attention",

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from hwenv import Accelerator
 
+from .capabilities import FLASH, GQA, HUB_KERNELS, FlashSupport
 from .environment import AttentionEnvironment
 from .errors import HwattnError
-from .names import check_name
+from .names import FLASH_DISTRIBUTION, check_name
 from .resolve import AttentionChoice, _resolve
 
 #: The devices the tables show (rows).
@@ -87,9 +88,39 @@ def software_table() -> str:
     return "\n".join([header, rule, *rows])
 
 
+def _flash_cell(support: FlashSupport) -> str:
+    if not support.kernels:
+        return f"none: {support.why_not}; flash requests raise, `fallback=True` gives `sdpa`"
+    ways = [f"`{name}`: " + (f"{FLASH_DISTRIBUTION[name]} package, else " if support.packages else "")
+            + f"`{repo}`" for name, repo in support.kernels.items()]
+    return "; ".join(ways) + f". {support.reason}"
+
+
+def capability_table() -> str:
+    """Markdown table: hwattn's per-kind rows (`hwattn.capabilities`) for every registered platform."""
+    from hwenv import platforms
+
+    header = ("| kind | FlashAttention (`capabilities.FLASH`) | hub kernels: kernels device / KernelConfig key "
+              "(`HUB_KERNELS`) | SDPA GQA with a mask (`GQA`) |")
+    rows = [header, "|---|---|---|---|"]
+    for platform in platforms():
+        flash, hub, gqa = FLASH.get(platform.kind), HUB_KERNELS.get(platform.kind), GQA.get(platform.kind)
+        if flash is None or hub is None or gqa is None:
+            rows.append(f"| `{platform.kind}` ({platform.display_name}) | no row | no row | no row |")
+            continue
+        names = (f"`{hub.kernels_device}` / " + (f"`{hub.config_key}`" if hub.config_key else "none") + ": "
+                 if hub.kernels_device else "")
+        masked = (f"native from torch {gqa.masked_from[0]}.{gqa.masked_from[1]}" if gqa.masked_from
+                  else "KV repeated (native only without a mask, head dims <= 256)")
+        rows.append(f"| `{platform.kind}` ({platform.display_name}) | {_flash_cell(flash)} | "
+                    f"{names}{hub.reason} | {masked}: {gqa.reason} |")
+    return "\n".join(rows)
+
+
 def readme_blocks() -> dict[str, str]:
     """{marker name: generated markdown} for the README blocks `<!-- name:start -->` ... `<!-- name:end -->`."""
-    return {"decision-table": decision_table(), "software-table": software_table()}
+    return {"decision-table": decision_table(), "software-table": software_table(),
+            "capability-table": capability_table()}
 
 
 def update_readme(text: str) -> str:
@@ -116,5 +147,5 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(args.update)
         path.write_text(update_readme(path.read_text()))
     else:
-        print(decision_table(), software_table(), sep="\n\n")
+        print(decision_table(), software_table(), capability_table(), sep="\n\n")
     return 0
