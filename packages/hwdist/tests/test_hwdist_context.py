@@ -248,3 +248,36 @@ def test_gaudi_supported_group_reaches_hccl_import(fake_gaudi, monkeypatch):
         hwdist.init(accel=hwenv.Accelerator("hpu", 2), timeout=2)
     assert not isinstance(info.value, hwdist.HwdistError)
     assert "hccl" in str(info.value).lower()
+
+
+@pytest.mark.parametrize("kind, backend, expected", [
+    ("xpu", "xccl", "xpu:1"), ("cuda", "nccl", "cuda:1"), ("rocm", "nccl", "cuda:1"), ("hpu", "hccl", "hpu"),
+    ("mps", "gloo", "cpu"), ("cpu", "gloo", "cpu"), ("cuda", "gloo", "cpu"),
+])
+def test_collective_device_comes_from_the_platform(kind, backend, expected):
+    """ROCm binds `cuda:N` (its torch device type); Gaudi's bridge places the process (`hpu`); gloo
+    reduces host tensors on every kind."""
+    from hwdist.context import _collective_device
+
+    assert _collective_device(hwenv.get_platform(kind), backend, 1) == expected
+
+
+def test_context_knows_its_platform():
+    rocm = hwdist.DistContext(0, 0, 1, "cuda:0", "nccl", kind="rocm")
+    assert rocm.platform.kind == "rocm" and rocm.on_accelerator and rocm.to_dict()["kind"] == "rocm"
+    assert not hwdist.DistContext(0, 0, 1, "cpu", "gloo", kind="mps").on_accelerator  # gloo on MPS: host tensors
+    assert not hwdist.init().on_accelerator  # CPU
+
+
+def test_bench_synchronises_through_hwenvs_runtime(monkeypatch):
+    """Gaudi's synchronize() takes no device (bridge 1.19): bench goes through hwenv's runtime,
+    which knows that, instead of torch.accelerator."""
+    from hwdist import bench
+    from hwenv.platforms import runtime
+
+    calls = []
+    monkeypatch.setattr(runtime, "synchronize", lambda platform, device=None: calls.append((platform.kind, device)))
+    bench._sync(hwdist.DistContext(0, 0, 1, "hpu", "hccl", kind="hpu"))
+    bench._sync(hwdist.DistContext(0, 0, 1, "cuda:0", "nccl", kind="rocm"))
+    bench._sync(hwdist.DistContext(0, 0, 1, "cpu", "gloo", kind="cpu"))
+    assert calls == [("hpu", "hpu"), ("rocm", "cuda:0")]

@@ -74,6 +74,75 @@ def test_gaudi_unsupported_group_or_partial_use_is_rejected(fake_gaudi):
         hwdist.launch_command("train.py", devices="0,1,2,3", nproc_per_node=2)
 
 
+@pytest.mark.facts("G8", "G6")
+@pytest.mark.parametrize("by, variable", [("module", "HABANA_VISIBLE_MODULES"), ("index", "HABANA_VISIBLE_DEVICES")])
+def test_gaudi_single_card_launch_starts_one_process(clean_device_env, by, variable):
+    """`hwdist launch --kind hpu --devices 3`: one card is a standard run, not a refused group (issue 23.1)."""
+    argv, env = hwdist.launch_command("train.py", kind="hpu", devices="3", by=by)
+    assert "--nproc-per-node=1" in argv
+    assert env[variable] == "3"
+    assert main(["launch", "--dry-run", "--kind", "hpu", "--devices", "3", "train.py"]) == 0
+
+
+@pytest.mark.facts("G8")
+def test_gaudi_distributed_group_outside_intels_table_names_the_supported_groups(clean_device_env):
+    with pytest.raises(hwdist.LaunchError) as info:
+        hwdist.launch_command("train.py", kind="hpu", devices="0,2")
+    assert "not a supported 2-device group" in str(info.value)
+    assert "{0,1} or {2,3} or {4,5} or {6,7}" in str(info.value) and "{0,1,2,3} or {4,5,6,7}" in str(info.value)
+    with pytest.raises(hwdist.LaunchError, match="groups of 2 or 4"):
+        hwdist.launch_command("train.py", kind="hpu", devices="0,1,2")
+
+
+@pytest.mark.facts("G8")
+def test_gaudi_module_pin_is_honoured_for_one_process_and_not_inherited(fake_gaudi, monkeypatch):
+    fake_gaudi(8)
+    monkeypatch.setenv("HLS_MODULE_ID", "5")  # the bridge's pin wins over every selection
+    plan = hwdist.plan_launch("train.py")
+    assert plan.nproc_per_node == 1 and plan.env["HABANA_VISIBLE_MODULES"] == "5"
+    assert "HLS_MODULE_ID" not in child_environment(plan.env, selection=plan.selection)
+    with pytest.raises(hwdist.LaunchError, match="exceeds the 1 hpu device"):
+        hwdist.launch_command("train.py", nproc_per_node=2)
+
+
+@pytest.mark.facts("X4")
+def test_xpu_composite_sub_devices_of_one_card_are_one_process(clean_device_env, monkeypatch):
+    """Under COMPOSITE, `0.0,0.1,1` is two root devices (card 0's tiles are one device): 2 processes,
+    not 3 (hwenv's Selection.count follows the hierarchy; issue 23.6). Under FLAT it is refused."""
+    monkeypatch.setenv("ZE_FLAT_DEVICE_HIERARCHY", "COMPOSITE")
+    argv, env = hwdist.launch_command("train.py", kind="xpu", devices="0.0,0.1,1")
+    assert "--nproc-per-node=2" in argv and env["ZE_AFFINITY_MASK"] == "0.0,0.1,1"
+    with pytest.raises(hwdist.LaunchError, match="exceeds the 2 xpu device"):
+        hwdist.launch_command("train.py", kind="xpu", devices="0.0,0.1,1", nproc_per_node=3)
+    monkeypatch.setenv("ZE_FLAT_DEVICE_HIERARCHY", "FLAT")
+    with pytest.raises(hwdist.LaunchError, match="not valid under ZE_FLAT_DEVICE_HIERARCHY=FLAT"):
+        hwdist.launch_command("train.py", kind="xpu", devices="0.0,0.1,1")
+
+
+def test_rocm_launch_counts_its_devices(clean_device_env):
+    argv, env = hwdist.launch_command("train.py", kind="rocm", device_count=4)
+    assert "--nproc-per-node=4" in argv and env == {}
+    with pytest.raises(hwdist.LaunchError, match="exceeds the 4 rocm device"):
+        hwdist.launch_command("train.py", kind="rocm", device_count=4, nproc_per_node=5)
+
+
+@pytest.mark.xfail(strict=True, reason="hwenv.select has no ROCm branch yet (packages/hwenv/src/hwenv/selection.py: "
+                   "'rocm has no device selection'); hwdist passes --devices through hwenv.select unchanged")
+def test_rocm_devices_go_to_its_visible_devices_variable(clean_device_env):
+    variable = hwenv.get_platform("rocm").visible_devices_variable
+    argv, env = hwdist.launch_command("train.py", kind="rocm", devices="0,1")
+    assert "--nproc-per-node=2" in argv and env == {variable: "0,1"}
+
+
+def test_kind_choices_come_from_the_registry():
+    from hwdist.cli import build_parser
+
+    kind = next(a for a in build_parser()._subparsers._group_actions[0].choices["launch"]._actions
+                if a.dest == "kind")
+    assert tuple(kind.choices) == tuple(p.kind for p in hwenv.platforms())
+    assert "rocm" in kind.choices
+
+
 def test_cuda_visible_devices_and_too_many_processes(fake_cuda):
     fake_cuda(count=2)
     argv, env = hwdist.launch_command("train.py", devices="1")
