@@ -24,8 +24,9 @@ TRACKED_DISTRIBUTIONS: tuple[str, ...] = (
 GAUDI_MIN_ACCELERATE = (1, 5, 0)
 #: torch with SDPA handling grouped-query attention natively on XPU (X6).
 XPU_GQA_MIN_TORCH = (2, 8)
-#: torch with the built-in XCCL backend (LIBRARIES.md).
-XCCL_MIN_TORCH = (2, 7)
+#: torch whose release XPU wheels have the built-in XCCL backend: 2.8 (in the 2.7 source, but the 2.7
+#: wheels were built without it; intel/torch-xpu-ops #1318, pytorch #141741; INTEL.md).
+XCCL_MIN_TORCH = (2, 8)
 
 _overrides: dict[str, str | None] = {}
 
@@ -65,9 +66,16 @@ def library_versions() -> dict[str, str | None]:
 
 
 def accelerate_sees_gaudi(accelerate_version: str | None = None) -> bool:
-    """Whether the installed Accelerate is new enough for Transformers to use a Gaudi (G3, G5)."""
+    """Whether Accelerate lets Transformers use a Gaudi (G3, G5): True when it is new enough, or not installed.
+
+    `transformers.is_torch_hpu_available()` returns False only when accelerate is installed and
+    older than 1.5.0; without accelerate the gate is skipped (transformers 5.22
+    `utils/import_utils.py`, INTEL.md S4). `accelerate_version` defaults to the installed one.
+    """
     if accelerate_version is None:
         accelerate_version = installed_version("accelerate")
+        if accelerate_version is None:
+            return True
     return at_least(accelerate_version, GAUDI_MIN_ACCELERATE)
 
 

@@ -1,4 +1,8 @@
-"""Gaudi checks of `hwenv doctor`: the plugin, Accelerate's gate (G5), int64 (G4), lazy mode (G2)."""
+"""Gaudi checks of `hwenv doctor`: plugin, Accelerate's gate, execution mode, int64, module pin, generation.
+
+Sources: gaudi-pytorch-bridge 1.19 (INTEL.md S8), transformers 5.22 `utils/import_utils.py` (S4),
+FACTS.md G2-G5, G10-G12. Each finding says what it rests on.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from collections.abc import Mapping
 
 from .. import gaudi
 from ..accelerator import Accelerator
+from ..errors import HwenvError
 from ..probes import ProbeResult
 from ..versions import GAUDI_MIN_ACCELERATE, accelerate_sees_gaudi, format_version, library_versions
 from .common import Checks, Problem
@@ -21,42 +26,132 @@ def _plugin_importable() -> bool:
         return False
 
 
+def accelerate_gate(plugin_present: bool) -> list[Problem]:
+    """Accelerate installed and older than 1.5.0 hides the Gaudi from Transformers (G3, G5); absent, it does not."""
+    if not plugin_present or accelerate_sees_gaudi():
+        return []
+    acc_version = library_versions().get("accelerate")
+    return [Problem(
+        "accelerate-too-old-for-gaudi", "error",
+        f"Accelerate {acc_version} is older than {format_version(GAUDI_MIN_ACCELERATE)}: "
+        f"transformers.is_torch_hpu_available() returns False even with a Gaudi present (G3, G5).",
+        f"pip install 'accelerate>={format_version(GAUDI_MIN_ACCELERATE)}' (or uninstall it: without "
+        f"accelerate Transformers skips this check)",
+    )]
+
+
+def mode_findings(env: Mapping[str, str]) -> tuple[gaudi.GaudiMode, list[Problem], list[str]]:
+    """The execution mode (G2; bridge `utils/internal.py` `is_lazy`, plugin-version default) and its problems."""
+    mode = gaudi.execution_mode(env)
+    problems: list[Problem] = []
+    variable = gaudi.LAZY_MODE_VARIABLE
+    if mode.malformed:
+        problems.append(Problem(
+            "lazy-mode-malformed", "error",
+            f"{variable}={mode.value!r} is not '0' or '1': the bridge's Python side treats every value but '0' as "
+            f"lazy, and its C++ flag parser stops on a value that is not a number (bridge 1.19 env_flags.cpp).",
+            f"set {variable}=0 (eager) or {variable}=1 (lazy)",
+        ))
+    if mode.lazy:
+        problems.append(Problem(
+            "lazy-mode-blocks-compile", "warning",
+            f"Gaudi runs in lazy mode ({mode.reason}); torch.compile (hpu_backend) needs eager mode (G2, G13).",
+            f"run with {variable}=0 to use torch.compile, or do not compile",
+        ))
+        note = f"Gaudi execution mode: lazy ({mode.reason}). torch.compile needs eager mode."
+    else:
+        note = f"Gaudi execution mode: eager ({mode.reason}); ops run when called (G2), torch.compile routes to hpu_backend."
+    return mode, problems, [note]
+
+
+def int64_findings(env: Mapping[str, str], mode: gaudi.GaudiMode, device_name: str | None) -> tuple[list[Problem], list[str]]:
+    """PT_ENABLE_INT64_SUPPORT: a problem only where it is malformed, or supported, needed and off (G4)."""
+    status = gaudi.int64_status(env, device_name=device_name, mode=mode)
+    variable = gaudi.INT64_VARIABLE
+    if status.malformed:
+        return [Problem("int64-flag-malformed", "error", status.reason + ".",
+                        f"set {variable}=1 (or unset it: eager mode turns int64 on by default on Gaudi2+)")], []
+    if status.problem:
+        return [Problem("int64-disabled", "error", status.reason + ".",
+                        f"unset {variable} or set {variable}=1 (hwenv exec and hwenv env set it for eager mode)")], []
+    if not status.supported:
+        note = f"int64: unsupported here: {status.reason}."
+        if status.value is not None and status.enabled:
+            return [Problem("int64-flag-unsupported", "warning",
+                            f"{variable}={status.value!r} is set, but {status.reason}.",
+                            f"unset {variable}, or run in eager mode on Gaudi2 or newer")], [note]
+        return [], [note]
+    return [], [f"int64: {status.reason} ({variable}; Transformers' token ids are int64, G4)."]
+
+
+def pin_findings(env: Mapping[str, str]) -> tuple[list[Problem], list[str]]:
+    """HLS_MODULE_ID: the bridge's per-process module pin, which wins over selections (bridge `set_device`)."""
+    variable = gaudi.MODULE_ID_VARIABLE
+    if variable not in env:
+        return [], []
+    try:
+        pin = gaudi.module_pin(env)
+        gaudi.modules_for_processes(1, env)  # the pin must be one of HABANA_VISIBLE_MODULES when that is set
+    except HwenvError as error:
+        return [Problem("gaudi-module-pin", "error", str(error), f"unset {variable}")], []
+    if pin is None:  # empty: the bridge reads it as unset
+        return [], [f"{variable} is set but empty; the bridge treats it as unset."]
+    return [], [
+        f"{variable}={env[variable]} pins this process to Gaudi module {pin}: the bridge acquires that module "
+        f"and it wins over {gaudi.MODULES_VARIABLE}/{gaudi.DEVICES_VARIABLE} (bridge 1.19 set_device, "
+        f"_setup_module_id). hwenv exec and hwdist launch remove it from the child's environment."
+    ]
+
+
+def container_findings(env: Mapping[str, str]) -> list[str]:
+    """The assumption hwenv makes for a one-card `HABANA_VISIBLE_DEVICES` (no source says what hl-smi shows)."""
+    indices = env.get(gaudi.DEVICES_VARIABLE, "")
+    if "," in indices or not indices.strip() or gaudi.MODULES_VARIABLE in env:
+        return []
+    return [
+        f"{gaudi.DEVICES_VARIABLE}={indices} names one card (a one-card container, as in Intel's instructions). "
+        f"hwenv keeps it as a device index and does not map it through hl-smi: Intel's documentation does not "
+        f"say what hl-smi prints inside such a container. A single card needs no group check."
+    ]
+
+
+def generation_findings(acc: Accelerator) -> tuple[list[Problem], list[str]]:
+    """The Gaudi generation and its facts (`hwenv.gaudi.generation_of`); an unknown name is a warning."""
+    name = acc.names[0] if acc.names else ""
+    generation = gaudi.generation_of(name)
+    facts = (f"bf16 {'yes' if generation.bf16 else 'no'}, int64 {'yes (eager mode)' if generation.int64 else 'no'}, "
+             f"bitsandbytes 4-bit {'yes' if generation.bnb_4bit else 'no'} / 8-bit {'yes' if generation.bnb_8bit else 'no'}, "
+             f"fp8 {'yes' if generation.fp8 else 'no'}")
+    note = f"Gaudi generation: {generation.reason()} ({facts})."
+    if generation.known:
+        return [], [note]
+    return [Problem(
+        "unknown-gaudi-generation", "warning",
+        f"{generation.reason()}: bf16, int64, 4/8-bit and fp8 support are assumed, not known.",
+        "check Intel's support matrix for this device; update hwenv (hwenv.gaudi.GAUDI_GENERATIONS) when it is listed",
+    )], [note]
+
+
 def gaudi_checks(acc: Accelerator | None, probes: Mapping[str, ProbeResult], env: Mapping[str, str]) -> Checks:
     """Problems and notes about Intel Gaudi."""
     problems: list[Problem] = []
     notes: list[str] = []
     hpu = probes["hpu"]
     plugin_present = _plugin_importable()
-    if plugin_present and not accelerate_sees_gaudi():
-        acc_version = library_versions().get("accelerate")
-        problems.append(Problem(
-            "accelerate-too-old-for-gaudi", "error",
-            f"Accelerate {acc_version or '(not installed)'} is older than {format_version(GAUDI_MIN_ACCELERATE)}: "
-            f"transformers.is_torch_hpu_available() returns False even with a Gaudi present (G3, G5).",
-            f"pip install 'accelerate>={format_version(GAUDI_MIN_ACCELERATE)}'",
-        ))
+    problems += accelerate_gate(plugin_present)
     if acc is not None and acc.kind == "hpu":
-        if env.get(gaudi.INT64_VARIABLE) != "1":
-            problems.append(Problem(
-                "int64-disabled", "error",
-                f"{gaudi.INT64_VARIABLE} is {repr(env[gaudi.INT64_VARIABLE]) if gaudi.INT64_VARIABLE in env else 'not set'}: "
-                f"Transformers uses int64 token ids, "
-                f"which Gaudi rejects unless int64 support is on (G4).",
-                f"run with {gaudi.INT64_VARIABLE}=1 (hwenv exec and hwenv env set it for you)",
-            ))
-        lazy = env.get(gaudi.LAZY_MODE_VARIABLE)
-        if lazy == "1":
-            notes.append(f"Gaudi execution mode: lazy ({gaudi.LAZY_MODE_VARIABLE}=1). torch.compile needs eager mode.")
-            problems.append(Problem(
-                "lazy-mode-blocks-compile", "warning",
-                f"{gaudi.LAZY_MODE_VARIABLE}=1 selects lazy mode; torch.compile (hpu_backend) needs eager mode (G2, G13).",
-                f"run with {gaudi.LAZY_MODE_VARIABLE}=0 to use torch.compile, or do not compile",
-            ))
-        else:
-            notes.append(
-                f"Gaudi execution mode: eager ({gaudi.LAZY_MODE_VARIABLE}={lazy!r}); ops run when called (G2), "
-                f"torch.compile routes to hpu_backend."
-            )
+        mode, found, said = mode_findings(env)
+        problems += found
+        notes += said
+        for check in (int64_findings(env, mode, acc.names[0] if acc.names else None), pin_findings(env),
+                      generation_findings(acc)):
+            problems += check[0]
+            notes += check[1]
+        notes += container_findings(env)
+    elif gaudi.MODULE_ID_VARIABLE in env:
+        found, said = pin_findings(env)
+        problems += found
+        notes += said
     if not hpu.available and shutil.which("hl-smi") and not plugin_present:
         problems.append(Problem(
             "torch-without-hpu", "error",
