@@ -33,6 +33,15 @@ def test_every_table_has_a_row_for_every_registered_kind(path):
     assert "rocm" in table
 
 
+def test_the_readme_shows_every_table():
+    from pathlib import Path
+
+    readme = (Path(devices.__file__).resolve().parents[2] / "README.md").read_text()
+    for path in devices.TABLES:
+        module, _, name = path.partition(":")
+        assert f"`{module.removeprefix('hwrun.')}.{name}`" in readme, f"README's device table lacks {path}"
+
+
 @contextlib.contextmanager
 def dummy_platform():
     """A plug-in-like kind hwrun has no rows for, registered for the duration."""
