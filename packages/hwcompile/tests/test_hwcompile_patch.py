@@ -240,3 +240,28 @@ def test_a_reset_behind_the_patch_is_repaired_by_the_next_patch_call(gaudi):
     second.undo()
     first.undo()
     assert torch.compile is original
+
+
+def test_a_functools_wraps_wrapper_over_the_patch_is_not_taken_for_hwcompile(gaudi, caplog):
+    import functools
+
+    from hwcompile.patch import is_patched_wrapper
+
+    original = torch.compile
+    patch = hwcompile.patch_torch_compile(GAUDI)
+    ours = torch.compile
+
+    @functools.wraps(ours)  # copies __dict__, hwcompile's mark included
+    def theirs(*args, **kwargs):
+        return ours(*args, **kwargs)
+
+    torch.compile = theirs
+    try:
+        assert is_patched_wrapper(ours) and not is_patched_wrapper(theirs)
+        assert hwcompile.is_patched()  # ours is under theirs: calls still pass through it
+        assert hwcompile.torch_compile_function() is original
+        patch.undo()
+        assert torch.compile is theirs and not hwcompile.is_patched()
+        assert any("replaced after hwcompile patched it" in r.getMessage() for r in caplog.records)
+    finally:
+        torch.compile = original

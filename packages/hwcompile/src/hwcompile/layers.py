@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .transformers_wrapper import PATCH_MARKER, is_transformers_wrapper, under_transformers_wrapper
+from .transformers_wrapper import is_marked, is_transformers_wrapper, under_transformers_wrapper
 
 #: How deep to look; a deeper stack of wrappers is treated as unreadable.
 MAX_LAYERS = 32
@@ -18,7 +18,7 @@ MAX_LAYERS = 32
 
 def is_hwcompile_wrapper(function: Any) -> bool:
     """True for a `torch.compile` replacement made by hwcompile's patch."""
-    return getattr(function, PATCH_MARKER, False) is True
+    return is_marked(function)
 
 
 def is_torch_function(function: Any) -> bool:

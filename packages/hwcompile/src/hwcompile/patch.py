@@ -83,7 +83,7 @@ def _make_wrapper(state_box: list[_Installed], original: Any) -> Any:
             kwargs = _routed_kwargs(state.accel, kwargs)
         return original(model, *args, **kwargs)
 
-    setattr(compile, PATCH_MARKER, True)
+    setattr(compile, PATCH_MARKER, compile)
     return compile
 
 

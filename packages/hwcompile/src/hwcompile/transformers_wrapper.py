@@ -23,14 +23,21 @@ TRANSFORMERS_ORIGINAL_NAME = "original_compile"
 TRANSFORMERS_LOGGER = "transformers.utils.import_utils"
 TRANSFORMERS_WARNING_TEXT = "on a Gaudi device is not supported"
 #: Marks hwcompile's own wrapper (functools.wraps copies the wrapped function's name and module onto it).
+#: The attribute holds the wrapper itself, so a third party's `functools.wraps` over it (which copies
+#: `__dict__`) is not taken for hwcompile's.
 PATCH_MARKER = "__hwcompile_patch__"
+
+
+def is_marked(function: Any) -> bool:
+    """True for a function hwcompile marked as its own wrapper (see `PATCH_MARKER`)."""
+    return function is not None and getattr(function, PATCH_MARKER, None) is function
 
 _ASKED = re.compile(r"backend=(.*?) on a Gaudi device")
 
 
 def is_transformers_wrapper(function: Any) -> bool:
     """True for the `torch.compile` replacement transformers installs on Gaudi (never for hwcompile's)."""
-    return (getattr(function, PATCH_MARKER, False) is not True
+    return (not is_marked(function)
             and getattr(function, "__name__", None) == TRANSFORMERS_WRAPPER_NAME
             and str(getattr(function, "__module__", "")).startswith("transformers"))
 
