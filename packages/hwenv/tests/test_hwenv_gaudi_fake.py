@@ -110,3 +110,14 @@ def test_hpu_graph_names_work_on_a_module():
         with torch.hpu.graph(graph):
             pass
         graph.replay()
+
+
+def test_detected_memory_comes_from_mem_get_info_of_the_current_card():
+    # issue 23 point 4: the properties are a string, so the probe reads mem_get_info() (bridge hpu/memory.py)
+    import hwenv
+    from hwenv.platforms import get_platform, runtime
+
+    with fake_gaudi(8, memory=64 * GiB):
+        accel = hwenv.detect()
+        assert accel.memory == (64 * GiB,) * 8 and "mem_get_info" in accel.memory_source
+        assert runtime.mem_get_info(get_platform("hpu"), 3) == (64 * GiB, 64 * GiB)

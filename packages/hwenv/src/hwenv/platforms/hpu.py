@@ -1,7 +1,11 @@
 """Intel Gaudi through `habana_frameworks.torch` / `torch.hpu` (gaudi-pytorch-bridge 1.19, INTEL.md S8).
 
-- `get_device_properties()` returns a *string*, so memory comes from `torch.hpu.mem_get_info()`
-  (free, total) of the current device; every card of a server is the same model.
+- `get_device_properties()` returns a *string*, so memory comes from `torch.hpu.mem_get_info()`.
+  Its real signature is `mem_get_info(device=None)` (`hpu/memory.py`), returning
+  `(Limit - InUse, Limit)` from `memory_stats()`; the C++ side ignores the index (one device per
+  process, `hpu/csrc/bindings.cpp` `get_mem_stat`), so hwenv calls it without one: the current
+  card, and every card of a server is the same model. `Limit` is the memory the bridge's
+  allocator may use, a little below the card's HBM.
 - bf16: every Gaudi generation supports it (G12); the bridge's `is_bf16_supported()` takes no argument.
 - compile: `hpu_backend` only, and only in eager mode (`PT_HPU_LAZY_MODE=0`); never inductor.
 """
@@ -33,7 +37,8 @@ PLATFORM = Platform(
     bf16_api="every Gaudi generation (G12)",
     torch_module="torch.hpu",
     plugin_module="habana_frameworks.torch",  # registers torch.hpu (G1)
-    device_calls_take_index=False,  # the bridge's synchronize() and mem_get_info() take no device
+    # synchronize() has no parameter; mem_get_info(device=None) has one that the bridge ignores
+    device_calls_take_index=False,
     vendor="intel",
 )
 
@@ -47,7 +52,8 @@ def memory(hpu, count: int) -> tuple[tuple[int, ...], str]:
         total = int(reader()[1])
     except Exception as error:
         return (), f"torch.hpu.mem_get_info() failed ({type(error).__name__}: {error}): memory unknown"
-    return (total,) * count, "torch.hpu.mem_get_info() of the current card (every card of a server is alike)"
+    return (total,) * count, ("torch.hpu.mem_get_info() of the current card: the allocator's limit (every card "
+                              "of a server is alike)")
 
 
 def probe() -> ProbeResult:
