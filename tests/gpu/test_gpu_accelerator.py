@@ -79,7 +79,7 @@ def _plan(**kwargs):
 def test_plan_names_the_device_and_its_graph_decoder():
     plan = _plan(compile=True)
     assert plan.device == ACCEL.device and plan.accelerator.name == ACCEL.name
-    assert plan.dist_backend.backend == ACCEL.platform.dist_backend
+    assert plan.dist_backend.name == ACCEL.platform.dist_backend
 
 
 @pytest.mark.parametrize("prompts", [["The king said"], ["The king said", "Once upon a time", "In the beginning"]])

@@ -17,7 +17,7 @@ PLATFORM = Platform(
     compile_backend="inductor",
     graph_api="cuda_graphs",
     triton=True,
-    memory_api="torch.cuda.mem_get_info",
+    memory_api="torch.cuda.get_device_properties().total_memory",
     bf16_api="torch.cuda.is_bf16_supported()",
     torch_module="torch.cuda",
     vendor="nvidia",
@@ -48,6 +48,8 @@ def gpu_probe(kind: str, hip: bool) -> ProbeResult:
         memory_of(torch.cuda.get_device_properties, count),
         (int(capability[0]), int(capability[1])),
         details=details,
+        bf16_source="torch.cuda.is_bf16_supported()",
+        memory_source="torch.cuda.get_device_properties().total_memory",
     )
 
 
