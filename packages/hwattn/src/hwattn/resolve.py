@@ -58,7 +58,7 @@ class AttentionChoice:
     """The attention decision for one device: the `attn_implementation` value and why.
 
     `gqa_native`: True when grouped-query attention runs without repeating KV heads, False when
-    KV heads are repeated, None when it is not fixed at load time (SDPA on CUDA/CPU/Gaudi decides
+    KV heads are repeated, None when it is not fixed at load time (SDPA on CUDA/ROCm/CPU/Gaudi decides
     per call from the mask) or does not apply (a model without GQA).
     """
 

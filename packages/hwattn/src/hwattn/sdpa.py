@@ -1,7 +1,7 @@
 """`sdpa`: grouped-query attention through torch SDPA, natively where the device allows, else repeated KV.
 
 `enable_gqa=None` decides per call with the rule Transformers uses (`gqa.native_gqa`, X6): on
-XPU from torch 2.8 always native, on CUDA/CPU only without a mask. `eager_attention` is the
+XPU from torch 2.8 always native, on CUDA/ROCm/CPU only without a mask. `eager_attention` is the
 plain reference the tests and the benchmark compare against.
 """
 
