@@ -20,6 +20,11 @@ from .platforms import get_platform, kinds
 CUDA_VARIABLE = "CUDA_VISIBLE_DEVICES"
 
 
+def _affinity_mask_kind(kind: str) -> bool:
+    """Whether `kind` selects devices with a Level Zero `ZE_AFFINITY_MASK` (Intel GPUs), by its platform's data."""
+    return kind in kinds() and get_platform(kind).selection_grammar == "affinity-mask"
+
+
 @dataclass(frozen=True)
 class Selection:
     """A validated device selection: `kind`, the ids as the variable writes them, and the env."""
@@ -38,7 +43,7 @@ class Selection:
         sub-device entries of one card are one device (`1.1,1.2` is 1, `0,1.0,1.1` is 2); under
         FLAT (the default) sub-device entries are refused by `select`, so each entry is one device.
         """
-        if self.kind == "xpu" and self.devices:
+        if self.devices and _affinity_mask_kind(self.kind):
             return _xpu_visible_devices(parse_affinity_mask(",".join(self.devices)))
         return len(self.devices) if self.devices else None
 
@@ -56,7 +61,7 @@ class Selection:
         `environ` (default `os.environ`) and the installed plugin (`hwenv.gaudi.selecting.child_env`).
         """
         out: dict[str, str] = {}
-        if self.kind == "xpu":
+        if _affinity_mask_kind(self.kind):
             if self.devices:
                 out[MASK_VARIABLE] = ",".join(self.devices)
             if self.pci_order:
@@ -109,9 +114,9 @@ def select(
     """
     if kind not in kinds():
         raise SelectionError(f"Unknown accelerator kind {kind!r}; use one of {', '.join(kinds())}.")
-    if devices is not None and str(devices).strip() == "" and kind != "xpu":
+    if devices is not None and str(devices).strip() == "" and not _affinity_mask_kind(kind):
         raise SelectionError(f"--devices {devices!r} is empty; list device ids such as '0,1', or leave it out.")
-    if kind == "xpu":
+    if _affinity_mask_kind(kind):
         model = as_hierarchy(hierarchy)  # None: this process's environment, which the child inherits
         given = model.value if model.explicit else None
         if devices is None:
@@ -154,7 +159,7 @@ def current_selection(
     On XPU the mask is read in `environ`'s `ZE_FLAT_DEVICE_HIERARCHY` (or the given `hierarchy`).
     """
     env = os.environ if environ is None else environ
-    if kind == "xpu":
+    if _affinity_mask_kind(kind):
         # the mask is read in the hierarchy of `environ` (ZE_FLAT_DEVICE_HIERARCHY), unless one is given
         model = as_hierarchy(hierarchy, env)
         return select("xpu", env.get(MASK_VARIABLE), pci_order=env.get(PCI_ORDER_VARIABLE) == "1", hierarchy=model)
