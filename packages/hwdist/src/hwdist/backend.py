@@ -55,28 +55,27 @@ def _min_torch_text(needs_min: tuple[int, int]) -> str:
 
 
 def _torch_detail(name: str, accel: hwenv.Accelerator) -> str:
-    """What the torch version says about backend `name`; a torch below its floor is an error."""
+    """What the torch version says about backend `name` where it has a torch floor (xccl): below
+    the floor is an error; on this machine's torch, a build without the backend is said."""
     needs = BACKENDS.get(name)
-    if needs is None:
-        return ""
+    floor = needs.min_torch if needs is not None else None
+    if needs is None or floor is None:
+        return ""  # nccl/gloo: init() checks the build (ensure_available); plans need no torch import
     version = _torch_version(accel)
-    floor = needs.min_torch
-    if floor is not None:
-        if version is None:
-            return f"torch is not installed here; {name} needs torch >= {_min_torch_text(floor)} ({needs.fix})"
-        if not hwenv.at_least(version, floor):
-            raise BackendUnavailableError(
-                f"backend {name!r} for {accel.name} needs torch >= {_min_torch_text(floor)}, not torch {version}: "
-                f"{needs.min_torch_why}. Fix: {needs.fix}."
-            )
-    if version is None or accel.torch_version not in (None, hwenv.installed_version("torch")):
+    if version is None:
+        return f"torch is not installed here; {name} needs torch >= {_min_torch_text(floor)} ({needs.fix})"
+    if not hwenv.at_least(version, floor):
+        raise BackendUnavailableError(
+            f"backend {name!r} for {accel.name} needs torch >= {_min_torch_text(floor)}, not torch {version}: "
+            f"{needs.min_torch_why}. Fix: {needs.fix}."
+        )
+    if accel.torch_version not in (None, hwenv.installed_version("torch")):
         # A plan for another machine: only its version is known.
-        return f"torch {version} (>= {_min_torch_text(floor)}) has {_title(name)} built in" if floor else ""
-    built_in = _built_in(name)
-    if built_in is False:
+        return f"torch {version} (>= {_min_torch_text(floor)}) has {_title(name)} built in"
+    if _built_in(name) is False:
         return (f"this torch {version} build has no {_title(name)} ({needs.built_in_check}() is False); "
                 f"{needs.fix} before init()")
-    return f"torch {version} has {_title(name)} built in" if floor and built_in else ""
+    return f"torch {version} has {_title(name)} built in"
 
 
 def choose_backend(accel: hwenv.Accelerator) -> tuple[str, str]:

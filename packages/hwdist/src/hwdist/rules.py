@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import hwenv
 from hwenv.gaudi import MODULE_ID_VARIABLE, PLUGIN_INSTALL_HINT
+from hwenv.versions import XCCL_MIN_TORCH
 
 #: The module that registers Gaudi's `hccl` backend with torch.distributed (G15).
 HCCL_MODULE = "habana_frameworks.torch.distributed.hccl"  # platform-boundary: importing it registers hccl (G15)
@@ -70,7 +71,7 @@ class BackendNeeds:
 #: is trusted to move its platform's tensors.
 BACKENDS: dict[str, BackendNeeds] = {
     "xccl": BackendNeeds(
-        ("xpu",), built_in_check="is_xccl_available", min_torch=(2, 8),
+        ("xpu",), built_in_check="is_xccl_available", min_torch=XCCL_MIN_TORCH,
         min_torch_why=("XCCL is built into torch's XPU release wheels from torch 2.8 (the 2.7 wheels were built "
                        "without it: intel/torch-xpu-ops #1318, pytorch #141741)"),
         fix=f"install torch >= 2.8 from PyTorch's XPU index: pip install torch --index-url {XPU_INDEX} (X1)"),
