@@ -48,7 +48,7 @@ class DistContext:
 
     @property
     def device_type(self) -> str:
-        """`cuda`, `xpu`, `hpu` or `cpu`: the device type of the tensors this group reduces."""
+        """`cuda` (NVIDIA and ROCm), `xpu`, `hpu` or `cpu`: the device type of the tensors this group reduces."""
         return self.device.partition(":")[0]
 
     @property
