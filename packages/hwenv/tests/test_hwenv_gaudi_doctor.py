@@ -15,6 +15,7 @@ def problem(report, code):
     return next(p for p in report.problems if p.code == code)
 
 
+@pytest.mark.facts("G5")
 def test_no_accelerate_is_no_accelerate_error(fake_gaudi, override_versions):
     # transformers' is_torch_hpu_available skips the accelerate gate when accelerate is not installed
     fake_gaudi(8)
@@ -26,6 +27,7 @@ def test_no_accelerate_is_no_accelerate_error(fake_gaudi, override_versions):
 
 @pytest.mark.parametrize(("plugin", "lazy_mode", "mode_word"), [("1.19.0", None, "lazy"), ("1.22.0", None, "eager"),
                                                                 ("1.22.0", "1", "lazy")])
+@pytest.mark.facts("G2")
 def test_the_mode_follows_the_plugin_version(fake_gaudi, plugin, lazy_mode, mode_word):
     fake_gaudi(8, plugin_version=plugin, lazy_mode=lazy_mode)
     report = diagnose()
@@ -55,6 +57,7 @@ def test_int64_unset_in_eager_mode_is_not_a_problem(fake_gaudi):
     assert any("on by default in eager mode" in note for note in report.notes)
 
 
+@pytest.mark.facts("G4")
 def test_int64_in_lazy_mode_is_unsupported_not_a_missing_setting(fake_gaudi):
     fake_gaudi(8, lazy_mode="1")
     report = diagnose()

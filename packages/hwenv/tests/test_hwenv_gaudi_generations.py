@@ -12,12 +12,14 @@ from hwenv.gaudi import GAUDI_GENERATIONS, GaudiMode, generation_of, int64_statu
 @pytest.mark.parametrize(("name", "number", "bnb", "int64", "fp8"),
                          [("GAUDI", 1, False, False, False), ("GAUDI2", 2, True, True, True),
                           ("GAUDI3", 3, True, True, True), (" gaudi2 ", 2, True, True, True)])
+@pytest.mark.facts("G10", "G12")
 def test_known_generations(name, number, bnb, int64, fp8):
     generation = generation_of(name)
     assert generation.known and generation.number == number and generation.bf16  # every generation: bf16 (G12)
     assert (generation.bnb_4bit, generation.bnb_8bit, generation.int64, generation.fp8) == (bnb, bnb, int64, fp8)
 
 
+@pytest.mark.facts("G10", "G12")
 @pytest.mark.parametrize("name", ["GAUDI4", "GAUDI2X", "HL-9000", "", None])
 def test_unknown_names_get_the_newest_rules(name):
     generation = generation_of(name)
@@ -55,6 +57,7 @@ LAZY = GaudiMode(True, "test")
     ("1", "GAUDI", EAGER, False, True, False),       # ... and a set flag wins there, but Intel does not support it
     (None, None, EAGER, True, True, False),          # unknown device: newest rules
 ])
+@pytest.mark.facts("G4")
 def test_int64_status(value, name, mode, supported, enabled, problem):
     env = {} if value is None else {"PT_ENABLE_INT64_SUPPORT": value}
     status = int64_status(env, device_name=name, mode=mode)

@@ -11,12 +11,14 @@ from hwenv.testing import override_versions
     ("1.19.0.561", True), ("1.19.2", True), ("1.18.0", True), ("1.9.0", True),
     ("1.20.0", False), ("1.22.0", False), ("2.0.0", False),
 ])
+@pytest.mark.facts("G2")
 def test_unset_follows_the_plugin_version(version, lazy):
     mode = execution_mode({}, plugin_version=version)
     assert mode.lazy is lazy
     assert version in mode.reason and "unset" in mode.reason
 
 
+@pytest.mark.facts("G2")
 @pytest.mark.parametrize("value, lazy", [("0", False), ("1", True), ("true", True), ("", True), (" 0", True), ("2", True)])
 def test_set_value_is_parsed_like_the_bridge(value, lazy):
     # The bridge: lazy = value != "0" (read once at plugin import); the version does not matter then.

@@ -26,6 +26,7 @@ EAGER = {"PT_HPU_LAZY_MODE": "0"}
 
 # ---- point 1: single-card runs -------------------------------------------------------------
 
+@pytest.mark.facts("G6", "G8")
 @pytest.mark.parametrize("card", ["0", "3", "5", "7"])
 def test_one_module_is_a_valid_selection(card):
     selection = select("hpu", card)
@@ -42,6 +43,7 @@ def test_one_device_index_stays_an_index_without_hl_smi(monkeypatch):
     assert selection.env(EAGER) == {"HABANA_VISIBLE_DEVICES": "4", "PT_ENABLE_INT64_SUPPORT": "1"}
 
 
+@pytest.mark.facts("G6")
 @pytest.mark.parametrize("variable", ["HABANA_VISIBLE_MODULES", "HABANA_VISIBLE_DEVICES"])
 def test_one_card_container_is_read(monkeypatch, variable):
     monkeypatch.setattr("hwenv.gaudi.selecting.read_hl_smi", lambda: pytest.fail("hl-smi must not be read"))
@@ -58,6 +60,7 @@ def test_check_group_passes_one_card_and_still_refuses_a_missing_module():
         select("hpu", "12")
 
 
+@pytest.mark.facts("G8")
 @pytest.mark.parametrize("devices", ["0,2", "1,2", "0,1,2", "3,4,5,6", "0,1,2,3,4"])
 def test_multi_card_groups_outside_intels_table_are_refused_naming_the_supported_groups(devices):
     with pytest.raises(GaudiGroupError, match="distributed run") as error:
@@ -74,6 +77,7 @@ def test_several_indices_are_still_mapped_and_checked():
 
 # ---- point 2: which modules N processes use ------------------------------------------------
 
+@pytest.mark.facts("G8", "G16")
 @pytest.mark.parametrize(("nproc", "modules"), [(1, (0,)), (2, (0, 1)), (4, (0, 1, 2, 3)), (8, tuple(range(8)))])
 def test_module_id_is_the_local_rank(nproc, modules):
     assert modules_for_processes(nproc, {}) == modules
@@ -134,6 +138,7 @@ def test_apply_by_index_drops_an_inherited_module_list():
 
 # ---- point 3: int64 in the child's environment -----------------------------------------------
 
+@pytest.mark.facts("G4")
 def test_env_sets_int64_only_in_eager_mode():
     selection = select("hpu", "0,1")
     assert selection.env({"PT_HPU_LAZY_MODE": "0"})["PT_ENABLE_INT64_SUPPORT"] == "1"
