@@ -4,9 +4,11 @@
 
 X16: `print(TrainingArguments(output_dir=..., bf16=True).device)` prints `xpu:0` on one Intel GPU;
 Trainer needs no device setting. X17: TrainingArguments checks bf16 with
-`torch.xpu.is_bf16_supported()` and raises ValueError on a GPU without it. G12: on Gaudi the
-device is `hpu` and every Gaudi supports bf16. The example prints the seed's own
-TrainingArguments line next to hwrun's (which refuses bf16 on such a GPU before anything loads),
+`torch.xpu.is_bf16_supported()` — the default call, which torch answers True on *every* available
+XPU (emulated bf16 counts: torch/xpu/__init__.py), so on an integrated GPU without native bf16
+Transformers accepts bf16=True and runs it emulated. G12: on Gaudi the device is `hpu` and every
+Gaudi supports bf16. The example prints the seed's own TrainingArguments line next to hwrun's
+(which reads native bf16 with `including_emulation=False` and refuses it before anything loads),
 then trains LoRA for a few steps on the shipped tiny model. On this CPU machine the device is
 `cpu` and training runs in float32 (`--bf16` asks for bf16 anyway: CPUs run it, slowly);
 `--plan-only` stops before the model loads, e.g. to see an XPU or Gaudi machine's decisions.

@@ -41,8 +41,10 @@ def common_checks(acc: Accelerator | None, probes: Mapping[str, ProbeResult], en
     if acc is not None and acc.platform.is_accelerator and acc.bf16 is False:
         problems.append(Problem(
             "bf16-unsupported", "warning",
-            f"{acc.name} {acc.names[0] if acc.names else ''} does not support bf16: TrainingArguments(bf16=True) "
-            f"raises ValueError (X17).",
+            f"{acc.name} {acc.names[0] if acc.names else ''} has no native bf16 "
+            f"({acc.bf16_source or 'as its stack reports it'}): TrainingArguments(bf16=True) raises ValueError "
+            f"where the stack's default check says no (CUDA), and runs bf16 emulated, slowly, where it says yes "
+            f"(torch.xpu.is_bf16_supported() is True on every available XPU; X17).",
             "train in fp32 or fp16; hwrun picks fp32 here by itself",
         ))
     return problems, []
