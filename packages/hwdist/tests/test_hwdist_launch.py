@@ -126,8 +126,6 @@ def test_rocm_launch_counts_its_devices(clean_device_env):
         hwdist.launch_command("train.py", kind="rocm", device_count=4, nproc_per_node=5)
 
 
-@pytest.mark.xfail(strict=True, reason="hwenv.select has no ROCm branch yet (packages/hwenv/src/hwenv/selection.py: "
-                   "'rocm has no device selection'); hwdist passes --devices through hwenv.select unchanged")
 def test_rocm_devices_go_to_its_visible_devices_variable(clean_device_env):
     variable = hwenv.get_platform("rocm").visible_devices_variable
     argv, env = hwdist.launch_command("train.py", kind="rocm", devices="0,1")

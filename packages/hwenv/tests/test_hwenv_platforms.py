@@ -236,3 +236,25 @@ def test_import_hwenv_loads_no_submodule_and_no_torch():
     code = "import sys, hwenv; print(sorted(m for m in sys.modules if m.startswith('hwenv.')), 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[] False"
+
+
+# ---- selection follows the platform's grammar: ROCm takes indices in its own variable -----------
+
+def test_rocm_selection_writes_hip_visible_devices():
+    selection = hwenv.select("rocm", "1,0")
+    assert (selection.devices, selection.count, selection.variable) == (("1", "0"), 2, "HIP_VISIBLE_DEVICES")
+    assert selection.env() == {"HIP_VISIBLE_DEVICES": "1,0"}
+    with pytest.raises(hwenv.SelectionError, match=r"HIP_VISIBLE_DEVICES='0,4' names device 4, but only 2"):
+        hwenv.select("rocm", "0,4", device_count=2)
+
+
+def test_rocm_current_selection_reads_hip_before_cuda():
+    env = {"HIP_VISIBLE_DEVICES": "2", "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert hwenv.current_selection("rocm", env).devices == ("2",)
+    assert hwenv.current_selection("rocm", {"CUDA_VISIBLE_DEVICES": "0,1"}).devices == ("0", "1")
+    assert hwenv.current_selection("cuda", env).devices == ("0", "1")
+
+
+def test_a_kind_without_selection_names_the_selectable_kinds():
+    with pytest.raises(hwenv.SelectionError, match=r"mps has no device selection.*--kind hpu\|xpu\|rocm\|cuda"):
+        hwenv.select("mps", "0")

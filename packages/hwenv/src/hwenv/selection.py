@@ -15,14 +15,28 @@ from .affinity import MASK_VARIABLE, PCI_ORDER_VARIABLE, format_affinity_mask, p
 from .affinity import visible_root_devices as _xpu_visible_devices
 from .errors import SelectionError
 from .hierarchy import HIERARCHY_VARIABLE, DeviceHierarchy, as_hierarchy
-from .platforms import get_platform, kinds
+from .platforms import get_platform, kinds, platforms
 
 CUDA_VARIABLE = "CUDA_VISIBLE_DEVICES"
 
 
+def _grammar(kind: str) -> str | None:
+    """The selection grammar of `kind`'s platform (`affinity-mask`, `module-ids`, `indices`, `none`)."""
+    return get_platform(kind).selection_grammar if kind in kinds() else None
+
+
 def _affinity_mask_kind(kind: str) -> bool:
     """Whether `kind` selects devices with a Level Zero `ZE_AFFINITY_MASK` (Intel GPUs), by its platform's data."""
-    return kind in kinds() and get_platform(kind).selection_grammar == "affinity-mask"
+    return _grammar(kind) == "affinity-mask"
+
+
+def _module_id_kind(kind: str) -> bool:
+    """Whether `kind` selects Gaudi module IDs (`HABANA_VISIBLE_MODULES`), by its platform's data."""
+    return _grammar(kind) == "module-ids"
+
+
+def _selectable_kinds() -> str:
+    return "|".join(p.kind for p in platforms() if p.selectable)
 
 
 @dataclass(frozen=True)
@@ -50,7 +64,7 @@ class Selection:
     @property
     def variable(self) -> str | None:
         """The variable that carries the selection (`ZE_AFFINITY_MASK`, `HABANA_VISIBLE_MODULES`, ...)."""
-        if self.kind == "hpu":
+        if _module_id_kind(self.kind):
             return gaudi.selecting.variable_for(self.by)
         return get_platform(self.kind).visible_devices_variable
 
@@ -68,10 +82,10 @@ class Selection:
                 out[PCI_ORDER_VARIABLE] = "1"
             if self.hierarchy is not None:  # only what the user set: never invent a hierarchy
                 out[HIERARCHY_VARIABLE] = self.hierarchy
-        elif self.kind == "hpu":
+        elif _module_id_kind(self.kind):
             out.update(gaudi.selecting.child_env(self.devices, self.by, environ))
-        elif self.kind == "cuda" and self.devices:
-            out[CUDA_VARIABLE] = ",".join(self.devices)
+        elif self.devices:  # indices: CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES (ROCm), a plug-in's own
+            out[get_platform(self.kind).visible_devices_variable] = ",".join(self.devices)
         return out
 
     def apply(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -82,7 +96,7 @@ class Selection:
         selection variable, which could disagree with it.
         """
         merged = dict(os.environ if environ is None else environ)
-        if self.kind == "hpu":
+        if _module_id_kind(self.kind):
             for variable in gaudi.selecting.child_removals(self.devices, self.by):
                 merged.pop(variable, None)
         merged.update(self.env(merged))
@@ -110,7 +124,9 @@ def select(
       index (`HABANA_VISIBLE_DEVICES`, no hl-smi). Several cards are a distributed run: indices
       are translated to module IDs with `hl-smi` and the group is checked against Intel's
       supported combinations (G8).
-    - `cuda`: `CUDA_VISIBLE_DEVICES` indices.
+    - `cuda`, `rocm` and any kind whose platform takes indices: the platform's variable
+      (`CUDA_VISIBLE_DEVICES`, `HIP_VISIBLE_DEVICES`).
+    - `mps`, `cpu`: no selection (a device list is an error naming the selectable kinds).
     """
     if kind not in kinds():
         raise SelectionError(f"Unknown accelerator kind {kind!r}; use one of {', '.join(kinds())}.")
@@ -120,25 +136,28 @@ def select(
         model = as_hierarchy(hierarchy)  # None: this process's environment, which the child inherits
         given = model.value if model.explicit else None
         if devices is None:
-            return Selection("xpu", (), pci_order, hierarchy=given)
+            return Selection(kind, (), pci_order, hierarchy=given)
         entries = parse_affinity_mask(devices, device_count, hierarchy=model)
-        return Selection("xpu", tuple(format_affinity_mask([e]) for e in entries), pci_order, hierarchy=given)
-    if kind == "hpu":
+        return Selection(kind, tuple(format_affinity_mask([e]) for e in entries), pci_order, hierarchy=given)
+    if _module_id_kind(kind):
         if by not in ("module", "index"):
             raise SelectionError(f"by={by!r} is not valid for Gaudi; use 'module' (module IDs) or 'index' (device indices).")
         if devices is None:
-            return Selection("hpu")
+            return Selection(kind)
         ids, written_by = gaudi.selecting.parse_devices(devices, by, hl_smi_rows)
-        return Selection("hpu", ids, by=written_by)
-    if kind == "cuda":
+        return Selection(kind, ids, by=written_by)
+    if _grammar(kind) == "indices":
         if devices is None:
-            return Selection("cuda")
-        ids = gaudi.parse_id_list(devices, CUDA_VARIABLE)
+            return Selection(kind)
+        variable = get_platform(kind).visible_devices_variable
+        ids = gaudi.parse_id_list(devices, variable)
         if device_count is not None and max(ids) >= device_count:
-            raise SelectionError(f"{CUDA_VARIABLE}={devices!r} names device {max(ids)}, but only {device_count} are present.")
-        return Selection("cuda", tuple(str(i) for i in ids))
+            raise SelectionError(f"{variable}={devices!r} names device {max(ids)}, but only {device_count} are present.")
+        return Selection(kind, tuple(str(i) for i in ids))
     if devices is not None:
-        raise SelectionError(f"{kind} has no device selection; leave --devices out (or pass --kind xpu|hpu|cuda).")
+        raise SelectionError(
+            f"{kind} has no device selection; leave --devices out (or pass --kind {_selectable_kinds()})."
+        )
     return Selection(kind)
 
 
@@ -162,11 +181,11 @@ def current_selection(
     if _affinity_mask_kind(kind):
         # the mask is read in the hierarchy of `environ` (ZE_FLAT_DEVICE_HIERARCHY), unless one is given
         model = as_hierarchy(hierarchy, env)
-        return select("xpu", env.get(MASK_VARIABLE), pci_order=env.get(PCI_ORDER_VARIABLE) == "1", hierarchy=model)
-    if kind == "hpu":
+        return select(kind, env.get(MASK_VARIABLE), pci_order=env.get(PCI_ORDER_VARIABLE) == "1", hierarchy=model)
+    if _module_id_kind(kind):
         devices, by = gaudi.selecting.environment_devices(env, hl_smi_rows)
-        return Selection("hpu") if devices is None else select("hpu", devices, by=by, hl_smi_rows=hl_smi_rows)
-    if kind == "cuda":
-        value = env.get(CUDA_VARIABLE)
-        return select("cuda", value) if value else Selection("cuda")
+        return Selection(kind) if devices is None else select(kind, devices, by=by, hl_smi_rows=hl_smi_rows)
+    if _grammar(kind) == "indices":  # the first of the platform's variables that is set (ROCm: HIP_ before CUDA_)
+        value = next((env[v] for v in get_platform(kind).visible_devices if env.get(v)), None)
+        return select(kind, value) if value else Selection(kind)
     return Selection(kind)
