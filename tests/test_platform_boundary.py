@@ -22,7 +22,7 @@ KIND_LITERALS = frozenset({"hpu", "xpu", "cuda", "rocm", "mps", "cpu"})
 DEVICE_MODULES = frozenset({"cuda", "xpu", "hpu"})
 MARKER = re.compile(r"#\s*platform-boundary:\s*(\S.{9,})")
 PLUGIN_PATH = re.compile(r"^habana_frameworks(\.\w+)*$")
-ALLOWED_AT_MOST = 25
+ALLOWED_AT_MOST = 8
 
 
 def _kind_literal(node: ast.AST) -> bool:

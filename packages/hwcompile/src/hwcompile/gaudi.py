@@ -25,9 +25,9 @@ logger = logging.getLogger(__name__)
 #: Importing this registers `hpu_backend`: its `__init__` imports
 #: `habana_frameworks.torch.dynamo.compile_backend.backends` (gaudi-pytorch-bridge,
 #: python_packages/habana_frameworks/torch/core/__init__.py), whose `@register_backend` does it.
-PLUGIN_CORE_MODULE = "habana_frameworks.torch.core"
-PLUGIN_BACKENDS_MODULE = "habana_frameworks.torch.dynamo.compile_backend.backends"
-PLUGIN_CONFIG_MODULE = "habana_frameworks.torch.dynamo.compile_backend.config"
+PLUGIN_CORE_MODULE = "habana_frameworks.torch.core"  # platform-boundary: importing it registers hpu_backend (G13)
+PLUGIN_BACKENDS_MODULE = "habana_frameworks.torch.dynamo.compile_backend.backends"  # platform-boundary: hpu_backend's home
+PLUGIN_CONFIG_MODULE = "habana_frameworks.torch.dynamo.compile_backend.config"  # platform-boundary: hpu_backend's options
 #: Per platform compile backend: the modules whose import registers it (in order).
 BACKEND_MODULES: dict[str, tuple[str, ...]] = {HPU_BACKEND: (PLUGIN_CORE_MODULE, PLUGIN_BACKENDS_MODULE)}
 

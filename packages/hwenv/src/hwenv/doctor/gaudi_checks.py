@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from .. import gaudi
 from ..accelerator import Accelerator
 from ..errors import HwenvError
+from ..platforms import get_platform
 from ..probes import ProbeResult
 from ..versions import GAUDI_MIN_ACCELERATE, accelerate_sees_gaudi, format_version, library_versions
 from .common import Checks, Problem
@@ -21,7 +22,8 @@ from .common import Checks, Problem
 def _plugin_importable() -> bool:
     """Whether `habana_frameworks` can be imported (found without importing it)."""
     try:
-        return importlib.util.find_spec("habana_frameworks") is not None
+        top = (get_platform("hpu").plugin_module or "").split(".")[0]
+        return bool(top) and importlib.util.find_spec(top) is not None
     except (ImportError, ValueError):
         return False
 
@@ -139,7 +141,7 @@ def gaudi_checks(acc: Accelerator | None, probes: Mapping[str, ProbeResult], env
     hpu = probes["hpu"]
     plugin_present = _plugin_importable()
     problems += accelerate_gate(plugin_present)
-    if acc is not None and acc.kind == "hpu":
+    if acc is not None and acc.platform.lazy_mode_variable:  # a Gaudi: the platform with a lazy mode
         mode, found, said = mode_findings(env)
         problems += found
         notes += said
