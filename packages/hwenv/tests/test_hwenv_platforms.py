@@ -258,3 +258,9 @@ def test_rocm_current_selection_reads_hip_before_cuda():
 def test_a_kind_without_selection_names_the_selectable_kinds():
     with pytest.raises(hwenv.SelectionError, match=r"mps has no device selection.*--kind hpu\|xpu\|rocm\|cuda"):
         hwenv.select("mps", "0")
+
+
+def test_every_public_name_resolves_lazily():
+    missing = [name for name in hwenv.__all__ if name != "__version__" and getattr(hwenv, name, None) is None]
+    assert not missing
+    assert callable(hwenv.platforms) and hwenv.platforms.get_platform is get_platform  # package and call

@@ -26,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     "diagnose": "doctor",
     # errors
     "AffinityMaskError": "errors",
+    "DeviceHierarchyError": "errors",
     "DeviceOverrideError": "errors",
     "GaudiGroupError": "errors",
     "GaudiModulePinError": "errors",
@@ -37,6 +38,10 @@ _EXPORTS: dict[str, str] = {
     "SelectionError": "errors",
     # gaudi
     "GAUDI_GENERATIONS": "gaudi",
+    "GaudiMode": "gaudi",
+    "execution_mode": "gaudi",
+    "int64_status": "gaudi",
+    "modules_for_processes": "gaudi",
     "GaudiGeneration": "gaudi",
     "generation_of": "gaudi",
     "HlSmiRow": "gaudi",
@@ -46,6 +51,10 @@ _EXPORTS: dict[str, str] = {
     "module_to_index": "gaudi",
     "parse_hl_smi_csv": "gaudi",
     "read_hl_smi": "gaudi",
+    # hierarchy (Level Zero, ZE_FLAT_DEVICE_HIERARCHY)
+    "DeviceHierarchy": "hierarchy",
+    "parse_hierarchy": "hierarchy",
+    "read_hierarchy": "hierarchy",
     # platforms
     "Platform": "platforms",
     "get_platform": "platforms",
