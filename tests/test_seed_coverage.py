@@ -36,3 +36,9 @@ def test_every_example_names_its_facts():
 def test_gap_detection_can_fail(monkeypatch):
     monkeypatch.setattr(seed_coverage, "test_markers", lambda: {fact: [] for fact in seed_coverage.FACTS})
     assert "X4" in seed_coverage.gaps()
+
+
+def test_every_fact_says_what_it_is_checked_against():
+    assert set(seed_coverage.CHECKED_AGAINST) == set(seed_coverage.FACTS)
+    assert all(text.split(":")[0] in ("real", "source", "fake only", "nothing to check")
+               for text in seed_coverage.CHECKED_AGAINST.values())

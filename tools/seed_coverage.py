@@ -69,6 +69,47 @@ NOT_TESTABLE_HERE: dict[str, str] = {
     "G17": "Optimum for Intel Gaudi is a separate project hwstack does not wrap; nothing to check",
 }
 
+#: What each fact is held to: a real run (CPU here, or the H200 by tests/gpu), a real source read
+#: by a test (installed torch/transformers/accelerate, the gaudi bridge manifest, the Level Zero
+#: spec's tables), or only a fake of hwenv.testing. docs/intel-fidelity.md has the Intel rows.
+CHECKED_AGAINST: dict[str, str] = {
+    "X1": "real: this CPU build of torch (no XPU backend) is reported; an XPU itself only through fake_xpu",
+    "X2": "fake only: an xpu-smi on PATH and an Intel render node are faked",
+    "X3": "source: fake_xpu's functions run torch/xpu's own Python (drift test); counts vs the Level Zero spec",
+    "X4": "source: Level Zero spec mask grammar and FLAT/COMPOSITE tables; real: the child environment of hwenv exec / hwdist launch",
+    "X5": "source: Level Zero spec (the mask never reorders enumeration); real enumeration needs Intel GPUs",
+    "X6": "real: SDPA with enable_gqa against eager on CPU tensors; source: Transformers' use_gqa_in_sdpa rule",
+    "X7": "source: the installed Transformers' hub-kernel table; the kernel download itself is not made",
+    "X8": "source: the installed Transformers' FA3/FA4 checks; real: sm90 on the H200",
+    "X9": "real: plans from safetensors headers; device memory only from fake_xpu",
+    "X10": "real: generation on CPU and on the H200 (tests/gpu)",
+    "X11": "real: continuous batching on CPU and hwrun's slot decoder on the H200; XPU graphs only on fakes",
+    "X12": "source: the installed Transformers' KernelConfig and default mapping; kernels are not downloaded",
+    "X13": "source: the installed Transformers' KernelConfig; kernels are not downloaded",
+    "X14": "source: bitsandbytes 0.50's registered backends; real: 4-bit on CPU",
+    "X15": "real: QLoRA on CPU (and on the H200 in the train benchmark)",
+    "X16": "source: the installed Transformers/Accelerate device chain run against fake_xpu (torch.accelerator faked)",
+    "X17": "source: torch's is_bf16_supported body run on fake_xpu: True on every available XPU, so Transformers accepts emulated bf16",
+    "X18": "source: XCCL in release XPU wheels from torch 2.8; real: gloo on CPU, NCCL on the H200; xccl only on fakes",
+    "G1": "fake only: held to the public bridge 1.19's names and signatures by a manifest drift test",
+    "G2": "source: the bridge's PT_HPU_LAZY_MODE parsing and default by version; execution only on fake_gaudi",
+    "G3": "source: Transformers' Accelerate gate run against fake_gaudi",
+    "G4": "source: the bridge's env_flags.yaml (int64 only in eager mode, Gaudi2+)",
+    "G5": "source: Transformers' is_torch_hpu_available run against fake_gaudi with Accelerate versions overridden",
+    "G6": "source: Intel's Gaudi docs; hl-smi only faked",
+    "G7": "source: Intel's sample CSV; hl-smi only faked",
+    "G8": "source: Intel's partial-server group table and single-card instructions",
+    "G9": "real: plans on CPU; a Gaudi only through fake_gaudi",
+    "G10": "source: the Gaudi generation table; bitsandbytes on Gaudi only through fakes",
+    "G11": "real: QLoRA on CPU; Gaudi only through fakes",
+    "G12": "source: Transformers' TrainingArguments device chain run against fake_gaudi",
+    "G13": "source: Transformers' real hpu_backend_compile wrapper run against fake_gaudi, in both orders with hwcompile",
+    "G14": "source: TrainingArguments' hpu_backend default run against fake_gaudi",
+    "G15": "source: the bridge's hccl registration module; collectives only through fakes",
+    "G16": "real: torchrun launches with gloo on CPU; Gaudi counts from fake_gaudi",
+    "G17": "nothing to check",
+}
+
 MARKER = re.compile(r"^\s*#\s*Facts:\s*(.+)$", re.MULTILINE)
 
 
@@ -127,8 +168,11 @@ def render() -> str:
         "`@pytest.mark.facts(...)` markers in the tests and the `# Facts:` line of each example;",
         "`tests/test_seed_coverage.py` fails when this file is stale or a fact has no test and no stated reason.",
         "",
-        "| fact | API | examples | tests | without the hardware |",
-        "|---|---|---|---|---|",
+        "The column *checked against* says whether a fact is held to a real run, a real source (read by a",
+        "test), or only to a fake; `docs/intel-fidelity.md` lists every real Intel behaviour with its test.",
+        "",
+        "| fact | API | examples | tests | checked against | without the hardware |",
+        "|---|---|---|---|---|---|",
     ]
     for fact in FACTS:
         api = ", ".join(f"`{name}`" for name in API[fact]) or "—"
@@ -140,7 +184,7 @@ def render() -> str:
             test_cell = "none: see the last column" if fact in NOT_TESTABLE_HERE else "**gap**"
         if len(covered) > 4:
             test_cell += f" (+{len(covered) - 4} more)"
-        lines.append(f"| {fact} | {api} | {ex} | {test_cell} | {NOT_TESTABLE_HERE.get(fact, '')} |")
+        lines.append(f"| {fact} | {api} | {ex} | {test_cell} | {CHECKED_AGAINST[fact]} | {NOT_TESTABLE_HERE.get(fact, '')} |")
     missing = gaps()
     lines += ["", f"Gaps (no test, no stated reason): {', '.join(missing) if missing else 'none'}.", ""]
     return "\n".join(lines)
