@@ -194,3 +194,12 @@ def test_eager_on_gaudi_needs_no_hpu_backend(dynamo_gaudi, caplog):
     x = torch.randn(3)
     torch.testing.assert_close(hwcompile.compile(_f, "eager", accel=GAUDI)(x), _f(x))
     assert routing_warnings(caplog.records) == []
+
+
+def test_hpu_backend_options_are_the_bridge_1_19_config_keys():
+    """gaudi-pytorch-bridge 1.19.0 (5a56187), compile_backend/config.py: 18 settings, no `verbose`."""
+    from hwcompile.gaudi import HPU_BACKEND_OPTIONS
+
+    assert len(HPU_BACKEND_OPTIONS) == 18 and "verbose" not in HPU_BACKEND_OPTIONS
+    assert {"use_inplace_index_copy", "enable_sfg", "use_cpp_partitioner", "force_static_compile",
+            "use_boxed_input", "reassign_copy_"} <= HPU_BACKEND_OPTIONS

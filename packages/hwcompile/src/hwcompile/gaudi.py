@@ -32,13 +32,15 @@ PLUGIN_CONFIG_MODULE = "habana_frameworks.torch.dynamo.compile_backend.config"  
 BACKEND_MODULES: dict[str, tuple[str, ...]] = {HPU_BACKEND: (PLUGIN_CORE_MODULE, PLUGIN_BACKENDS_MODULE)}
 
 #: The keys `hpu_backend` accepts in `options` (it applies them with `hpu_backend_config.patch`,
-#: which rejects unknown keys). Read from gaudi-pytorch-bridge's
-#: habana_frameworks/torch/dynamo/compile_backend/config.py; when the real plugin is loaded its
-#: config module's own key list is used instead (see `hpu_backend_options`).
+#: which rejects unknown keys): the 18 module-level settings of gaudi-pytorch-bridge 1.19.0
+#: (commit 5a56187 "Publish 1.19.0"), python_packages/habana_frameworks/torch/dynamo/compile_backend/
+#: config.py. 1.19 has no `verbose` (older bridges had it). When the real plugin is loaded its config
+#: module's own key list is used instead (see `hpu_backend_options`).
 HPU_BACKEND_OPTIONS = frozenset({
-    "use_compiled_recipes", "decomposition_mode", "verbose", "keep_input_mutations", "use_eager_fallback",
+    "use_compiled_recipes", "decomposition_mode", "keep_input_mutations", "use_eager_fallback",
     "use_graph_freezing", "discard_frozen_params", "remove_unnecessary_clones", "use_inplace_allreduce",
-    "inference",
+    "use_inplace_index_copy", "inference", "enable_sfg", "use_cpp_partitioner", "enable_allreduce_graph_split",
+    "force_static_compile", "reinplace_add", "reassign_full_copy", "reassign_copy_", "use_boxed_input",
 })
 #: Options torch.compile itself consumes for every backend (popped before the backend sees them).
 DYNAMO_OPTIONS = frozenset({"guard_filter_fn"})
