@@ -9,8 +9,11 @@ import peft  # noqa: F401  (imported before any fake: bitsandbytes builds tensor
 import pytest
 import transformers.trainer  # noqa: F401
 from hwrun.training import (
+    ALL_LINEAR,
     TrainingConfigError,
-    target_modules_for,
+    lora_config,
+    lora_targets,
+    peft_target_mapping,
     training_arguments,
     training_keywords,
 )
@@ -106,20 +109,58 @@ def test_overrides_win_and_pass_through(model_dir, tmp_path):
         training_keywords(plan, tmp_path, bf16=True, fp16=True)
 
 
+def test_lora_default_targets_are_peft_mapping_itself():
+    from peft.utils import constants
+
+    assert peft_target_mapping() is constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+
+
 @pytest.mark.parametrize(("model_type", "expected"), [
-    ("llama", ("q_proj", "k_proj", "v_proj", "o_proj")),
-    ("mistral", ("q_proj", "k_proj", "v_proj", "o_proj")),
-    ("qwen2", ("q_proj", "k_proj", "v_proj", "o_proj")),
-    ("phi3", ("qkv_proj", "o_proj")),
-    ("gpt2", ("c_attn", "c_proj")),
+    ("llama", ("q_proj", "v_proj")),  # peft 0.21's rows (PEFT's choice, not the q/k/v/o recipe)
+    ("qwen2", ("q_proj", "v_proj")),
+    ("gemma2", ("q_proj", "v_proj")),
+    ("gpt2", ("c_attn",)),
+    ("gpt_neox", ("query_key_value",)),
+    ("falcon", ("query_key_value",)),
+    ("t5", ("q", "v")),
 ])
-def test_lora_targets_per_architecture(model_type, expected):
-    modules, reason = target_modules_for(model_type)
-    assert modules == expected and model_type in reason
+def test_lora_targets_from_peft_mapping(model_type, expected):
+    targets = lora_targets(model_type)
+    assert targets.modules == expected and targets.source == "peft"
+    assert targets.reason == f"peft's mapping for {model_type}: {', '.join(expected)}"
+    assert targets.for_peft() == list(expected)
 
 
-def test_lora_targets_override_peft_default_and_unknown():
-    assert target_modules_for("llama", ["gate_proj"])[0] == ("gate_proj",)
-    assert target_modules_for("t5")[0] == ("q", "v")  # from PEFT's own table
-    with pytest.raises(TrainingConfigError, match="model_type='madeup'.*target_modules"):
-        target_modules_for("madeup")
+@pytest.mark.parametrize("model_type", ["phi3", "olmo2", "qwen3_moe", "madeup", ""])
+def test_lora_targets_all_linear_for_types_peft_does_not_map(model_type):
+    assert model_type not in peft_target_mapping()
+    targets = lora_targets(model_type)
+    assert targets.modules == ALL_LINEAR == targets.for_peft() and targets.source == "all-linear"
+    assert targets.reason.startswith("all-linear: PEFT's every linear layer but the output head")
+
+
+def test_lora_targets_given_win_and_all_linear_can_be_given():
+    assert lora_targets("llama", ["gate_proj", " up_proj "]).modules == ("gate_proj", "up_proj")
+    assert lora_targets("llama", ["gate_proj"]).source == "given"
+    assert lora_targets("llama", ("All-Linear",)).for_peft() == ALL_LINEAR
+    with pytest.raises(TrainingConfigError, match=r"target_modules=\(' ',\) names no module"):
+        lora_targets("llama", [" "])
+
+
+def test_lora_settings_refuse_empty_targets_and_missing_peft_mapping(monkeypatch):
+    from hwrun.training import LoraSettings
+    from peft.utils import constants
+
+    with pytest.raises(TrainingConfigError, match="names no module"):
+        LoraSettings(target_modules=())
+    monkeypatch.delattr(constants, "TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING")
+    with pytest.raises(TrainingConfigError, match="has no peft.utils.constants.TRANSFORMERS_MODELS_TO_LORA"):
+        lora_targets("llama")
+    assert lora_targets("llama", ["q_proj"]).modules == ("q_proj",)  # given targets need no mapping
+
+
+def test_lora_config_passes_peft_the_choice():
+    from types import SimpleNamespace
+
+    assert set(lora_config(SimpleNamespace(model_type="llama")).target_modules) == {"q_proj", "v_proj"}
+    assert lora_config(SimpleNamespace(model_type="phi3")).target_modules == ALL_LINEAR

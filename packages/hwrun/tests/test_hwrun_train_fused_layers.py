@@ -178,3 +178,32 @@ def test_sharded_and_4bit_runs_keep_projections_separate(args, qlora, reason):
 
     assert reason in _fusion_blocker(args, qlora)
     assert _fusion_blocker(SimpleNamespace(fsdp=[], deepspeed=None), False) is None
+
+
+def test_peft_default_targets_q_and_v_fuse_with_a_plain_k():
+    """PEFT's mapping for llama adapts q_proj/v_proj only: k has no LoRA; q/k/v still fuse and
+    give the unfused loss and LoRA gradients."""
+    from hwrun.training.lora import peft_target_mapping
+
+    targets = list(peft_target_mapping()["llama"])
+    assert "k_proj" not in targets  # the case this test is about
+    reference = lora_model(targets)
+    ours = copy.deepcopy(reference)
+    patch = apply_fused_projections(ours)
+    assert patch.applied and patch.reason == "one matmul for q/k/v in 2 layers and gate/up in 2 layers"
+    attention = ours.get_base_model().model.layers[0].self_attn
+    assert len(storages_mixed(attention)) == 1
+    loss, grads = loss_and_grads(ours, IDS)
+    ref_loss, ref_grads = loss_and_grads(reference, IDS)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
+    assert grads.keys() == ref_grads.keys() and len(grads) == 2 * 2 * len(targets)
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-5, atol=1e-6)
+    patch.undo()
+    assert len(storages_mixed(attention)) == 3 and "forward" not in vars(attention)
+
+
+def storages_mixed(attention):
+    def base(module):
+        return getattr(module, "base_layer", module)
+    return {base(getattr(attention, n)).weight.untyped_storage().data_ptr() for n in ("q_proj", "k_proj", "v_proj")}

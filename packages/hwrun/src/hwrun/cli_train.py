@@ -26,7 +26,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--merge", action="store_true", help="save LoRA merged into the base weights")
     p.add_argument("--lora-r", type=int, default=None, help="LoRA rank (default 16; needs --lora or --qlora)")
     p.add_argument("--lora-alpha", type=int, default=None, help="LoRA alpha (default 32; needs --lora or --qlora)")
-    p.add_argument("--lora-targets", default=None, help="comma-separated module names (default: per architecture)")
+    p.add_argument("--lora-targets", default=None,
+                   help="comma-separated module names, or all-linear (default: PEFT's mapping for the "
+                        "architecture, else all-linear)")
     p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps (default: --epochs over the data)")
     p.add_argument("--epochs", type=float, default=1.0, help="passes over the data when --max-steps is not given")
     p.add_argument("--lr", type=float, default=2e-4, help="learning rate (default 2e-4)")

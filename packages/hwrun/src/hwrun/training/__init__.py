@@ -14,19 +14,21 @@ from .errors import (
 )
 from .fused_loss import apply_fused_loss, linear_cross_entropy, prepare_linear_cross_entropy
 from .fused_projections import apply_fused_projections
-from .lora import TARGET_MODULES, LoraSettings, lora_config, target_modules_for
+from .lora import ALL_LINEAR, LoraSettings, LoraTargets, lora_config, lora_targets, peft_target_mapping
 from .patches import ModelPatch
 from .rope_table import apply_rope_table
 from .run import TrainResult, train, train_plan
 from .swiglu import prepare_swiglu, swiglu
 
 __all__ = [
-    "CheckpointError", "LoraSettings", "ModelPatch", "PackedDataset", "QLoRAUnsupportedError", "TARGET_MODULES",
+    "ALL_LINEAR", "CheckpointError", "LoraSettings", "LoraTargets", "ModelPatch", "PackedDataset",
+    "QLoRAUnsupportedError",
     "TrainResult", "TrainingConfigError", "TrainingDataError", "TrainingError", "apply_fused_loss",
     "apply_fused_projections", "apply_rope_table",
     "build_dataset", "check_checkpoint", "is_adapter_folder", "latest_complete_checkpoint",
-    "linear_cross_entropy", "load_adapter_model", "lora_config", "pack_token_ids", "prepare_linear_cross_entropy",
+    "linear_cross_entropy", "load_adapter_model", "lora_config", "lora_targets", "pack_token_ids", "peft_target_mapping",
+    "prepare_linear_cross_entropy",
     "prepare_swiglu", "read_documents", "resolve_resume", "save_adapter", "save_merged", "swiglu",
-    "target_modules_for", "train", "training_arguments",
+    "train", "training_arguments",
     "training_keywords", "train_plan",
 ]

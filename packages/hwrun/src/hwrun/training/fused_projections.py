@@ -76,13 +76,12 @@ def _base(module: Any) -> Any:
 
 
 class _FusedGroup:
-    """Projections `modules` (plain frozen Linear, or all PEFT lora.Linear on frozen Linear) of the
-    same input, computed with one base matmul and one LoRA A matmul."""
+    """Projections `modules` (each a plain frozen Linear or a PEFT lora.Linear on one) of the same
+    input, computed with one base matmul and one LoRA A matmul over the projections that have LoRA
+    (PEFT's default for Llama adapts q and v, not k)."""
 
     def __init__(self, modules: Sequence[Any]) -> None:
         lora = [_lora_linear(m) for m in modules]
-        if any(lora) and not all(lora):
-            raise _Unfusable("some of the projections have LoRA and some do not")
         bases = [_base(m) for m in modules]  # without LoRA, the projections themselves
         if not all(_plain_linear(b) for b in bases):
             raise _Unfusable("a projection's base layer is not a torch.nn.Linear (quantized or custom)")
@@ -95,9 +94,10 @@ class _FusedGroup:
             raise _Unfusable("some base layers have a bias and some do not")
         self.modules = list(modules)
         self.bases = bases
-        self.lora = all(lora)
-        self.adapters = [_adapter(m) for m in modules] if self.lora else []
-        if self.lora and len({m.lora_A[n].weight.dtype for m, n in zip(modules, self.adapters, strict=True)}) != 1:
+        self.lora = any(lora)
+        # (position in the group, module, adapter name) of the projections with LoRA
+        self.adapted = [(i, m, _adapter(m)) for i, m in enumerate(modules) if lora[i]]
+        if len({m.lora_A[n].weight.dtype for _, m, n in self.adapted}) > 1:
             raise _Unfusable("the LoRA A matrices differ in dtype")
         self.sizes = [w.shape[0] for w in weights]
         self.swiglu_kernel = "auto"  # for gate/up: the `swiglu` backward ('auto', 'triton', 'torch')
@@ -144,13 +144,14 @@ class _FusedGroup:
         outputs = list(base.split(self.sizes, dim=-1))
         if not self.lora:
             return outputs
-        first, name = self.modules[0], self.adapters[0]
+        _, first, name = self.adapted[0]
         lora_x = first._cast_input_dtype(x, first.lora_A[name].weight.dtype)
-        a = torch.cat([m.lora_A[n].weight for m, n in zip(self.modules, self.adapters, strict=True)])
-        ranks = [m.lora_A[n].weight.shape[0] for m, n in zip(self.modules, self.adapters, strict=True)]
+        a = torch.cat([m.lora_A[n].weight for _, m, n in self.adapted])
+        ranks = [m.lora_A[n].weight.shape[0] for _, m, n in self.adapted]
         hidden = F.linear(lora_x, a).split(ranks, dim=-1)
-        return [(out + F.linear(h, m.lora_B[n].weight) * m.scaling[n]).to(out.dtype)
-                for out, h, m, n in zip(outputs, hidden, self.modules, self.adapters, strict=True)]
+        for (i, m, n), h in zip(self.adapted, hidden, strict=True):
+            outputs[i] = (outputs[i] + F.linear(h, m.lora_B[n].weight) * m.scaling[n]).to(outputs[i].dtype)
+        return outputs
 
 
 def _attention_forward(self, hidden_states, position_embeddings=None, attention_mask=None,

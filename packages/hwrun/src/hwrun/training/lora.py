@@ -1,4 +1,9 @@
-"""Which modules LoRA adapts, per architecture, and the PEFT `LoraConfig` built from that choice."""
+"""Which modules LoRA adapts, and the PEFT `LoraConfig` built from that choice.
+
+The targets are PEFT's, not a table of ours: PEFT's own per-architecture mapping where it has a
+row for the model type, else `target_modules="all-linear"` (PEFT's shorthand for every linear
+layer but the output head). An explicit list always wins.
+"""
 
 from __future__ import annotations
 
@@ -11,33 +16,18 @@ from .errors import TrainingConfigError
 
 logger = logging.getLogger(__name__)
 
-_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+#: PEFT's name for its per-architecture LoRA target table (peft.utils.constants, 0.21 and later).
+PEFT_MAPPING = "TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING"
+#: PEFT's shorthand for "every linear layer except the output head" (peft.utils.constants).
+ALL_LINEAR = "all-linear"
 
-# All four attention projections (the common recipe, and what the benchmark uses); PEFT's own
-# default is only q_proj/v_proj, which adapts less and learns slower for the same cost class.
-TARGET_MODULES: dict[str, tuple[str, ...]] = {
-    "llama": _ATTENTION,
-    "mistral": _ATTENTION,
-    "mixtral": _ATTENTION,
-    "qwen2": _ATTENTION,
-    "qwen3": _ATTENTION,
-    "qwen2_moe": _ATTENTION,
-    "gemma": _ATTENTION,
-    "gemma2": _ATTENTION,
-    "gemma3_text": _ATTENTION,
-    "phi3": ("qkv_proj", "o_proj"),
-    "phi": ("q_proj", "k_proj", "v_proj", "dense"),
-    "gpt2": ("c_attn", "c_proj"),
-    "gpt_neox": ("query_key_value", "dense"),
-    "falcon": ("query_key_value", "dense"),
-    "bloom": ("query_key_value", "dense"),
-    "opt": ("q_proj", "k_proj", "v_proj", "out_proj"),
-}
+#: Where a target choice came from: `LoraTargets.source`.
+GIVEN, PEFT, ALL_LINEAR_SOURCE = "given", "peft", "all-linear"
 
 
 @dataclass(frozen=True)
 class LoraSettings:
-    """LoRA hyper-parameters; `target_modules=None` means "choose by architecture"."""
+    """LoRA hyper-parameters; `target_modules=None` means "PEFT's choice for the architecture"."""
 
     r: int = 16
     alpha: int = 32
@@ -50,44 +40,82 @@ class LoraSettings:
             raise TrainingConfigError(f"LoRA r={self.r} is invalid; the rank must be >= 1. Fix: use e.g. r=16.")
         if not 0.0 <= self.dropout < 1.0:
             raise TrainingConfigError(f"LoRA dropout={self.dropout} is invalid; it must be in [0, 1).")
+        if self.target_modules is not None:
+            _target_names(self.target_modules)  # an empty list is refused before anything loads
 
 
-def target_modules_for(model_type: str, override: Sequence[str] | None = None) -> tuple[tuple[str, ...], str]:
-    """Return (module names, reason) for LoRA on `model_type`; `override` wins when given."""
-    if override:
-        return tuple(override), "target modules given explicitly"
-    if model_type in TARGET_MODULES:
-        return TARGET_MODULES[model_type], f"{model_type}: the attention projections"
-    try:
-        from peft.utils.constants import (
-            TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as peft_map,
+@dataclass(frozen=True)
+class LoraTargets:
+    """The modules LoRA adapts: names, or PEFT's `"all-linear"`; `source` is given / peft / all-linear."""
+
+    modules: tuple[str, ...] | str
+    source: str
+    reason: str
+
+    def for_peft(self) -> list[str] | str:
+        """The `LoraConfig(target_modules=...)` value: a list of names, or the `"all-linear"` string."""
+        return self.modules if isinstance(self.modules, str) else list(self.modules)
+
+
+def _target_names(override: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(override, str):
+        override = (override,)
+    names = tuple(str(name).strip() for name in override if str(name).strip())
+    if not names:
+        raise TrainingConfigError(
+            f"LoRA target_modules={tuple(override)!r} names no module. Fix: pass names such as "
+            "('q_proj', 'v_proj'), ('all-linear',), or None for PEFT's choice for the architecture."
         )
-    except ImportError:  # pragma: no cover - peft is a dependency
-        peft_map = {}
-    if model_type in peft_map:
-        modules = tuple(peft_map[model_type])
-        logger.info("LoRA targets for %s come from PEFT's defaults: %s", model_type, modules)
-        return modules, f"{model_type}: PEFT's default target modules"
-    raise TrainingConfigError(
-        f"No LoRA target modules are known for model_type={model_type!r}; hwrun knows "
-        f"{', '.join(sorted(TARGET_MODULES))}. Fix: pass them, e.g. "
-        "LoraSettings(target_modules=('q_proj', 'v_proj')) or --lora-targets q_proj,v_proj."
-    )
+    return names
 
 
-def lora_config(model_config: Any, settings: LoraSettings | None = None):
-    """Build a PEFT `LoraConfig` (task CAUSAL_LM) for a model with this `model_config`."""
+def peft_target_mapping() -> Mapping[str, Sequence[str]]:
+    """PEFT's own model_type -> LoRA target modules table, read from the installed peft."""
+    from peft.utils import constants
+
+    mapping = getattr(constants, PEFT_MAPPING, None)
+    if not isinstance(mapping, Mapping):
+        import peft
+
+        raise TrainingConfigError(
+            f"peft {peft.__version__} has no peft.utils.constants.{PEFT_MAPPING}, the per-architecture LoRA "
+            "targets hwrun defaults to. Fix: install a peft hwrun supports (pyproject), or pass the targets "
+            "yourself: LoraSettings(target_modules=('q_proj', 'v_proj')) or --lora-targets q_proj,v_proj."
+        )
+    return mapping
+
+
+def lora_targets(model_type: str, override: Sequence[str] | None = None) -> LoraTargets:
+    """The LoRA targets for `model_type`: `override` when given (`("all-linear",)` is PEFT's shorthand),
+    else PEFT's mapping for the model type, else `"all-linear"`."""
+    if override is not None:
+        names = _target_names(override)
+        if len(names) == 1 and names[0].lower() == ALL_LINEAR:
+            return LoraTargets(ALL_LINEAR, GIVEN, "given: all-linear (PEFT's every linear layer but the output head)")
+        return LoraTargets(names, GIVEN, f"given: {', '.join(names)}")
+    mapping = peft_target_mapping()
+    if model_type in mapping:
+        modules = tuple(mapping[model_type])
+        return LoraTargets(modules, PEFT, f"peft's mapping for {model_type}: {', '.join(modules)}")
+    return LoraTargets(ALL_LINEAR, ALL_LINEAR_SOURCE,
+                       f"all-linear: PEFT's every linear layer but the output head ({model_type or 'this model type'} "
+                       "has no row in peft's mapping)")
+
+
+def lora_config(model_config: Any, settings: LoraSettings | None = None, targets: LoraTargets | None = None):
+    """Build a PEFT `LoraConfig` (task CAUSAL_LM) for a model with this `model_config`; `targets` as
+    `lora_targets` chose them (chosen here from the config and `settings` when not given)."""
     from peft import LoraConfig
 
     settings = settings or LoraSettings()
-    model_type = getattr(model_config, "model_type", "")
-    modules, reason = target_modules_for(model_type, settings.target_modules)
-    logger.info("LoRA r=%d on %s (%s)", settings.r, ",".join(modules), reason)
+    if targets is None:
+        targets = lora_targets(getattr(model_config, "model_type", "") or "", settings.target_modules)
+    logger.info("LoRA r=%d: %s", settings.r, targets.reason)
     return LoraConfig(
         r=settings.r,
         lora_alpha=settings.alpha,
         lora_dropout=settings.dropout,
-        target_modules=list(modules),
+        target_modules=targets.for_peft(),
         task_type="CAUSAL_LM",
         **dict(settings.extra),
     )

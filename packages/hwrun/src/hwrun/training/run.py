@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .checkpoints import resolve_resume, schedule_change
 from .errors import QLoRAUnsupportedError, TrainingConfigError
-from .lora import LoraSettings, lora_config
+from .lora import LoraSettings, lora_config, lora_targets
 from .patches import ModelPatch
 
 if TYPE_CHECKING:
@@ -288,8 +288,11 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
         from transformers import set_seed
 
         set_seed(seed)  # LoRA A matrices are random: same seed, same adapter init, same run
-        model = get_peft_model(model, lora_config(model.config, settings))
-        reasons["lora"] = f"r={settings.r} on {','.join(sorted(model.peft_config['default'].target_modules))}"
+        targets = lora_targets(getattr(model.config, "model_type", "") or "", settings.target_modules)
+        model = get_peft_model(model, lora_config(model.config, settings, targets))
+        # PEFT resolves "all-linear" to the module names it found; list what it adapted, then why
+        chosen = ",".join(sorted(model.peft_config["default"].target_modules))
+        reasons["lora"] = f"r={settings.r} on {chosen} ({targets.reason})"
         if fused_projections:
             why_not = _fusion_blocker(args, qlora)
             layer_patches.append(apply_fused_projections(model, swiglu_kernel) if why_not is None else ModelPatch(False, why_not))
