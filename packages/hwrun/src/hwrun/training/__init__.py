@@ -14,7 +14,14 @@ from .errors import (
 )
 from .fused_loss import apply_fused_loss, linear_cross_entropy, prepare_linear_cross_entropy
 from .fused_projections import apply_fused_projections
-from .lora import ALL_LINEAR, LoraSettings, LoraTargets, lora_config, lora_targets, peft_target_mapping
+from .lora import (
+    ALL_LINEAR,
+    LoraSettings,
+    LoraTargets,
+    lora_config,
+    lora_targets,
+    peft_target_mapping,
+)
 from .patches import ModelPatch
 from .rope_table import apply_rope_table
 from .run import TrainResult, train, train_plan
