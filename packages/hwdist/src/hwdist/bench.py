@@ -25,6 +25,8 @@ from .sizes import format_size
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64",
           "int32": "int32", "int64": "int64"}
+#: Bytes per element of each dtype (known without torch, for the memory check before anything is allocated).
+ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "int32": 4, "int64": 8}
 
 
 def bus_factor(op: str, world_size: int) -> float:
@@ -76,6 +78,71 @@ class BenchResult:
         data = asdict(self)
         data["rows"] = [asdict(r) for r in self.rows]
         return data
+
+
+def peak_bytes(op: str, size: int, dtype: str) -> int:
+    """About the most memory one rank holds for `op` at nominal size `size` (bytes): its buffers plus
+    the correctness check's temporaries (reduce_scatter's check builds an int64 index of every element)."""
+    element = ELEMENT_BYTES[dtype]
+    if op == "reduce_scatter":
+        return size * 3 + (size // element) * 8
+    if op == "all_gather":
+        return size * 3
+    return size * 2
+
+
+def check_memory(ops: Sequence[str], sizes: Sequence[int], dtype: str, available: int | None, where: str,
+                 ranks_sharing: int = 1, label: str | None = None) -> None:
+    """Refuse sizes whose buffers cannot fit in `available` bytes (shared by `ranks_sharing` ranks), before allocating.
+
+    `available` None (unknown) checks nothing; allocation failures are still turned into `BenchError`.
+    """
+    if available is None or not sizes:
+        return
+    largest = max(sizes)
+    need = max(peak_bytes(op, largest, dtype) for op in ops) * max(ranks_sharing, 1)
+    if need > available:
+        shared = f" x {ranks_sharing} ranks" if ranks_sharing > 1 else ""
+        raise BenchError(
+            f"--sizes {label or format_size(largest)!r} reaches {format_size(largest)}, which needs about {format_size(need)} ({dtype}{shared}, buffers and "
+            f"the result check), but {where} has {format_size(available)} available; pass smaller --sizes, "
+            f"e.g. 8B..{format_size(_largest_fitting(ops, dtype, available // max(ranks_sharing, 1))).replace(' ', '')}."
+        )
+
+
+def _largest_fitting(ops: Sequence[str], dtype: str, budget: int) -> int:
+    size = 8
+    while max(peak_bytes(op, size * 2, dtype) for op in ops) <= budget:
+        size *= 2
+    return size
+
+
+def host_available_memory(meminfo: str = "/proc/meminfo") -> int | None:
+    """Bytes of host memory available now (Linux `MemAvailable`), else None."""
+    try:
+        with open(meminfo) as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def available_memory(ctx: DistContext) -> tuple[int | None, str]:
+    """(bytes free where the buffers live, a description): the device's free memory, else the host's."""
+    if ctx.on_accelerator:
+        from hwenv.platforms import runtime
+
+        index = int(ctx.device.partition(":")[2] or 0)
+        info = runtime.mem_get_info(ctx.platform, index)
+        return (info[0] if info else None), ctx.device
+    return host_available_memory(), "host memory"
+
+
+def _allocation_failure(error: BaseException) -> bool:
+    text = str(error).lower()
+    return isinstance(error, MemoryError) or "out of memory" in text or "allocate" in text
 
 
 def _torch_dtype(name: str) -> Any:
@@ -226,7 +293,13 @@ def run_bench(ops: Sequence[str], sizes: Sequence[int], dtype: str = "fp32", *, 
     try:
         for op in ops:
             for size in sizes:
-                rows.append(bench_op(op, size, dtype, iters=iters, warmup=warmup, repeats=repeats))
+                try:
+                    rows.append(bench_op(op, size, dtype, iters=iters, warmup=warmup, repeats=repeats))
+                except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
+                    if not _allocation_failure(error):
+                        raise
+                    raise BenchError(f"{op} at size {format_size(size)} ({dtype}) cannot be allocated on "
+                                     f"{ctx.device}: {error}. Pass smaller --sizes.") from error
                 bar.step(f"{op} {format_size(size)}")
     finally:
         bar.close()

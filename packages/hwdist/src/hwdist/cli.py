@@ -1,6 +1,7 @@
 """`hwdist launch | bench`: the command-line face of hwdist.
 
-Errors print one line to stderr and exit 2, never a traceback.
+Every option is checked before anything starts (`hwdist.cli_checks`); errors print one line to
+stderr and exit 2 (`hwenv.cli_errors`), a traceback only with `--verbose`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import json
 import shlex
 import sys
 from collections.abc import Sequence
+
+from hwenv.cli_errors import OneLineParser, add_verbose, run_command
 
 from .errors import HwdistError
 
@@ -43,7 +46,7 @@ def _launch_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--devices", help="device ids in the kind's grammar: XPU affinity mask ('0,2'), Gaudi module IDs, "
                    "CUDA/ROCm indices")
     p.add_argument("--kind", choices=_kinds(), help="device kind, from hwenv's platform registry (default: detected)")
-    p.add_argument("--by", choices=("module", "index"), default="module", help="Gaudi: --devices are module IDs (default) or indices")
+    p.add_argument("--by", choices=("module", "index"), default=None, help="Gaudi only, with --devices: module IDs (default) or indices")
     p.add_argument("--device-count", type=int, help="devices of --kind on each node the command is for: --devices and "
                    "--nproc-per-node are checked against it (default: this machine's, only when --kind is detected)")
     p.add_argument("--dry-run", action="store_true", help="print the command and environment, run nothing")
@@ -55,6 +58,7 @@ def _launch_parser(sub: argparse._SubParsersAction) -> None:
             p.add_argument(*names, dest=_dest(ours), help="passed to torchrun unchanged")
         else:
             p.add_argument(*names, dest=_dest(ours), action="store_true", help="passed to torchrun unchanged")
+    add_verbose(p, top_level=False)
     p.add_argument("script", help="the training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -66,7 +70,7 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
                        description="Run inside torchrun / hwdist launch (or alone: world size 1).")
     p.add_argument("--op", choices=(*OPS, "all"), default="all_reduce")
     p.add_argument("--sizes", help="8B..1G (powers of two) or a list 1K,1M (default 8B..1G on accelerators, 8B..16M on CPU)")
-    p.add_argument("--step-factor", type=int, default=2, help="ratio between sizes in a range (default 2)")
+    p.add_argument("--step-factor", type=int, default=None, help="ratio between sizes in a range (default 2; only with a range)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     p.add_argument("--iters", type=int, default=20, help="timed calls per repeat (default 20)")
     p.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
@@ -75,11 +79,13 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress line on stderr (default: when stderr is a terminal)")
+    add_verbose(p, top_level=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The `hwdist` argument parser."""
-    parser = argparse.ArgumentParser(prog="hwdist", description="Process groups, launcher and collective benchmark.")
+    parser = OneLineParser(prog="hwdist", description="Process groups, launcher and collective benchmark.")
+    add_verbose(parser, top_level=True)
     sub = parser.add_subparsers(dest="command", required=True)
     _launch_parser(sub)
     _bench_parser(sub)
@@ -87,8 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _launch(args: argparse.Namespace) -> int:
+    from .cli_checks import check_launch
     from .launch import child_environment, plan_launch, run
 
+    check_launch(args)
     passthrough: list[str] = []
     for ours, theirs, takes_value in TORCHRUN_OPTIONS:
         value = getattr(args, _dest(ours))
@@ -106,16 +114,20 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import OPS, format_table, run_bench, summary
+    from .bench import OPS, available_memory, check_memory, format_table, run_bench, summary
+    from .cli_checks import check_bench
     from .context import init, shutdown
     from .sizes import parse_sizes
 
+    check_bench(args)  # bad input is rejected before any group starts
     ops = list(OPS) if args.op == "all" else [args.op]
-    if args.sizes:
-        parse_sizes(args.sizes, args.step_factor)  # bad input is rejected before any group starts
+    factor = args.step_factor or 2
     ctx = init(timeout=args.timeout)
     try:
-        sizes = parse_sizes(args.sizes or ("8B..1G" if ctx.on_accelerator else "8B..16M"), args.step_factor)
+        text = args.sizes or ("8B..1G" if ctx.on_accelerator else "8B..16M")
+        sizes = parse_sizes(text, factor)
+        free, where = available_memory(ctx)
+        check_memory(ops, sizes, args.dtype, free, where, 1 if ctx.on_accelerator else ctx.local_world_size, text)
         result = run_bench(ops, sizes, args.dtype, iters=args.iters, warmup=args.warmup,
                            repeats=args.repeats, progress=args.progress)
     finally:
@@ -131,12 +143,12 @@ def _bench(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `hwdist` console script."""
+    import hwenv
+
     args = build_parser().parse_args(argv)
-    try:
-        return _launch(args) if args.command == "launch" else _bench(args)
-    except HwdistError as error:
-        print(f"hwdist {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    command = _launch if args.command == "launch" else _bench
+    return run_command(f"hwdist {args.command}", lambda: command(args), (HwdistError, hwenv.HwenvError),
+                       verbose=args.verbose)
 
 
 if __name__ == "__main__":

@@ -131,6 +131,26 @@ def _check_local_rank(launch: LaunchEnv, accel: hwenv.Accelerator) -> None:
         )
 
 
+#: Entry forms the CUDA/HIP runtimes read that hwenv's index parser does not (it counts devices by index).
+UUID_PREFIXES = ("GPU-", "MIG-")
+
+
+def _check_selection(accel: hwenv.Accelerator) -> None:
+    """The selection this process inherited (`ZE_AFFINITY_MASK`, `CUDA_VISIBLE_DEVICES`, ...), read with
+    `hwenv.current_selection`, the parser `hwdist launch` and `hwenv doctor` use: the runtimes skip what
+    they cannot read silently. Gaudi's is read by `check_gaudi_world`; device UUIDs are left to the runtime."""
+    platform = accel.platform
+    if not platform.selectable or rule_for(platform).partial_server_groups:
+        return
+    values = [os.environ.get(variable, "") for variable in platform.visible_devices]
+    if any(item.strip().startswith(UUID_PREFIXES) for value in values for item in value.split(",")):
+        return
+    try:
+        hwenv.current_selection(accel.kind)
+    except hwenv.HwenvError as error:
+        raise DistEnvError(f"the device selection this process inherited is not valid: {error}") from error
+
+
 def _adopt(backend: str | None, timeout: timedelta, accel: hwenv.Accelerator, check: bool) -> DistContext:
     """A context for a process group someone else (accelerate, Trainer) already started."""
     import torch.distributed as dist
@@ -183,6 +203,7 @@ def init(
     name, reason = choose_backend(accel) if backend is None else (backend, f"backend={backend!r} given")
     platform = accel.platform
     device = _collective_device(platform, name, launch.local_rank)
+    _check_selection(accel)
     _check_local_rank(launch, accel)
     modules = None
     if rule_for(platform).partial_server_groups and name == platform.dist_backend:

@@ -7,6 +7,7 @@ them; `torch/distributed/run.py`). With none of RANK / WORLD_SIZE set the run is
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -34,7 +35,7 @@ def _integer(env: Mapping[str, str], name: str, minimum: int) -> int | None:
     if text is None:
         return None
     value = text.strip()
-    if not (value.lstrip("-").isdigit()):
+    if not re.fullmatch(r"-?[0-9]+", value):  # ASCII digits: '--5' or a superscript digit would crash int()
         raise DistEnvError(f"{name}={text!r} is not an integer; {_FIX}.")
     number = int(value)
     if number < minimum:

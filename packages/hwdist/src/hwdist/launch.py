@@ -117,6 +117,20 @@ def _nproc(platform: hwenv.Platform, requested: int | None, selection: hwenv.Sel
     )
 
 
+def _check_by(by: str | None, devices: str | None, platform: hwenv.Platform) -> None:
+    """`by` says how Gaudi reads `devices` (module IDs or indices): refused where it would do nothing."""
+    if by is None:
+        return
+    if by not in ("module", "index"):
+        raise LaunchError(f"--by {by!r} is not 'module' or 'index'.")
+    if platform.selection_grammar != "module-ids":
+        raise LaunchError(f"--by {by} applies to Gaudi module IDs/indices only, and the launch is on {platform.kind} "
+                          f"(its --devices are {platform.selection_grammar}); leave --by out.")
+    if devices is None:
+        raise LaunchError(f"--by {by} says how to read --devices, and no --devices were given; pass --devices "
+                          f"(e.g. --by {by} --devices 0,1) or leave --by out.")
+
+
 def _check_device_count(device_count: object, platform: hwenv.Platform) -> int | None:
     kind = platform.kind
     if device_count is None:
@@ -172,7 +186,7 @@ def plan_launch(
     device_count: int | None = None,
     torchrun_args: Sequence[str] = (),
     module: bool = False,
-    by: str = "module",
+    by: str | None = None,
 ) -> LaunchPlan:
     """The `LaunchPlan` for `launch_command`'s arguments (see there): what `hwdist launch` runs."""
     if not script:
@@ -182,6 +196,7 @@ def plan_launch(
     if clash:
         raise LaunchError(f"torchrun_args {clash} repeat --nproc-per-node; pass it as nproc_per_node instead.")
     platform, local, detected = _platform(kind)
+    _check_by(by, devices, platform)
     target = _check_device_count(device_count, platform)
     given = target is not None
     if not given and detected and platform.selectable:
@@ -195,7 +210,7 @@ def plan_launch(
                     "not checked against the %d device(s) this process sees (pass --device-count to check them)",
                     platform.kind, narrowed, devices, index_count)
         index_count = None
-    selection = _selection(platform, devices, by, index_count, given)
+    selection = _selection(platform, devices, by or "module", index_count, given)
     count = _nproc(platform, nproc_per_node, selection, target, given, local)
     argv = [sys.executable, *TORCHRUN, f"--nproc-per-node={count}", *torchrun_args]
     if module:
@@ -214,7 +229,7 @@ def launch_command(
     device_count: int | None = None,
     torchrun_args: Sequence[str] = (),
     module: bool = False,
-    by: str = "module",
+    by: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The torchrun argv and the selection's environment changes for the child process.
 

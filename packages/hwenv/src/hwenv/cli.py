@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argparse parser for `hwenv` (usage errors are one line, exit 2)."""
     parser = OneLineParser(prog="hwenv", description="Which accelerator is here, and which part a run may use.")
     add_verbose(parser, top_level=True)
-    sub = parser.add_subparsers(dest="command_name", required=True)
+    sub = parser.add_subparsers(dest="command_name", required=True, metavar="{doctor,env,exec}")
     doctor = sub.add_parser("doctor", help="report the accelerator, versions and problems with their fixes")
     doctor.add_argument("--json", action="store_true", help="machine-readable report")
     doctor.add_argument("--strict", action="store_true", help="exit 1 when the report has an error")
