@@ -89,7 +89,7 @@ def test_hub_kernel_names_are_the_libraries_names(monkeypatch):
     """Each row's kernels device type / KernelConfig key is what kernels and Transformers call the kind."""
     import torch
     from hwattn import device_keys
-    from kernels.layer.kernelize import _validate_device_type
+    from kernels import LayerRepository, use_kernel_mapping
     from transformers.utils import import_utils
 
     for kind, hub in HUB_KERNELS.items():
@@ -99,7 +99,10 @@ def test_hub_kernel_names_are_the_libraries_names(monkeypatch):
         if hub.kernels_device is None:
             assert hub.config_key is None and hub.refused, kind
             continue
-        _validate_device_type(hub.kernels_device)  # raises for a device type kernels does not know
+        # kernels' public mapping API raises for a device type it does not know (e.g. 'hpu').
+        with use_kernel_mapping({"HwattnProbe": {hub.kernels_device: LayerRepository("a/b", layer_name="C", version=1)}},
+                                inherit_mapping=False):
+            pass
         # Transformers' own name for a tensor on this platform (a HIP build's cuda device is 'rocm').
         monkeypatch.setattr(import_utils, "is_rocm_platform", lambda amd=platform.vendor == "amd": amd)
         assert import_utils.get_device_type(torch.device(platform.device_type)) == hub.kernels_device, kind
@@ -145,3 +148,12 @@ def test_rocm_flash_kernel_is_transformers_rocm_fallback():
     # (X8, issue 24) and says so in the error.
     assert rocm["flash_attention_3"] == ROCM_FLASH_KERNEL_REPO
     assert ROCM_FLASH_KERNEL_REPO in FLASH["rocm"].refusal_note
+
+
+def test_kernels_refuses_a_device_type_it_does_not_know():
+    """The check above can fail: the same public call raises for 'hpu' (no hub kernels on Gaudi)."""
+    from kernels import LayerRepository, use_kernel_mapping
+
+    with pytest.raises(ValueError, match="hpu"):
+        with use_kernel_mapping({"HwattnProbe": {"hpu": LayerRepository("a/b", layer_name="C", version=1)}}, inherit_mapping=False):
+            pass

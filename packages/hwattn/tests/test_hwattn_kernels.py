@@ -85,16 +85,72 @@ def test_local_kernel_paths(tmp_path):
         kernel_mapping({"RMSNorm": {"xpu": "relative/dir:RMSNorm"}}, use_local_kernel=True)
 
 
+def expected_defaults(layers: dict[str, str], device: str, training: bool) -> dict[str, tuple[str, str]]:
+    """What Transformers' installed default mapping gives each layer name on `device` (no capability rows).
+
+    Read straight from `get_kernel_mapping_transformers()` with kernels' documented mode priority
+    (inference takes inference, then training kernels; training takes training kernels only; a repo
+    without modes serves every mode), independently of hwattn's planner.
+    """
+    from kernels import Mode
+    from transformers.integrations.hub_kernels import get_kernel_mapping_transformers
+
+    priority = ([Mode.TRAINING, Mode.TRAINING | Mode.TORCH_COMPILE, Mode.FALLBACK] if training else
+                [Mode.INFERENCE, Mode.INFERENCE | Mode.TORCH_COMPILE, Mode.TRAINING,
+                 Mode.TRAINING | Mode.TORCH_COMPILE, Mode.FALLBACK])
+    found = {}
+    for layer in set(layers.values()):
+        for key, value in get_kernel_mapping_transformers().get(layer, {}).items():
+            if getattr(key, "type", key) != device or getattr(key, "properties", None) is not None:
+                continue
+            modes = value if isinstance(value, dict) else {Mode.FALLBACK: value}
+            repo = next((modes[m] for m in priority if m in modes), None)
+            if repo is not None:
+                found[layer] = (repo._repo_id, repo.layer_name)
+    return found
+
+
 @pytest.mark.facts("X12")
-def test_plan_on_xpu_uses_transformers_defaults(model):
-    plan = kernel_plan(model, XPU)
-    replaced = {k.layer: (k.repo, k.repo_layer, k.source) for k in plan.replaced}
-    assert plan.used and plan.device == "xpu" and plan.mode == "inference"
-    assert replaced == {"RMSNorm": ("kernels-community/rmsnorm", "RMSNorm", "transformers"),
-                        "SiLU": ("kernels-community/activation", "Silu", "transformers"),
-                        "rotary_pos_emb": ("kernels-community/rotary", "apply_rotary_transformers", "transformers")}
-    assert len(plan.replaced) == 2 * 2 + 1 + 2 + 2  # 5 RMSNorms, 2 SiLUs, 2 rotary functions
-    assert "RMSNorm" in plan.summary()
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_plan_on_xpu_follows_the_installed_transformers_defaults(model, training):
+    layers = hwattn.registered_layers(model)
+    expected = expected_defaults(layers, "xpu", training)
+    model.train(training)
+    try:
+        plan = kernel_plan(model, XPU)
+    finally:
+        model.eval()
+    assert plan.mode == ("training" if training else "inference") and plan.device == "xpu"
+    replaced = {k.layer: (k.repo, k.repo_layer) for k in plan.replaced}
+    assert replaced == expected
+    assert all(k.source == "transformers" for k in plan.replaced)
+    assert len(plan.replaced) == sum(1 for name in layers.values() if name in expected)
+    assert {k.layer for k in plan.unchanged} == set(layers.values()) - set(expected)
+    assert plan.used is bool(expected)
+    if not training:  # every release so far maps SiLU and rotary on XPU for inference
+        assert {"SiLU", "rotary_pos_emb"} <= set(replaced)
+
+
+@pytest.mark.facts("X12", "X13")
+def test_default_mapping_facts_per_release(model):
+    """The XPU defaults read from the wheels: 5.22-5.24 give RMSNorm (inference only) and rotary (inference
+    only); 5.25 drops the XPU RMSNorm kernel and gives rotary for training too."""
+    import transformers
+    from hwenv import at_least
+
+    layers = hwattn.registered_layers(model)
+    inference, training = expected_defaults(layers, "xpu", False), expected_defaults(layers, "xpu", True)
+    if at_least(transformers.__version__, (5, 25)):
+        assert "RMSNorm" not in inference and "rotary_pos_emb" in training
+    else:
+        assert inference["RMSNorm"] == ("kernels-community/rmsnorm", "RMSNorm") and "RMSNorm" not in training
+        assert "rotary_pos_emb" not in training
+    model.train()
+    try:
+        planned = {k.layer for k in kernel_plan(model, XPU).replaced}
+    finally:
+        model.eval()
+    assert planned == set(training)
 
 
 @pytest.mark.facts("X12", "X13")
@@ -102,16 +158,20 @@ def test_plan_with_user_mapping_and_training_mode(model):
     mapping = {"RMSNorm": {"xpu": "myorg/fast-norm:FastRMSNorm"}}
     plan = kernel_plan(model, XPU, mapping)
     norms = [k for k in plan.replaced if k.layer == "RMSNorm"]
-    assert norms and all((k.repo, k.repo_layer, k.source) == ("myorg/fast-norm", "FastRMSNorm", "mapping") for k in norms)
+    assert len(norms) == 5
+    assert all((k.repo, k.repo_layer, k.source) == ("myorg/fast-norm", "FastRMSNorm", "mapping") for k in norms)
     model.train()
     try:
         training = kernel_plan(model, XPU)
     finally:
         model.eval()
-    # Transformers' defaults register XPU rotary and RMSNorm kernels for inference only (X13: the mode matters).
+    # X13: the mode matters; whatever the installed Transformers maps for training only is replaced.
+    layers = hwattn.registered_layers(model)
+    expected, for_inference = expected_defaults(layers, "xpu", True), expected_defaults(layers, "xpu", False)
     assert training.mode == "training"
-    assert {k.layer for k in training.unchanged} >= {"RMSNorm", "rotary_pos_emb"}
-    assert all("training" in k.reason for k in training.unchanged if k.layer == "RMSNorm")
+    assert {k.layer for k in training.replaced} == set(expected)
+    inference_only = set(for_inference) - set(expected)
+    assert all("no xpu kernel for training mode" == k.reason for k in training.unchanged if k.layer in inference_only)
 
 
 def test_plan_with_kernel_config_without_inheritance(model):

@@ -3,6 +3,7 @@
 Importing hwattn imports neither torch, transformers nor kernels; nothing downloads.
 """
 
+from .applied import kernelized_layers
 from .causal import (
     CAUSAL_SDPA,
     causal_sdpa_mask,
@@ -21,10 +22,12 @@ from .errors import (
     AttentionUnsupportedError,
     HwattnError,
     KernelMappingError,
+    KernelsInternalsError,
     KernelsMissingError,
     KernelsUnsupportedError,
     KernelUnavailableError,
     KindNotCoveredError,
+    ModelAttentionError,
     ShapeError,
     UnknownAttentionError,
 )
@@ -43,9 +46,9 @@ __all__ = [
     "CAUSAL_SDPA", "causal_sdpa_mask", "is_causal_sdpa_registered", "register_causal_sdpa", "unregister_causal_sdpa",
     "AcceleratorTypeError", "AttentionChoice", "capability_table", "AttentionEnvironment", "AttentionUnsupportedError",
     "FLASH_KERNEL_REPO", "HwattnError", "KernelMappingError", "KernelPlan", "KernelUnavailableError",
-    "KernelsMissingError", "KernelsUnsupportedError", "KindNotCoveredError", "LayerKernel", "ShapeError", "UnknownAttentionError",
+    "KernelsInternalsError", "KernelsMissingError", "KernelsUnsupportedError", "KindNotCoveredError", "ModelAttentionError", "LayerKernel", "ShapeError", "UnknownAttentionError",
     "check_name", "current_environment", "decision_table", "device_keys", "eager_attention",
-    "flash_packages_installed", "for_device", "is_kernel_string", "kernel_mapping", "kernel_plan", "kernels_available",
+    "flash_packages_installed", "for_device", "kernelized_layers", "is_kernel_string", "kernel_mapping", "kernel_plan", "kernels_available",
     "load_kernel", "load_kwargs", "local_kernel_hint", "native_gqa", "native_gqa_reason", "registered_layers",
     "repeat_kv", "resolve_attention", "sdpa", "software_table", "uses_native_gqa", "valid_names",
     "validate_mapping", "__version__",

@@ -45,3 +45,11 @@ class KernelsUnsupportedError(HwattnError, ValueError):
 
 class KindNotCoveredError(HwattnError, ValueError):
     """A device kind (a plug-in platform) without a row in one of hwattn's capability tables."""
+
+
+class KernelsInternalsError(HwattnError, ImportError):
+    """The installed `kernels` no longer has an internal `kernel_plan` reads (it moved); names version and window."""
+
+
+class ModelAttentionError(AttentionUnsupportedError):
+    """An attention backend the model class does not declare (`_supports_sdpa`, ...), found before loading."""

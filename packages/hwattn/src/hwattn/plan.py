@@ -77,11 +77,6 @@ def _user_entries(config: Any, kind: str, mode: Any) -> dict[str, Any]:
     return entries
 
 
-def _describe(repository: Any) -> tuple[str, str]:
-    repo = getattr(repository, "_repo_id", None) or str(getattr(repository, "_repo_path", repository))
-    return repo, getattr(repository, "layer_name", None) or getattr(repository, "func_name", "?")
-
-
 def kernel_plan(model: Any, accel: Accelerator, mapping: Any = None) -> KernelPlan:
     """Report which registered layers of `model` hub kernels would replace on `accel`, loading nothing.
 
@@ -133,10 +128,11 @@ def kernel_plan(model: Any, accel: Accelerator, mapping: Any = None) -> KernelPl
 def _select(layers: dict[str, str], config: Any, accel: Accelerator,
             mode_name: str) -> tuple[list[LayerKernel], list[LayerKernel], str]:
     from kernels import Mode, use_kernel_mapping
-    from kernels.layer.globals import _KERNEL_MAPPING  # the table kernelize() reads
-    from kernels.layer.repos import _select_repository  # kernels' own mode-priority rule
     from transformers.integrations.hub_kernels import get_kernel_mapping_transformers
 
+    from .kernels_compat import kernels_internals
+
+    internals = kernels_internals()  # the one place hwattn reads kernels internals (version-checked)
     kind, hub = accel.kind, hub_kernels(accel.kind)
     mode = Mode.TRAINING if mode_name == "training" else Mode.INFERENCE
     user = _user_entries(config, kind, mode) if config is not None else {}
@@ -146,7 +142,7 @@ def _select(layers: dict[str, str], config: Any, accel: Accelerator,
                 if hub.capability and not accel.capability else "")
     with use_kernel_mapping(get_kernel_mapping_transformers() if inherit else {}, inherit_mapping=False), \
             use_kernel_mapping(user, inherit_mapping=True):
-        table = _KERNEL_MAPPING.get()
+        table = internals.current_mapping()
         replaced, unchanged = [], []
         for module, layer in layers.items():
             device_repos = table.get(layer, {}).get(hub.kernels_device)
@@ -154,15 +150,14 @@ def _select(layers: dict[str, str], config: Any, accel: Accelerator,
                 why = "no kernel for this layer" if layer not in table else f"no {kind} kernel for this layer"
                 unchanged.append(LayerKernel(module=module, layer=layer, replaced=False, reason=why))
                 continue
-            tree = getattr(device_repos, "repos_by_capability", None)
-            repos = tree.find_smallest_interval(capability) if tree is not None else device_repos.repos
-            chosen = _select_repository(repos, mode=mode) if repos else None
+            repos = internals.repos_for(device_repos, capability)
+            chosen = internals.select(repos, mode) if repos else None
             if chosen is None:
                 unchanged.append(LayerKernel(module=module, layer=layer, replaced=False,
                                              reason=f"no {kind} kernel for {mode_name} mode"
-                                             + (" at this compute capability" if tree is not None else "")))
+                                             + (" at this compute capability" if hub.capability else "")))
                 continue
-            repo, repo_layer = _describe(chosen[0])
+            repo, repo_layer = internals.describe(chosen[0])
             replaced.append(LayerKernel(module=module, layer=layer, replaced=True, repo=repo, repo_layer=repo_layer,
                                         source="mapping" if layer in user else "transformers",
                                         reason=f"kernels selects it for {mode_name} ({chosen[1]})"))
