@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from reliability_case import Case  # tests/reliability is on sys.path (reliability_tables puts it there)
+from reliability_case import (
+    Case,  # tests/reliability is on sys.path (reliability_tables puts it there)
+)
 
 M = "hwdist"
 LAUNCH = ("launch", "--kind", "cpu")

@@ -90,6 +90,10 @@ def check_kwargs(kwargs: dict[str, Any]) -> None:
     options = kwargs.get("options")
     if options is not None and not isinstance(options, dict):
         raise CompileArgumentError(f"options={options!r} must be a dict of backend settings, or None.")
+    bad_keys = [key for key in options or () if not isinstance(key, str)]
+    if bad_keys:
+        raise CompileArgumentError(f"options keys {bad_keys!r} are not strings; torch.compile options are named "
+                                   f"settings such as {{'triton.cudagraphs': False}}.")
 
 
 def compile(obj: Any = None, backend: Backend | None = None, *, accel: AcceleratorLike = None,

@@ -54,11 +54,14 @@ def _index_problem(variable: str, value: str, count: int | None) -> Problem | No
             f"silently dropped, and an empty or '-1' list hides every device); hwdist launch refuses it.",
             f"set {variable} to distinct indices such as 0,1, or unset it",
         )
-    if count is not None and max(ids) >= count:
+    # `count` is torch's count, already narrowed by the variable (0,3 on four GPUs is two), so indices
+    # cannot be compared with it; fewer devices than entries means the runtime dropped some silently.
+    if count is not None and count < len(ids):
         return Problem(
             "invalid-device-selection", "error",
-            f"{variable}={value!r} names device {max(ids)}, but only {count} are present (indices 0..{count - 1}).",
-            f"list indices below {count}, or unset {variable}",
+            f"{variable}={value!r} names {len(ids)} device(s), but torch sees {count}: the runtime stops at the "
+            f"first index that is not present, silently.",
+            f"list only indices of devices present (unset {variable} and run hwenv doctor to see them)",
         )
     return None
 
@@ -77,7 +80,7 @@ def selection_checks(acc: Accelerator | None, probes: Mapping[str, ProbeResult],
             probe = probes.get(platform.kind)
             count = probe.count if probe is not None and probe.available else None
             for variable in platform.visible_devices:
-                if variable in env and variable not in seen:
+                if variable in env and (variable not in seen or count is not None):
                     seen.add(variable)
                     found = _index_problem(variable, env[variable], count)
                     problems += [found] if found else []

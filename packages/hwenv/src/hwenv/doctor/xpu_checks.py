@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..accelerator import Accelerator
-from ..affinity import MASK_VARIABLE, PCI_ORDER_VARIABLE, parse_affinity_mask
+from ..affinity import MASK_VARIABLE, PCI_ORDER_VARIABLE, parse_affinity_mask, visible_root_devices
 from ..errors import HwenvError
 from ..hierarchy import HIERARCHY_VARIABLE, DeviceHierarchy, read_hierarchy
 from ..probes import ProbeResult
@@ -64,7 +64,17 @@ def _mask_checks(xpu: ProbeResult, env: Mapping[str, str], hierarchy: DeviceHier
     if MASK_VARIABLE not in env:
         return problems
     try:
-        parse_affinity_mask(env[MASK_VARIABLE], xpu.count if xpu.available else None, hierarchy=hierarchy)
+        # Not checked against the probe's count as ordinals: that count is already the masked one (torch
+        # honours the mask: '0,3' on four devices is two). Fewer devices than the mask's entries means the
+        # driver skipped some, silently (an ordinal that is not present).
+        entries = parse_affinity_mask(env[MASK_VARIABLE], None, hierarchy=hierarchy)
+        wanted = visible_root_devices(entries)
+        if xpu.available and xpu.count < wanted:
+            problems.append(Problem(
+                "invalid-affinity-mask", "error",
+                f"{MASK_VARIABLE}={env[MASK_VARIABLE]!r} names {wanted} device(s), but the driver exposes {xpu.count}: "
+                f"it skips ordinals that are not present, silently (Level Zero spec, Affinity Mask).",
+                f"list only ordinals of devices present (unset {MASK_VARIABLE} and run hwenv doctor to see them)"))
     except HwenvError as error:
         problems.append(Problem("invalid-affinity-mask", "error", str(error), f"fix or unset {MASK_VARIABLE}"))
     if env.get(PCI_ORDER_VARIABLE) != "1":
