@@ -105,6 +105,32 @@ def choose_batching(plan: RunPlan, n_prompts: int, requested: str = "auto", *, s
     )
 
 
+def continuous_model_blocker(model: Any) -> str | None:
+    """Why Transformers' continuous batching cannot run `model`'s class, or None. Its paged cache
+    reaches attention only through Transformers' attention interface, which a class declares with
+    `is_backend_compatible()` (`_supports_attention_backend`); Falcon, StableLM and Bloom call
+    torch's SDPA themselves and fail on the paged cache's mask."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    check = getattr(type(base), "is_backend_compatible", None)
+    if check is None or check():
+        return None
+    return (f"{type(base).__name__} does not route attention through Transformers' attention interface "
+            "(is_backend_compatible() is False), which continuous batching's paged cache needs")
+
+
+def model_batching(choice: BatchingChoice, requested: str, model: Any) -> BatchingChoice:
+    """`choice` checked against the loaded model's class: continuous falls back to static on `auto`
+    and is a GenerateError when asked for explicitly."""
+    if choice.mode != "continuous":
+        return choice
+    blocker = continuous_model_blocker(model)
+    if blocker is None:
+        return choice
+    if requested == "continuous":
+        raise GenerateError(f"batching='continuous' cannot run this model: {blocker}. Use batching='static'.")
+    return BatchingChoice("static", f"{choice.reason.split(':')[0]}, but {blocker}: one left-padded batch")
+
+
 def cb_config(cls: Any, **settings: Any) -> Any:
     """`cls(**settings)` keeping only the fields this Transformers release has (logged when one is dropped).
 

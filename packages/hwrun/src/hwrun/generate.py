@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .batching import choose_batching, continuous_config, continuous_warmup
+from .batching import choose_batching, continuous_config, continuous_warmup, model_batching
 from .errors import GenerateError
 
 if TYPE_CHECKING:
@@ -195,6 +195,10 @@ def generate(
         from .load import load
 
         model, tokenizer = load(plan)
+    checked = model_batching(choice, batching, model)  # the model class may not run continuous batching
+    if checked is not choice:
+        choice = checked
+        decode_mode, decode_reason = choose_decode(plan, decode, choice.mode, do_sample)
     import torch
 
     if seed is not None:

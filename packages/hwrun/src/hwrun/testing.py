@@ -17,27 +17,30 @@ _CORPUS = (
 )
 
 
-def build_tiny_model(directory: str | Path, *, seed: int = 0, vocab_size: int = 320, hidden_size: int = 64,
-                     layers: int = 2, heads: int = 4, kv_heads: int = 2) -> Path:
-    """Save a random tiny LlamaForCausalLM and its tokenizer into `directory`; returns the path."""
-    import torch
+def build_tokenizer(vocab_size: int = 320) -> object:
+    """A byte-level BPE `PreTrainedTokenizerFast` (<s>, </s>, <pad>) trained on a short corpus, offline."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import (
-        GenerationConfig,
-        LlamaConfig,
-        LlamaForCausalLM,
-        PreTrainedTokenizerFast,
-    )
+    from transformers import PreTrainedTokenizerFast
 
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>", "<pad>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator([_CORPUS], trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+def build_tiny_model(directory: str | Path, *, seed: int = 0, vocab_size: int = 320, hidden_size: int = 64,
+                     layers: int = 2, heads: int = 4, kv_heads: int = 2) -> Path:
+    """Save a random tiny LlamaForCausalLM and its tokenizer into `directory`; returns the path.
+    Other families: `hwrun.families.build_tiny_family`."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(vocab_size)
     tokenizer.save_pretrained(path)
     config = LlamaConfig(
         hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=layers,

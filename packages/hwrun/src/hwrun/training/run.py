@@ -290,9 +290,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
         set_seed(seed)  # LoRA A matrices are random: same seed, same adapter init, same run
         targets = lora_targets(getattr(model.config, "model_type", "") or "", settings.target_modules)
         model = get_peft_model(model, lora_config(model.config, settings, targets))
-        # PEFT resolves "all-linear" to the module names it found; list what it adapted, then why
-        chosen = ",".join(sorted(model.peft_config["default"].target_modules))
-        reasons["lora"] = f"r={settings.r} on {chosen} ({targets.reason})"
+        reasons["lora"] = f"r={settings.r} on {_adapted(model.peft_config['default'])} ({targets.reason})"
         if fused_projections:
             why_not = _fusion_blocker(args, qlora)
             layer_patches.append(apply_fused_projections(model, swiglu_kernel) if why_not is None else ModelPatch(False, why_not))
@@ -457,6 +455,16 @@ def _use_causal_sdpa(model: Any, dataset: Any) -> str | None:
 
     model.set_attn_implementation(hwattn.register_causal_sdpa())
     return "sdpa"
+
+
+def _adapted(config: Any) -> str:
+    """What PEFT adapted, as module names: it resolves "all-linear" to full module paths (listed here by
+    their last part) and, for MoE experts kept as 3-D parameters, adds `target_parameters`."""
+    modules = config.target_modules
+    names = [modules] if isinstance(modules, str) else sorted({name.rsplit(".", 1)[-1] for name in modules})
+    text = ",".join(names)
+    parameters = sorted(getattr(config, "target_parameters", None) or ())
+    return f"{text} and parameters {','.join(parameters)}" if parameters else text
 
 
 def _fusion_blocker(args: Any, qlora: bool) -> str | None:
