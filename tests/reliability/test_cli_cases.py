@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -52,12 +53,28 @@ def _run(case, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
+#: Cases run side by side (most time is `import torch` in the child); each has its own folder.
+WORKERS = 4
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict:
+    """Every case run once, concurrently: id -> (checksums before, checksums after, the finished process)."""
+
+    def one(case):
+        folder = _user_folder(tmp_path_factory.mktemp(case.id) / "work")
+        before = _checksums(folder)
+        result = _run(case, folder)
+        return case.id, (before, _checksums(folder), result)
+
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        return dict(pool.map(one, CASES))
+
+
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_bad_input_is_one_clear_line_and_changes_nothing(case, tmp_path):
-    folder = _user_folder(tmp_path / "work")
-    before = _checksums(folder)
-    result = _run(case, folder)
-    assert _checksums(folder) == before, "a file in the working folder changed"
+def test_bad_input_is_one_clear_line_and_changes_nothing(case, outcomes):
+    before, after, result = outcomes[case.id]
+    assert after == before, "a file in the working folder changed"
     assert "Traceback" not in result.stderr, result.stderr
     if case.expect == "exit-2":
         assert result.returncode == 2, (result.returncode, result.stderr)

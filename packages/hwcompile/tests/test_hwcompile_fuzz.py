@@ -16,7 +16,7 @@ from hwcompile.routing import route_backend, validate_backend
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-FUZZ = settings(max_examples=150, deadline=None, derandomize=True)
+FUZZ = settings(max_examples=80, deadline=None, derandomize=True)
 FAMILY = (HwcompileError, hwenv.HwenvError)
 backends = st.none() | st.text(max_size=12) | st.sampled_from(["inductor", "hpu_backend", "eager", "aot_eager", " "]) \
     | st.integers() | st.just(lambda gm, inputs: gm)

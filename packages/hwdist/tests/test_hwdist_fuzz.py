@@ -19,7 +19,7 @@ from hwdist.sizes import parse_size, parse_sizes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=80, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 ALPHABET = "0123456789KMGTBkmgtib.,:- x_+²٣\t"
 values = st.text(alphabet=ALPHABET, max_size=12) | st.text(max_size=6)

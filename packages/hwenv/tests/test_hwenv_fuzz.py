@@ -25,7 +25,7 @@ from hwenv.gaudi.selecting import environment_devices
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=80, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 #: Characters that real values use, plus the ones that break naive parsers (non-ASCII digits, signs, spaces).
 ALPHABET = "0123456789,.:- x_+²٣\t\n"
