@@ -34,6 +34,7 @@ from .errors import (
 from .gqa import native_gqa, native_gqa_reason
 from .kernel_map import device_keys, kernel_mapping, registered_layers, validate_mapping
 from .loading import for_device, load_kernel, load_kwargs, local_kernel_hint
+from .model_support import ModelSupport, model_support
 from .names import FLASH_KERNEL_REPO, check_name, is_kernel_string, valid_names
 from .plan import KernelPlan, LayerKernel, kernel_plan
 from .resolve import AttentionChoice, resolve_attention
@@ -49,7 +50,7 @@ __all__ = [
     "KernelsInternalsError", "KernelsMissingError", "KernelsUnsupportedError", "KindNotCoveredError", "ModelAttentionError", "LayerKernel", "ShapeError", "UnknownAttentionError",
     "check_name", "current_environment", "decision_table", "device_keys", "eager_attention",
     "flash_packages_installed", "for_device", "kernelized_layers", "is_kernel_string", "kernel_mapping", "kernel_plan", "kernels_available",
-    "load_kernel", "load_kwargs", "local_kernel_hint", "native_gqa", "native_gqa_reason", "registered_layers",
+    "load_kernel", "load_kwargs", "ModelSupport", "model_support", "local_kernel_hint", "native_gqa", "native_gqa_reason", "registered_layers",
     "repeat_kv", "resolve_attention", "sdpa", "software_table", "uses_native_gqa", "valid_names",
     "validate_mapping", "__version__",
 ]

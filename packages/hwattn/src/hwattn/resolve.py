@@ -21,10 +21,13 @@ from .environment import AttentionEnvironment, current_environment
 from .errors import (
     AcceleratorTypeError,
     AttentionUnsupportedError,
+    HwattnError,
     KernelsMissingError,
+    ModelAttentionError,
     UnknownAttentionError,
 )
 from .gqa import MAX_GQA_HEAD_DIM, model_head_dim, model_kv_groups, native_gqa, native_gqa_reason
+from .model_support import CANDIDATES, ModelSupport, model_support, requirement
 from .names import (
     AUTO,
     EAGER,
@@ -68,6 +71,7 @@ class AttentionChoice:
     requested: str
     kernel_repo: str | None = None
     fallback: bool = False
+    model_class: str | None = None
 
     def to_dict(self) -> dict:
         """A JSON-ready dict of every field."""
@@ -81,11 +85,13 @@ def resolve_attention(
     model_config: object | None = None,
     fallback: bool = False,
     environment: AttentionEnvironment | None = None,
+    model_class: type | str | None = None,
 ) -> AttentionChoice:
-    """Decide the `attn_implementation` for `accel`; raise before any loading when it cannot run.
+    """Decide the `attn_implementation` for `accel` and the model; raise before any loading when it cannot run.
 
-    `model_config` (a Transformers config) refines the GQA answer; `environment` describes the
-    software (default: this process's, see `current_environment()`).
+    `model_config` (a Transformers config, a config.json dict or a namespace of it) names the model
+    class whose declared backends (`_supports_sdpa`, ...) limit the choice and refines the GQA answer;
+    `model_class` overrides the class; `environment` describes the software (default: this process's).
     """
     if not isinstance(accel, Accelerator):
         raise AcceleratorTypeError(
@@ -96,20 +102,27 @@ def resolve_attention(
     if not isinstance(fallback, bool):
         raise UnknownAttentionError(f"fallback must be True or False, got {fallback!r}.")
     env = current_environment() if environment is None else environment
-    return _resolve(accel, name, model_config, fallback, env, log=True)
+    support = (model_support(model_config, model_class=model_class)
+               if model_config is not None or model_class is not None else None)
+    return _resolve(accel, name, model_config, fallback, env, log=True, support=support)
 
 
 def _resolve(accel: Accelerator, name: str, model_config: object | None, fallback: bool,
-             env: AttentionEnvironment, *, log: bool) -> AttentionChoice:
+             env: AttentionEnvironment, *, log: bool, support: ModelSupport | None = None) -> AttentionChoice:
     """`resolve_attention` after validation; `log=False` for generated tables (no fallback log lines)."""
-    implementation, kernel_repo, why, fell_back = _decide(accel, name, fallback, env)
+    if support is not None and support.known:
+        implementation, kernel_repo, why, fell_back = _decide_for_model(accel, name, fallback, env, support)
+    else:
+        implementation, kernel_repo, why, fell_back = _decide(accel, name, fallback, env)
+        if support is not None:
+            why += f"; model class not checked: {support.source} (Transformers checks at load)"
     if fell_back and log:
         key = (accel.kind, name)
         if key not in _logged_fallbacks:
             _logged_fallbacks.add(key)
             logger.warning("attention fallback: %s", why)
     torch_version = accel.torch_version or env.torch_version
-    gqa, gqa_why = _gqa(accel.kind, torch_version, implementation, kernel_repo, model_config)
+    gqa, gqa_why = _gqa(accel.kind, torch_version, implementation, kernel_repo, _config_view(model_config))
     return AttentionChoice(
         implementation=implementation,
         reason=f"{why}; GQA: {gqa_why}",
@@ -117,7 +130,78 @@ def _resolve(accel: Accelerator, name: str, model_config: object | None, fallbac
         requested=name,
         kernel_repo=kernel_repo,
         fallback=fell_back,
+        model_class=support.model_class if support is not None else None,
     )
+
+
+def _config_view(model_config: object | None) -> object | None:
+    """A config.json dict as attributes (its `text_config` for multimodal models), for the GQA answer."""
+    from collections.abc import Mapping
+    from types import SimpleNamespace
+
+    if isinstance(model_config, Mapping):
+        text = model_config.get("text_config")
+        return SimpleNamespace(**(text if isinstance(text, Mapping) else model_config))
+    return model_config
+
+
+def _decide_for_model(accel: Accelerator, name: str, fallback: bool, env: AttentionEnvironment,
+                      support: ModelSupport) -> tuple[str, str | None, str, bool]:
+    """`_decide`, limited to what `support.model_class` declares (Transformers' own checks, made before loading)."""
+    cls = support.model_class
+    note = ""
+    family = requirement(name) if name != AUTO else None
+    if family == "flash" and support.compatible_flash and name not in support.compatible_flash and support.flash:
+        # Transformers swaps a flash request for the model's own flash kernel (`_compatible_flash_implementations`),
+        # preferring one that ships builds for this device.
+        device = hub_kernels(accel.kind).kernels_device
+        usable = [k for k in support.compatible_flash
+                  if device in FLASH_KERNEL_DEVICES.get(kernel_repo_id(k), (device,))]
+        chosen = (usable or list(support.compatible_flash))[0]
+        note = f"{name} -> {chosen}: {cls} lists its compatible flash kernels ({', '.join(support.compatible_flash)}); "
+        name = chosen
+    if not support.supports(family):
+        if not fallback:
+            raise ModelAttentionError(_model_refusal(accel, name, family, support, env))
+        best = _best_for_model(support)
+        return best, None, (f"{note}{name} requested, but {cls} does not support {family} "
+                            f"({support.declaration(family)}); fallback=True -> {best}"), True
+    implementation, kernel_repo, why, fell_back = _decide(accel, name, fallback, env)
+    needs = requirement(implementation) if kernel_repo is None else family
+    if support.supports(needs):
+        return implementation, kernel_repo, f"{note}{why}; {support.source} supports it", fell_back
+    best = _best_for_model(support)
+    if name == AUTO:
+        why = (f"auto -> {best}: {cls} does not support {needs} ({support.declaration(needs)}; found as "
+               f"{support.source}), so {best}, as Transformers itself falls back when no attention is requested")
+        return best, None, why, False
+    return best, None, f"{note}{why}; {cls} does not support {needs} ({support.declaration(needs)}) -> {best}", fell_back
+
+
+def _best_for_model(support: ModelSupport) -> str:
+    """`auto`'s choice for a model: sdpa where declared (X6), else eager (Transformers' own default)."""
+    return SDPA if support.supports("sdpa") else EAGER
+
+
+def _model_refusal(accel: Accelerator, name: str, family: str, support: ModelSupport,
+                   env: AttentionEnvironment) -> str:
+    """The error for a request the model class does not declare: the class, the backend, what it runs here."""
+    alternatives = []
+    for candidate in CANDIDATES:
+        if not support.supports(requirement(candidate)):
+            continue
+        try:
+            _decide(accel, candidate, False, env)
+        except HwattnError:
+            continue
+        alternatives.append(repr(candidate))
+    what = {"sdpa": "torch.nn.functional.scaled_dot_product_attention (sdpa)", "flash": "FlashAttention",
+            "flex": "torch's flex_attention"}[family]
+    return (f"{name!r} cannot run {support.model_class}: the model class does not support {what} "
+            f"({support.declaration(family)}; found as {support.source}), so Transformers would refuse it at load. "
+            f"On {accel.name} {support.model_class} runs {', '.join(alternatives)}; use one of those, 'auto' "
+            f"(-> {_best_for_model(support)!r}), or pass fallback=True to get {_best_for_model(support)!r} with the "
+            "fallback logged.")
 
 
 def _decide(accel: Accelerator, name: str, fallback: bool,
