@@ -42,6 +42,7 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
     expect: str = "exit-2"
     problem: str = ""  # the doctor problem code, for expect="doctor-problem"
+    files: dict[str, str | bytes] = field(default_factory=dict)  # extra files in the scratch folder (a bad input file)
 
     def command(self) -> str:
         """The command as a user types it (env first), for the generated document."""

@@ -29,9 +29,13 @@ DEVICE_VARIABLES = ("HWENV_DEVICE", "ZE_AFFINITY_MASK", "ZE_ENABLE_PCI_ID_DEVICE
                     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def _user_folder(root: Path) -> Path:
-    """A working folder as a user has it: notes, a README, a script, a non-executable shell file, data."""
+def _user_folder(root: Path, files: dict | None = None) -> Path:
+    """A working folder as a user has it: a README, a script, a non-executable shell file, data, and
+    the case's own `files` (e.g. a binary batch file)."""
     root.mkdir()
+    for name, content in (files or {}).items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(content if isinstance(content, bytes) else content.encode())
     (root / "README.md").write_text("# my project\n")
     (root / "train.py").write_text("print('training')\n")
     (root / "script.sh").write_text("#!/bin/sh\necho hi\n")
@@ -62,7 +66,7 @@ def outcomes(tmp_path_factory) -> dict:
     """Every case run once, concurrently: id -> (checksums before, checksums after, the finished process)."""
 
     def one(case):
-        folder = _user_folder(tmp_path_factory.mktemp(case.id) / "work")
+        folder = _user_folder(tmp_path_factory.mktemp(case.id) / "work", case.files)
         before = _checksums(folder)
         result = _run(case, folder)
         return case.id, (before, _checksums(folder), result)
