@@ -175,3 +175,26 @@ def test_pipeline_places_the_model_by_the_plan(loaded):
     assert out[0]["generated_text"].startswith("The king said")
     with pytest.raises(hwrun.PlanError, match="device"):
         hwrun.pipeline("text-generation", plan, device="cpu")
+
+
+def test_continuous_failure_inside_the_model_falls_back_to_static_on_auto_only(loaded, monkeypatch):
+    """generate_batch can fail in a model's own code (transformers 5.25's GPT-NeoX): `auto` runs one
+    static batch and says why; an explicit `continuous` raises."""
+    import importlib
+
+    from hwrun.errors import ContinuousBatchingError
+
+    plan, model, tokenizer = loaded
+    generate_module = importlib.import_module("hwrun.generate")
+
+    static = hwrun.generate(plan, PROMPTS, max_new_tokens=4, batching="static", model=model, tokenizer=tokenizer)
+    monkeypatch.setattr(generate_module, "_continuous",
+                        lambda *a, **k: (_ for _ in ()).throw(ContinuousBatchingError(
+                            "continuous batching failed for 3 prompt(s): boom; use batching='static'.")))
+    result = hwrun.generate(plan, PROMPTS, max_new_tokens=4, model=model, tokenizer=tokenizer)
+    assert result.batching == "static" and result.token_ids == static.token_ids
+    assert result.batching_reason == ("3 prompts, but Transformers' continuous batching failed for 3 prompt(s): "
+                                      "boom: one left-padded batch")
+    assert result.decode_reason.startswith("model.generate ")
+    with pytest.raises(ContinuousBatchingError, match="boom"):
+        hwrun.generate(plan, PROMPTS, max_new_tokens=4, batching="continuous", model=model, tokenizer=tokenizer)

@@ -27,12 +27,17 @@ class GenerateError(HwrunError, ValueError):
     """A `generate()` argument is invalid: no prompts, empty prompt, max_new_tokens <= 0, ..."""
 
 
+class ContinuousBatchingError(GenerateError):
+    """Transformers' continuous batching (`generate_batch`) failed for this model; `batching='auto'`
+    falls back to static batching, an explicit `batching='continuous'` raises it."""
+
+
 class FastDecodeError(HwrunError, RuntimeError):
     """The graph decode path cannot run this model or input (see `hwrun.fastdecode`)."""
 
 
 __all__ = [
-    "FastDecodeError", "GenerateError", "HwrunError", "ModelSourceError", "PlanError", "QuantizationError",
+    "ContinuousBatchingError", "FastDecodeError", "GenerateError", "HwrunError", "ModelSourceError", "PlanError", "QuantizationError",
 ]
 
 

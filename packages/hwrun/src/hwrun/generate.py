@@ -18,8 +18,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .batching import choose_batching, continuous_config, continuous_warmup, model_batching
-from .errors import GenerateError
+from .batching import (
+    BatchingChoice,
+    choose_batching,
+    continuous_config,
+    continuous_warmup,
+    model_batching,
+)
+from .errors import ContinuousBatchingError, GenerateError
 
 if TYPE_CHECKING:
     from .plan import RunPlan
@@ -220,7 +226,21 @@ def generate(
         if choice.mode == "continuous" and decode_mode == "graphs":
             ids, prompt_lens, seconds = _slots(plan, model, tokenizer, prompts, max_new_tokens)
         elif choice.mode == "continuous":
-            ids, prompt_lens, seconds = _continuous(plan, model, tokenizer, prompts, max_new_tokens, sampling, progress)
+            try:
+                ids, prompt_lens, seconds = _continuous(plan, model, tokenizer, prompts, max_new_tokens, sampling,
+                                                        progress)
+            except ContinuousBatchingError as exc:
+                if batching == "continuous":
+                    raise
+                # e.g. transformers 5.25's GPT-NeoX attention calls the paged cache's update() without
+                # its kwargs: the model's own code, not the request, so static batching still runs it
+                why = str(exc).removesuffix("; use batching='static'.")
+                logger.warning("%s; running one static batch instead", why)
+                choice = BatchingChoice("static", f"{choice.reason.split(':')[0]}, but Transformers' {why}: "
+                                        "one left-padded batch")
+                decode_mode, decode_reason = choose_decode(plan, decode, choice.mode, do_sample)
+                ids, prompt_lens, seconds = _static(model, tokenizer, prompts, max_new_tokens, sampling, stream,
+                                                    progress)
         elif decode_mode == "graphs":
             ids, prompt_lens, seconds = _graphs(plan, model, tokenizer, prompts, max_new_tokens, stream)
         else:
@@ -273,11 +293,11 @@ def _continuous(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], m
     seconds = time.perf_counter() - start
     results = list(outputs.values())
     if len(results) != len(encoded):
-        raise GenerateError(f"continuous batching returned {len(results)} results for {len(encoded)} prompts; "
+        raise ContinuousBatchingError(f"continuous batching returned {len(results)} results for {len(encoded)} prompts; "
                             "see the transformers log above, or use batching='static'.")
     failed = [r for r in results if r.error is not None]
     if failed:
-        raise GenerateError(f"continuous batching failed for {len(failed)} prompt(s): {failed[0].error}; "
+        raise ContinuousBatchingError(f"continuous batching failed for {len(failed)} prompt(s): {failed[0].error}; "
                             "use batching='static'.")
     return [list(r.generated_tokens) for r in results], [len(e) for e in encoded], seconds
 
