@@ -12,7 +12,6 @@ def _problems(report, code):
 
 @pytest.mark.parametrize(("modules", "named"), [("9", "[9]"), ("0,2", "[0, 2]"), ("0,1,2", "[0, 1, 2]"),
                                                 ("0,x", "'x'")])
-@pytest.mark.facts("G8")
 def test_invalid_gaudi_modules_are_a_problem(clean_device_env, monkeypatch, modules, named):
     monkeypatch.setenv("HABANA_VISIBLE_MODULES", modules)
     found = _problems(diagnose(), "invalid-gaudi-selection")
@@ -25,7 +24,6 @@ def test_a_supported_group_is_no_problem(clean_device_env, monkeypatch):
     assert _problems(diagnose(), "invalid-gaudi-selection") == []
 
 
-@pytest.mark.facts("G7")
 def test_disagreeing_gaudi_variables_are_a_problem(clean_device_env, fake_hl_smi, monkeypatch):
     fake_hl_smi()  # index 0 -> module 5, index 1 -> module 4
     monkeypatch.setenv("HABANA_VISIBLE_MODULES", "0,1")
