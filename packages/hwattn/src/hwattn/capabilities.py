@@ -5,7 +5,8 @@ module compares a kind to a string. `test_hwattn_capabilities` asserts every tab
 every `hwenv.platforms()` kind, so a new kind (a plug-in) cannot be forgotten silently; asking for
 a kind without a row is a `KindNotCoveredError` naming the table.
 
-Sources: Transformers 5.22 `modeling_flash_attention_utils.py` (`FLASH_ATTN_KERNEL_FALLBACK`,
+Sources: Transformers 5.22 (unchanged through 5.25; the tests read them from the installed release)
+`modeling_flash_attention_utils.py` (`FLASH_ATTN_KERNEL_FALLBACK`,
 `FLASH_ATTN_KERNEL_DEVICES`, `FLASH_ATTENTION_COMPATIBILITY_MATRIX`), `integrations/sdpa_attention.py`
 (`use_gqa_in_sdpa`), `utils/kernel_config.py` (`KERNELS_SUPPORTED_DEVICE_TYPES`), `utils/import_utils.py`
 (`get_device_type`: a HIP build's `cuda` device is `rocm`); kernels 0.17 `layer/kernelize.py`
