@@ -8,7 +8,7 @@ from __future__ import annotations
 import hwrun
 import pytest
 import torch
-from hwrun.errors import ContinuousBatchingError, GenerateError
+from hwrun.errors import ContinuousBatchingError, GenerateError, PlanError
 from hwrun.families import FAMILIES, build_tiny_family
 from hwrun.testing import build_tokenizer
 from hwrun.training import ALL_LINEAR, lora_targets, peft_target_mapping
@@ -40,15 +40,6 @@ def test_the_matrix_covers_at_least_twelve_families_with_the_required_ones():
     assert required <= set(FAMILIES) and len(FAMILIES) >= 12
 
 
-#: Families that cannot pass yet, each with the precise reason (strict: a pass is reported).
-XFAIL: dict[str, str] = {
-    "gemma2": "Gemma2ForCausalLM._supports_sdpa is False, and hwattn.resolve_attention does not read the "
-              "model class's declared support yet (issue 25 point 4): plan says sdpa, the load then fails",
-    "bloom": "BloomForCausalLM._supports_sdpa is False, and hwattn.resolve_attention does not read the "
-             "model class's declared support yet (issue 25 point 4): plan says sdpa, the load then fails",
-}
-
-
 #: Family -> (first transformers release, reason): continuous batching fails inside the model's own code,
 #: so `batching="auto"` falls back to static and says why (checked both ways: a fixed release fails here).
 CONTINUOUS_BROKEN: dict[str, tuple[str, str]] = {
@@ -65,8 +56,7 @@ def _continuous_broken(name: str) -> bool:
     return first is not None and Version(transformers.__version__) >= Version(first)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=XFAIL[n]))
-                                  if n in XFAIL else n for n in FAMILIES])
+@pytest.mark.parametrize("name", list(FAMILIES))
 def test_family_plans_loads_generates_and_trains_lora(name, shared, tmp_path):
     root, data = shared
     family = FAMILIES[name]
@@ -77,8 +67,11 @@ def test_family_plans_loads_generates_and_trains_lora(name, shared, tmp_path):
     cls = _class_of(plan)
     implementation = plan.attention.implementation
     assert {"sdpa": cls._supports_sdpa, "eager": True}[implementation], (name, implementation)
-    if not cls._supports_sdpa:
-        assert implementation == "eager" and "sdpa" in plan.attention.reason
+    if not cls._supports_sdpa:  # hwattn read the class's declaration from config.json: eager, and why
+        assert implementation == "eager"
+        assert f"{cls.__name__}._supports_sdpa is False" in plan.reasons["attention"]
+        with pytest.raises(PlanError, match=f"'sdpa' cannot run {cls.__name__}"):
+            hwrun.plan(str(path), device="cpu", attention="sdpa")  # refused before anything loads
 
     # load
     model, tokenizer = hwrun.load(plan)

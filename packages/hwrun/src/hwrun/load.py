@@ -12,7 +12,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .errors import ModelSourceError
-from .source import resolve_source
+from .source import model_config, resolve_source
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -39,15 +39,16 @@ def from_pretrained_kwargs(plan: RunPlan) -> dict[str, Any]:
         "use_safetensors": True,
         "trust_remote_code": plan.trust_remote_code,
     }
+    source = resolve_source(plan.model)
+    # the same config plan() gave hwattn, so the load asks for the attention the plan chose
     kwargs.update(hwattn.load_kwargs(plan.accelerator, plan.attention.requested, plan.use_kernels,
-                                     fallback=plan.attention.fallback))
+                                     model_config=model_config(source), fallback=plan.attention.fallback))
     if plan.device_map is not None:
         kwargs["device_map"] = plan.device_map
     if plan.quantization:
         from .quantization import bnb_config
 
         kwargs["quantization_config"] = bnb_config(plan.quantization, plan.dtype)
-    source = resolve_source(plan.model)
     if source.local or hub_offline():
         kwargs["local_files_only"] = True
     return kwargs

@@ -9,13 +9,12 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from . import devices
 from .errors import PlanError
 from .quantization import check_quantization
-from .source import DEFAULT_MODEL, ModelSource, resolve_source, weight_bytes
+from .source import DEFAULT_MODEL, model_config, resolve_source, weight_bytes
 from .training.adapters import adapter_base_model, is_adapter_folder
 
 if TYPE_CHECKING:
@@ -275,16 +274,6 @@ def _size(nbytes: int | None) -> str:
     return f"{nbytes} B"
 
 
-def _model_config(source: ModelSource) -> Any:
-    """The config.json fields hwattn reads (heads, KV heads, head dim) as attributes, or None.
-
-    A plain namespace, not `AutoConfig`: planning stays fast and runs no model code.
-    """
-    if not source.config:
-        return None
-    return SimpleNamespace(**source.config.get("text_config", source.config))
-
-
 def plan(
     model: str | None = None,
     device: Any = "auto",
@@ -327,9 +316,8 @@ def plan(
     nbytes, how = weight_bytes(source, dtype_name, quantization)
     device_map, reasons["device_map"] = choose_device_map(accel, nbytes, how)
 
-    config = _model_config(source)
     try:
-        choice = hwattn.resolve_attention(accel, attention, model_config=config)
+        choice = hwattn.resolve_attention(accel, attention, model_config=model_config(source))
     except ValueError as exc:
         raise PlanError(f"attention={attention!r}: {exc}") from exc
     reasons["attention"] = choice.reason

@@ -180,3 +180,10 @@ def weight_bytes(source: ModelSource, dtype: str, quantization: str | None = Non
         if params is not None:
             return int(params * per_param), f"config.json: about {params:,} parameters"
     return None, "unknown (no local weights or cached config.json to read)"
+
+
+def model_config(source: ModelSource) -> dict | None:
+    """The model's config.json as read by `resolve_source` (no weights, no model code), or None: what
+    hwattn reads for the model class's declared attention (`architectures` / `model_type` at the top
+    level) and the GQA head counts (its `text_config` for multimodal models)."""
+    return source.config or None
