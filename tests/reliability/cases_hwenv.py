@@ -60,4 +60,10 @@ CASES: tuple[Case, ...] = (
     Case("doctor-hip-visible-duplicate", M, ("doctor", "--json"), "silently-accepted",
          "doctor: no problem", "doctor problem invalid-device-selection", "1,1",
          env={"HIP_VISIBLE_DEVICES": "1,1"}, expect="doctor-problem", problem="invalid-device-selection"),
+    Case("doctor-lazy-mode-malformed-off-gaudi", M, ("doctor", "--json"), "silently-accepted",
+         "doctor: named only on a Gaudi", "doctor problem lazy-mode-malformed on every machine", "'yes'",
+         env={"PT_HPU_LAZY_MODE": "yes"}, expect="doctor-problem", problem="lazy-mode-malformed"),
+    Case("doctor-int64-malformed-off-gaudi", M, ("doctor", "--json"), "silently-accepted",
+         "doctor: named only on a Gaudi", "doctor problem int64-flag-malformed on every machine", "'2'",
+         env={"PT_ENABLE_INT64_SUPPORT": "2"}, expect="doctor-problem", problem="int64-flag-malformed"),
 )

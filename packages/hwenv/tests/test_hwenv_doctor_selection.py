@@ -75,3 +75,19 @@ def test_valid_selections_are_no_problem(clean_device_env, monkeypatch):
     monkeypatch.setenv("HABANA_VISIBLE_MODULES", "3")
     report = diagnose()
     assert not _problems(report, "invalid-device-selection") and not _problems(report, "invalid-gaudi-selection")
+
+
+@pytest.mark.parametrize(("variable", "value", "code"), [("PT_HPU_LAZY_MODE", "yes", "lazy-mode-malformed"),
+                                                         ("PT_ENABLE_INT64_SUPPORT", "2", "int64-flag-malformed")])
+def test_malformed_gaudi_flags_are_named_off_gaudi_too(clean_device_env, monkeypatch, variable, value, code):
+    monkeypatch.setenv(variable, value)
+    report = diagnose()
+    found = _problems(report, code)
+    assert len(found) == 1 and repr(value) in found[0].message
+    assert not _problems(report, "lazy-mode-blocks-compile")  # no Gaudi here: only the malformed value
+
+
+def test_well_formed_gaudi_flags_off_gaudi_are_no_problem(clean_device_env, monkeypatch):
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
+    monkeypatch.setenv("PT_ENABLE_INT64_SUPPORT", "1")
+    assert diagnose().problems == ()

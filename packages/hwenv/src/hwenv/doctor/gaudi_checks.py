@@ -105,6 +105,14 @@ def pin_findings(env: Mapping[str, str]) -> tuple[list[Problem], list[str]]:
     ]
 
 
+def malformed_flag_findings(env: Mapping[str, str]) -> list[Problem]:
+    """Off Gaudi: only a malformed `PT_HPU_LAZY_MODE` / `PT_ENABLE_INT64_SUPPORT` (a run on a Gaudi would read it)."""
+    mode, found, _ = mode_findings(env)
+    int64_found, _ = int64_findings(env, mode, None)
+    malformed = ("lazy-mode-malformed", "int64-flag-malformed")
+    return [p for p in found + int64_found if p.code in malformed]
+
+
 def container_findings(env: Mapping[str, str]) -> list[str]:
     """The assumption hwenv makes for a one-card `HABANA_VISIBLE_DEVICES` (no source says what hl-smi shows)."""
     indices = env.get(gaudi.DEVICES_VARIABLE, "")
@@ -150,9 +158,9 @@ def gaudi_checks(acc: Accelerator | None, probes: Mapping[str, ProbeResult], env
             problems += check[0]
             notes += check[1]
         notes += container_findings(env)
-    elif gaudi.MODULE_ID_VARIABLE in env:
+    else:
         found, said = pin_findings(env)
-        problems += found
+        problems += found + malformed_flag_findings(env)
         notes += said
     if not hpu.available and shutil.which("hl-smi") and not plugin_present:
         problems.append(Problem(
