@@ -35,6 +35,8 @@ def test_good_port_and_nnodes():
     (("--monitor-interval", "inf"), "--monitor-interval"),
     (("--rdzv-endpoint", "h:0"), "h:0"),
     (("--nproc-per-node", "0"), "--nproc-per-node"),
+    (("--rdzv-conf", "join_timeout=6,oops"), "'oops'"),
+    (("--log-dir", "train.py"), "is a file"),
 ])
 def test_launch_options_refused_before_anything(tmp_path, monkeypatch, argv, named):
     monkeypatch.chdir(tmp_path)

@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `hwdist` argument parser."""
     parser = OneLineParser(prog="hwdist", description="Process groups, launcher and collective benchmark.")
     add_verbose(parser, top_level=True)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{launch,bench}")
     _launch_parser(sub)
     _bench_parser(sub)
     return parser

@@ -106,6 +106,14 @@ def check_launch(args: argparse.Namespace) -> None:
         raise LaunchError(f"--master-addr {args.master_addr!r} is empty; pass a host name or address.")
     if args.rdzv_endpoint is not None:
         _endpoint(args.rdzv_endpoint)
+    if args.rdzv_conf is not None:
+        bad = [item for item in str(args.rdzv_conf).split(",") if "=" not in item or not item.partition("=")[0].strip()]
+        if bad:
+            raise LaunchError(f"--rdzv-conf {args.rdzv_conf!r}: {bad[0]!r} is not KEY=VALUE; write e.g. "
+                              f"join_timeout=600,read_timeout=60.")
+    if args.log_dir is not None and os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
+        raise LaunchError(f"--log-dir {args.log_dir!r} is a file, not a folder; torchrun writes one folder of logs "
+                          f"per run there. Pass a folder path.")
     rdzv = [flag for flag, dest in (("--rdzv-backend", "rdzv_backend"), ("--rdzv-endpoint", "rdzv_endpoint"),
                                     ("--rdzv-id", "rdzv_id")) if getattr(args, dest) is not None]
     if args.standalone and rdzv:
