@@ -207,3 +207,17 @@ def storages_mixed(attention):
     def base(module):
         return getattr(module, "base_layer", module)
     return {base(getattr(attention, n)).weight.untyped_storage().data_ptr() for n in ("q_proj", "k_proj", "v_proj")}
+
+
+def test_fused_projections_decode_with_a_kv_cache_as_the_model_does():
+    """With a KV cache (past_key_values up to 5.24, cache from 5.25) the patched attention gives the
+    unpatched greedy tokens: the cache is updated, not dropped."""
+    model = lora_model()
+    reference = copy.deepcopy(model)
+    patch = apply_fused_projections(model)
+    assert patch.applied
+    with torch.no_grad():
+        got = model.generate(input_ids=IDS[:1, :6], max_new_tokens=6, do_sample=False, use_cache=True)
+        want = reference.generate(input_ids=IDS[:1, :6], max_new_tokens=6, do_sample=False, use_cache=True)
+    assert torch.equal(got, want)
+    patch.undo()

@@ -154,13 +154,22 @@ class _FusedGroup:
         return outputs
 
 
-def _attention_forward(self, hidden_states, position_embeddings=None, attention_mask=None,
-                       past_key_values=None, **kwargs):
-    """LlamaAttention.forward (Transformers 5.x) with q/k/v from one fused group."""
+#: The KV-cache keyword of LlamaAttention.forward: `past_key_values` up to Transformers 5.24, `cache` from 5.25.
+_CACHE_KEYWORDS = ("past_key_values", "cache")
+
+
+def _attention_forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+    """LlamaAttention.forward (Transformers 5.x) with q/k/v from one fused group. With a KV cache
+    (decoding; its keyword and update() differ between releases) the class's own forward runs on the
+    separate projections, whose weights are views of the fused one."""
     import sys
 
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    if any(kwargs.get(name) is not None for name in _CACHE_KEYWORDS):
+        return type(self).forward(self, hidden_states, position_embeddings, attention_mask, **kwargs)
+    for name in _CACHE_KEYWORDS:
+        kwargs.pop(name, None)
     module = sys.modules[type(self).__module__]
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
@@ -170,8 +179,6 @@ def _attention_forward(self, hidden_states, position_embeddings=None, attention_
     value_states = value.view(hidden_shape).transpose(1, 2)
     cos, sin = position_embeddings
     query_states, key_states = module.apply_rotary_pos_emb(query_states, key_states, cos, sin)
-    if past_key_values is not None:
-        key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
     attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
         self.config._attn_implementation, module.eager_attention_forward)
     attn_output, attn_weights = attention_interface(
