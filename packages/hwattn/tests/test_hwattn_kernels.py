@@ -366,3 +366,26 @@ def test_from_pretrained_on_cpu_with_load_kwargs_and_a_mapping(offline_hub, make
 def test_local_path_must_exist(offline_hub):
     with pytest.raises(KernelUnavailableError, match="not a directory.*LOCAL_KERNELS"):
         hwattn.load_kernel("kernels-community/flash-attn2", local_path=offline_hub / "missing")
+
+
+@pytest.mark.facts("X12", "X13")
+@pytest.mark.parametrize("accel", [XPU, Accelerator("cuda"), Accelerator("rocm"), Accelerator("mps")],
+                         ids=["xpu", "cuda", "rocm", "mps"])
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_default_kernels_is_the_installed_transformers_mapping(accel, training):
+    """`default_kernels` (what examples and tests should compare with) equals the mapping read directly."""
+    from transformers.integrations.hub_kernels import get_kernel_mapping_transformers
+
+    every = {layer: layer for layer in get_kernel_mapping_transformers()}
+    expected = {layer: f"{repo}:{name}" for layer, (repo, name) in expected_defaults(every, accel.kind, training).items()}
+    assert hwattn.default_kernels(accel, training=training) == expected
+    assert expected or accel.kind == "mps"  # the check compares real entries (MPS has none from 5.25 on)
+
+
+def test_default_kernels_where_hub_kernels_are_not_used(monkeypatch):
+    import hwattn.environment
+
+    assert hwattn.default_kernels(HPU) == {}
+    monkeypatch.setattr(hwattn.environment, "kernels_available", lambda: False)
+    with pytest.raises(hwattn.KernelsMissingError, match="default kernel mapping needs `kernels`"):
+        hwattn.default_kernels(XPU)

@@ -36,7 +36,7 @@ from .kernel_map import device_keys, kernel_mapping, registered_layers, validate
 from .loading import for_device, load_kernel, load_kwargs, local_kernel_hint
 from .model_support import ModelSupport, model_support
 from .names import FLASH_KERNEL_REPO, check_name, is_kernel_string, valid_names
-from .plan import KernelPlan, LayerKernel, kernel_plan
+from .plan import KernelPlan, LayerKernel, default_kernels, kernel_plan
 from .resolve import AttentionChoice, resolve_attention
 from .sdpa import eager_attention, repeat_kv, sdpa, uses_native_gqa
 from .table import capability_table, decision_table, software_table
@@ -48,7 +48,7 @@ __all__ = [
     "AcceleratorTypeError", "AttentionChoice", "capability_table", "AttentionEnvironment", "AttentionUnsupportedError",
     "FLASH_KERNEL_REPO", "HwattnError", "KernelMappingError", "KernelPlan", "KernelUnavailableError",
     "KernelsInternalsError", "KernelsMissingError", "KernelsUnsupportedError", "KindNotCoveredError", "ModelAttentionError", "LayerKernel", "ShapeError", "UnknownAttentionError",
-    "check_name", "current_environment", "decision_table", "device_keys", "eager_attention",
+    "check_name", "current_environment", "decision_table", "default_kernels", "device_keys", "eager_attention",
     "flash_packages_installed", "for_device", "kernelized_layers", "is_kernel_string", "kernel_mapping", "kernel_plan", "kernels_available",
     "load_kernel", "load_kwargs", "ModelSupport", "model_support", "local_kernel_hint", "native_gqa", "native_gqa_reason", "registered_layers",
     "repeat_kv", "resolve_attention", "sdpa", "software_table", "uses_native_gqa", "valid_names",

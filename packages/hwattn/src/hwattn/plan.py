@@ -125,6 +125,31 @@ def kernel_plan(model: Any, accel: Accelerator, mapping: Any = None) -> KernelPl
                       replaced=tuple(replaced), unchanged=tuple(unchanged))
 
 
+def default_kernels(accel: Accelerator, *, training: bool = False) -> dict[str, str]:
+    """Transformers' default hub kernels on `accel` as the installed release maps them: `{layer: "repo:layer"}`.
+
+    What `use_kernels=True` without a mapping gives each registered layer name in that mode (loading
+    nothing); `{}` where hub kernels are not used (Gaudi). Raises `KernelsMissingError` without `kernels`.
+    """
+    if not isinstance(accel, Accelerator):
+        raise AcceleratorTypeError(f"accel must be an hwenv.Accelerator, got {type(accel).__name__} {accel!r}.")
+    from .environment import kernels_available
+
+    if hub_kernels(accel.kind).kernels_device is None:
+        return {}
+    if not kernels_available():
+        from .errors import KernelsMissingError
+        from .resolve import KERNELS_INSTALL_HINT, _kernels_problem
+
+        raise KernelsMissingError(f"Transformers' default kernel mapping needs `kernels`: {_kernels_problem()}. "
+                                  f"Fix: {KERNELS_INSTALL_HINT}.")
+    from transformers.integrations.hub_kernels import get_kernel_mapping_transformers
+
+    names = {layer: layer for layer in get_kernel_mapping_transformers()}
+    replaced, _, _ = _select(names, None, accel, "training" if training else "inference")
+    return {k.layer: f"{k.repo}:{k.repo_layer}" for k in replaced}
+
+
 def _select(layers: dict[str, str], config: Any, accel: Accelerator,
             mode_name: str) -> tuple[list[LayerKernel], list[LayerKernel], str]:
     from kernels import Mode, use_kernel_mapping
