@@ -270,16 +270,16 @@ def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 
     def forward(input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+        if past_key_values is not None:  # passed on only when given: 5.25 renamed it `cache` (a warning)
+            kwargs["past_key_values"] = past_key_values
         if labels is None:
             return original(model, input_ids=input_ids, attention_mask=attention_mask,
-                            position_ids=position_ids, past_key_values=past_key_values,
-                            inputs_embeds=inputs_embeds, use_cache=use_cache,
+                            position_ids=position_ids, inputs_embeds=inputs_embeds, use_cache=use_cache,
                             logits_to_keep=logits_to_keep, **kwargs)
         num_items = kwargs.pop("num_items_in_batch", None)
         kwargs.pop("return_dict", None)
         outputs = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          past_key_values=past_key_values, inputs_embeds=inputs_embeds,
-                          use_cache=False, **kwargs)
+                          inputs_embeds=inputs_embeds, use_cache=False, **kwargs)
         hidden = outputs.last_hidden_state
         targets = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].to(hidden.device)
         head = model.get_output_embeddings()
