@@ -215,6 +215,18 @@ def test_qlora_trains_a_4bit_base(tiny, cpu_plan, tmp_path):
     assert result.lora and result.global_step == 2
     assert "4-bit NF4" in result.reasons["model"]
     assert (tmp_path / "q" / "adapter_model.safetensors").is_file()
+    assert result.reasons["lora"] == "r=16 on q_proj,v_proj (peft's mapping for llama: q_proj, v_proj)"  # as LoRA
+
+
+def test_qlora_all_linear_adapts_the_4bit_layers_but_not_the_head(tiny, cpu_plan, tmp_path):
+    from safetensors.torch import load_file
+
+    out = tmp_path / "q"
+    result = hwrun.train(cpu_plan, tiny[1], qlora=True, lora={"target_modules": ["all-linear"]}, max_steps=1,
+                         output_dir=out, **FAST)
+    assert result.reasons["lora"] == ("r=16 on down_proj,gate_proj,k_proj,o_proj,q_proj,up_proj,v_proj (given: "
+                                      "all-linear (PEFT's every linear layer but the output head))")
+    assert not any("lm_head" in key for key in load_file(out / "adapter_model.safetensors"))
 
 
 def test_qlora_where_bitsandbytes_cannot_run_names_device_and_alternative(tiny, tmp_path, monkeypatch):
