@@ -3,8 +3,10 @@
 """Which layers `use_kernels=True` would replace with Hub kernels, for inference and for training, and the
 `from_pretrained` keywords that ask for them; nothing is downloaded.
 
-X12: `use_kernels=True` replaces supported layers (activations, RMSNorm, rotary embeddings) with
-Hub kernels on Intel GPUs as on NVIDIA GPUs. X13: the kernels follow `model.train()` /
+X12: `use_kernels=True` replaces supported layers with Hub kernels on Intel GPUs as on NVIDIA GPUs;
+which layers is the installed Transformers' default mapping (`hwattn.default_kernels`): 5.22-5.24
+map activations, RMSNorm and rotary embeddings on XPU for inference, 5.25 drops the XPU RMSNorm
+default and maps rotary embeddings for training too. X13: the kernels follow `model.train()` /
 `model.eval()`, and a `KernelConfig` with the device key `"xpu"` chooses kernels yourself.
 hwattn.kernel_plan reads the same mapping tables `kernels.kernelize` reads, without loading a
 kernel. `--device` plans for another machine (default: this one). Loading a kernel needs the Hub
