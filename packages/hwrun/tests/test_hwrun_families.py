@@ -66,6 +66,7 @@ def test_family_plans_loads_generates_and_trains_lora(name, shared, tmp_path):
     plan = hwrun.plan(str(path), device="cpu")
     cls = _class_of(plan)
     implementation = plan.attention.implementation
+    assert plan.to_dict()["attention"]["model_class"] == cls.__name__  # hwattn read this class's declarations
     assert {"sdpa": cls._supports_sdpa, "eager": True}[implementation], (name, implementation)
     if not cls._supports_sdpa:  # hwattn read the class's declaration from config.json: eager, and why
         assert implementation == "eager"

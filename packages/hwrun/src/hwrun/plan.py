@@ -107,6 +107,7 @@ class RunPlan:
                 "gqa_native": self.attention.gqa_native,
                 "kernel_repo": self.attention.kernel_repo,
                 "fallback": self.attention.fallback,
+                "model_class": getattr(self.attention, "model_class", None),  # whose declared support was read
                 "reason": self.attention.reason,
             },
             "use_kernels": self.use_kernels,
