@@ -172,3 +172,18 @@ def test_compiled_slot_step_writes_the_cache_in_place(qwen2):
     code = "\n".join(codes)
     assert "index_put" in code  # the per-row K/V write, fused into the step's kernels
     assert "clone" not in code, "a kernel copies a whole buffer before writing it"
+
+
+def test_model_step_passes_the_cache_under_the_releases_own_keyword(qwen2):
+    """`cache` on transformers 5.25 (past_key_values warns there), `past_key_values` before: no warning."""
+    import inspect
+    import warnings
+
+    from hwrun.fastdecode import cache_keyword
+
+    keyword = cache_keyword(qwen2)
+    assert keyword in inspect.signature(type(qwen2).forward).parameters
+    decoder = GraphDecoder(qwen2, batch_size=1, max_cache_len=24, step="model")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values.*deprecated", category=FutureWarning)
+        decoder.generate(torch.tensor([[3, 5, 7]]), 4, eos_token_id=None)

@@ -57,6 +57,14 @@ def decoder_graph_tools(platform: Any) -> Any:
 STEPS = ("auto", "fused", "model")
 
 
+def cache_keyword(model: Any) -> str:
+    """The KV-cache keyword of `model.forward`: `cache` from Transformers 5.25 (`past_key_values` still
+    works there, with a deprecation warning, until 5.40), `past_key_values` before."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
 class GraphDecoder:
     """Static-cache greedy decoder for `model` at a fixed batch size and cache length.
 
@@ -96,6 +104,7 @@ class GraphDecoder:
                                 f"({self.fused.extra_bytes / 2**20:.0f} MiB of fused weight copies)")
         else:
             self.cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+            self.cache_keyword = cache_keyword(model)
             self.step_reason = f"model forward over a StaticCache ({unsupported})"
             if step == "auto":
                 logger.info("graph decode runs the model's own forward: the fused step does not apply (%s)",
@@ -113,7 +122,7 @@ class GraphDecoder:
         if self.fused is not None:
             last = self.fused(self.token, self.position)
         else:
-            last = self.model(input_ids=self.token, position_ids=self.position, past_key_values=self.cache,
+            last = self.model(input_ids=self.token, position_ids=self.position, **{self.cache_keyword: self.cache},
                               use_cache=True, logits_to_keep=1).logits[:, -1]
         nxt = last.argmax(dim=-1, keepdim=True)
         self.token.copy_(nxt)
@@ -129,7 +138,7 @@ class GraphDecoder:
             last = self.fused(input_ids, positions)
         else:
             self.cache.reset()
-            last = self.model(input_ids=input_ids, position_ids=positions, past_key_values=self.cache,
+            last = self.model(input_ids=input_ids, position_ids=positions, **{self.cache_keyword: self.cache},
                               use_cache=True, logits_to_keep=1).logits[:, -1]
         first = last.argmax(dim=-1, keepdim=True)
         self.token.copy_(first)
