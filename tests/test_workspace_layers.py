@@ -128,4 +128,22 @@ def test_locked_transformers_accepts_the_installed_kernels():
 
     assert is_kernels_available() is True, (transformers.__version__, kernels.__version__)
     lock = (ROOT / "uv.lock").read_text()
-    assert re.search(r'name = "transformers"\nversion = "5\.2[012]\.', lock), "transformers must stay >=5.20.2,<5.23"
+    assert re.search(r'name = "transformers"\nversion = "5\.2[2-5]\.', lock), "transformers must stay >=5.22.2,<5.26"
+
+
+def test_declared_ranges_admit_the_oldest_and_newest_tested_pairs():
+    """The ranges hwattn and hwrun declare are the ones CI tests: the lock (newest) and .ci/run's oldest pair."""
+    from packaging.requirements import Requirement
+
+    ci = (ROOT / ".ci" / "run").read_text()
+    oldest = dict(re.findall(r"--with (transformers|kernels)==([\d.]+)", ci))
+    assert set(oldest) == {"transformers", "kernels"}, "CI must run the oldest supported pair"
+    lock = (ROOT / "uv.lock").read_text()
+    newest = {name: re.search(rf'name = "{name}"\nversion = "([^"]+)"', lock).group(1) for name in oldest}
+    for package in ("hwattn", "hwrun"):
+        text = (ROOT / "packages" / package / "pyproject.toml").read_text()
+        for line in re.findall(r'"((?:transformers|kernels)[^"]*)"', text):
+            requirement = Requirement(line)
+            for version in (oldest[requirement.name], newest[requirement.name]):
+                assert requirement.specifier.contains(version), f"{package}: {line} refuses {version}"
+    assert re.search(r'requires-python = ">=3\.11"', (ROOT / "pyproject.toml").read_text())
