@@ -110,9 +110,8 @@ def test_slot_decoder_tokens_equal_static_batching():
     assert slots.token_ids == static.token_ids
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 point 2: Transformers' generate_batch crashes under hwrun.generate on "
-                                       "CUDA ('Inplace update to inference tensor outside InferenceMode')")
 def test_transformers_continuous_batching_through_hwrun():
+    """Issue 26 point 2: generate_batch used to crash here ('Inplace update to inference tensor outside InferenceMode')."""
     import hwrun
 
     plan = _plan()

@@ -222,7 +222,11 @@ def generate(
             logger.info("continuous graph decode not used: the fused step cannot run this model (%s); "
                         "falling back to model.generate_batch", unsupported)
             decode_mode, decode_reason = "generate", f"model.generate_batch (the fused step cannot run it: {unsupported})"
-    with torch.inference_mode():
+    # Transformers' continuous batching runs its loop in a thread of its own, which is not in inference mode:
+    # tensors its warm-up creates here under inference_mode() are then updated in place there, and CUDA raises
+    # "Inplace update to inference tensor outside InferenceMode" (issue 26). no_grad() is enough for it.
+    theirs_continuous = choice.mode == "continuous" and decode_mode != "graphs"
+    with torch.no_grad() if theirs_continuous else torch.inference_mode():
         if choice.mode == "continuous" and decode_mode == "graphs":
             ids, prompt_lens, seconds = _slots(plan, model, tokenizer, prompts, max_new_tokens)
         elif choice.mode == "continuous":
