@@ -137,3 +137,10 @@ def test_every_package_keeps_a_changelog_starting_with_its_version():
         assert headings, f"{package}/CHANGELOG.md has no '## <version>' entry"
         assert headings[0] == _version(package), f"{package}: newest entry {headings[0]}, version {_version(package)}"
         assert len(text.split(f"## {headings[0]}", 1)[1].strip()) > 20, f"{package}: empty entry for {headings[0]}"
+
+
+def test_every_package_reports_its_pyproject_version():
+    import importlib
+
+    for package in PACKAGES:
+        assert importlib.import_module(package).__version__ == _version(package), package

@@ -210,8 +210,8 @@ def test_plan_loads_nothing(model, monkeypatch):
 
 @pytest.mark.facts("X12")
 def test_load_kwargs():
-    assert load_kwargs(CPU) == {"attn_implementation": "sdpa"}
-    assert load_kwargs(XPU, "flash_attention_2") == {"attn_implementation": "kernels-community/flash-attn2"}
+    assert load_kwargs(CPU) == {"attn_implementation": "sdpa", "use_kernels": False}
+    assert load_kwargs(XPU, "flash_attention_2") == {"attn_implementation": "kernels-community/flash-attn2", "use_kernels": False}
     assert load_kwargs(XPU, use_kernels=True) == {"attn_implementation": "sdpa", "use_kernels": True}
 
 
@@ -246,7 +246,7 @@ def test_load_kwargs_without_an_entry_for_the_device_is_the_same_on_every_device
                for r in caplog.records)
     caplog.clear()
     alone = load_kwargs(accel, mapping=kernel_mapping(NPU_ONLY, inherit_mapping=False))
-    assert alone == {"attn_implementation": "sdpa"}  # nothing to replace: kernels are not asked for
+    assert alone == {"attn_implementation": "sdpa", "use_kernels": False}  # nothing to replace: kernels are not asked for
     assert any("loading without hub kernels" in r.getMessage() and "inherit_mapping=False" in r.getMessage()
                for r in caplog.records)
 
@@ -257,9 +257,9 @@ def test_load_kwargs_on_cpu_keeps_the_mapping_and_its_flags(caplog):
     cpu = load_kwargs(CPU, mapping=RMS)  # KernelConfig has no 'cpu' key: no entry can apply
     assert cpu["use_kernels"] is True and cpu["kernel_config"].kernel_mapping == {}
     assert any("no 'cpu' entry for RMSNorm" in r.getMessage() for r in caplog.records)
-    assert load_kwargs(CPU, mapping=kernel_mapping(RMS, inherit_mapping=False)) == {"attn_implementation": "sdpa"}
+    assert load_kwargs(CPU, mapping=kernel_mapping(RMS, inherit_mapping=False)) == {"attn_implementation": "sdpa", "use_kernels": False}
     local = kernel_mapping({"RMSNorm": {"xpu": "/opt/rmsnorm:RMSNorm"}}, use_local_kernel=True)
-    assert load_kwargs(CPU, mapping=local) == {"attn_implementation": "sdpa"}  # local kernels inherit nothing
+    assert load_kwargs(CPU, mapping=local) == {"attn_implementation": "sdpa", "use_kernels": False}  # local kernels inherit nothing
     caplog.clear()
     # A mapping without device keys is bound to the model's device by Transformers, which refuses 'cpu'
     # (KernelConfig.create_compatible_mapping -> add_to_mapping): dropped here, with the reason.
@@ -274,7 +274,7 @@ def test_load_kwargs_needs_no_kernels_when_none_would_be_used(monkeypatch):
     import hwattn.environment
 
     monkeypatch.setattr(hwattn.environment, "kernels_available", lambda: False)
-    assert load_kwargs(CPU, mapping=kernel_mapping(RMS, inherit_mapping=False)) == {"attn_implementation": "sdpa"}
+    assert load_kwargs(CPU, mapping=kernel_mapping(RMS, inherit_mapping=False)) == {"attn_implementation": "sdpa", "use_kernels": False}
     with pytest.raises(hwattn.KernelsMissingError):
         load_kwargs(CPU, mapping=RMS)  # inherits Transformers' defaults: those need kernels
 
@@ -291,7 +291,7 @@ def test_load_kwargs_on_gaudi(caplog):
     with pytest.raises(KernelsUnsupportedError, match="Gaudi.*fallback=True"):
         load_kwargs(HPU, use_kernels=True)
     caplog.set_level(logging.WARNING, logger="hwattn.loading")
-    assert load_kwargs(HPU, use_kernels=True, fallback=True) == {"attn_implementation": "sdpa"}
+    assert load_kwargs(HPU, use_kernels=True, fallback=True) == {"attn_implementation": "sdpa", "use_kernels": False}
     assert any("hub kernels dropped" in r.getMessage() for r in caplog.records)
 
 
@@ -389,3 +389,24 @@ def test_default_kernels_where_hub_kernels_are_not_used(monkeypatch):
     monkeypatch.setattr(hwattn.environment, "kernels_available", lambda: False)
     with pytest.raises(hwattn.KernelsMissingError, match="default kernel mapping needs `kernels`"):
         hwattn.default_kernels(XPU)
+
+
+def test_use_kernels_off_is_passed_so_no_release_turns_hub_kernels_on(tmp_path):
+    """transformers 5.25 defaults use_kernels to True (USE_HUB_KERNELS): a load without kernels must say False,
+    or from_pretrained kernelizes and, on CUDA, fetches kernels from the Hub (found on the H200)."""
+    import inspect
+
+    import transformers
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, vocab_size=64)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    kwargs = load_kwargs(CPU)
+    assert kwargs["use_kernels"] is False
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, **kwargs)
+    assert model.use_kernels is False
+    source = inspect.getsource(transformers.PreTrainedModel.from_pretrained)
+    if "elif use_kernels is None:" in source:  # the release whose default is on: absent means True there
+        unsaid = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa")
+        assert unsaid.use_kernels is True

@@ -120,9 +120,10 @@ def test_gemma2_loads_with_what_hwattn_chose(tmp_path):
     config = tiny("Gemma2Config")
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
     kwargs = hwattn.load_kwargs(CPU, "auto", model_config=config)
-    assert kwargs == {"attn_implementation": "eager"}
+    assert kwargs == {"attn_implementation": "eager", "use_kernels": False}
     model = AutoModelForCausalLM.from_pretrained(tmp_path, **kwargs)
     assert model.config._attn_implementation == "eager"
+    assert model.use_kernels is False  # transformers >= 5.25 turns hub kernels on when use_kernels is absent
     with torch.no_grad():
         assert model(torch.arange(5).unsqueeze(0)).logits.shape == (1, 5, 64)
     with pytest.raises(ValueError, match="scaled_dot_product_attention"):

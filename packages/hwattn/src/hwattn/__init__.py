@@ -41,7 +41,7 @@ from .resolve import AttentionChoice, resolve_attention
 from .sdpa import eager_attention, repeat_kv, sdpa, uses_native_gqa
 from .table import capability_table, decision_table, software_table
 
-__version__ = "0.1.1"
+__version__ = "0.2.0"
 
 __all__ = [
     "CAUSAL_SDPA", "causal_sdpa_mask", "is_causal_sdpa_registered", "register_causal_sdpa", "unregister_causal_sdpa",

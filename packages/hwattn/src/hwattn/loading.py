@@ -31,7 +31,8 @@ def load_kwargs(
     model_config: object | None = None,
     fallback: bool = False,
 ) -> dict[str, Any]:
-    """Keywords for `from_pretrained`: always `attn_implementation`; `use_kernels`/`kernel_config` when asked.
+    """Keywords for `from_pretrained`: always `attn_implementation` and `use_kernels` (False unless kernels are
+    used: Transformers 5.25 turns hub kernels on when it is absent); `kernel_config` when asked.
 
     A `mapping` (dict for `kernel_mapping`, or a `KernelConfig`) implies `use_kernels=True` (as in
     Transformers) and always goes as `kernel_config`, narrowed to `accel`'s device (`for_device`), on
@@ -45,7 +46,9 @@ def load_kwargs(
     from .environment import kernels_available
 
     choice = resolve_attention(accel, attention, model_config=model_config, fallback=fallback)
-    kwargs: dict[str, Any] = {"attn_implementation": choice.implementation}
+    # use_kernels is always said: from transformers 5.25 an absent use_kernels means True (hub kernels on
+    # by default, fetched from the Hub at load), so "off" must be passed to keep the model's own layers
+    kwargs: dict[str, Any] = {"attn_implementation": choice.implementation, "use_kernels": False}
     if not isinstance(use_kernels, bool):
         raise KernelsUnsupportedError(f"use_kernels must be True or False, got {use_kernels!r}.")
     if not use_kernels and mapping is None:

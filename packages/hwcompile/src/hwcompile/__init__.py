@@ -43,7 +43,7 @@ from .routing import (
 )
 from .training import training_arguments
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CompileArgumentError", "CompileBackendMissingError", "CompileDecision", "CompilePatch", "GAUDI_BACKENDS",

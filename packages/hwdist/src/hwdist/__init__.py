@@ -28,7 +28,7 @@ from .errors import (
 from .gaudi_world import check_gaudi_world
 from .launch import LaunchPlan, launch_command, plan_launch
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "BackendChoice", "BackendMismatchError", "BackendUnavailableError", "BenchError", "CollectiveArgumentError",

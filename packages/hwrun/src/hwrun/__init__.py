@@ -20,7 +20,7 @@ from .pipeline import pipeline
 from .plan import RunPlan, plan
 from .source import DEFAULT_MODEL
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _TRAINING = ("train", "training_arguments")
 
