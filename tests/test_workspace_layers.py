@@ -4,13 +4,8 @@ dependency direction, sibling version ranges, and the locked library window."""
 from __future__ import annotations
 
 import re
-import sys
+import tomllib
 from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ["hwenv", "hwattn", "hwcompile", "hwdist", "hwrun"]
