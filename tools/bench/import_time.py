@@ -4,13 +4,15 @@ Each command runs as a fresh process, interleaved, N times (default 15); the rep
 median wall time of each and the difference over `python -c pass` (issue goal: `import hwenv`
 <= 15 ms over bare Python; `hwenv --help` imports no torch).
 
-    uv run python tools/bench/import_time.py --out docs/benchmarks
+    uv run python tools/bench/import_time.py --out docs/benchmarks \
+        --compare-src /tmp/old/packages/hwenv/src --compare-label "0.1.0"   # git archive of the old tree
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -26,20 +28,30 @@ COMMANDS = {
 }
 
 
-def _time(argv: list[str]) -> float:
+def _time(argv: list[str], env: dict[str, str] | None = None) -> float:
     start = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     return time.perf_counter() - start
+
+
+def _env_for(name: str) -> dict[str, str] | None:
+    """The older hwenv (--compare-src) is imported from its own src folder, ahead of the installed one."""
+    if not name.startswith("import hwenv (") or COMPARE_SRC is None:
+        return None
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([COMPARE_SRC, os.environ.get("PYTHONPATH", "")])}
+
+
+COMPARE_SRC: str | None = None
 
 
 def measure(repeats: int) -> dict[str, list[float]]:
     """Interleaved wall times (seconds) of every command, `repeats` runs each."""
     samples: dict[str, list[float]] = {name: [] for name in COMMANDS}
-    for argv in COMMANDS.values():  # one warm-up each (page cache, .pyc)
-        _time(argv)
+    for name, argv in COMMANDS.items():  # one warm-up each (page cache, .pyc)
+        _time(argv, _env_for(name))
     for _ in range(repeats):
         for name, argv in COMMANDS.items():
-            samples[name].append(_time(argv))
+            samples[name].append(_time(argv, _env_for(name)))
     return samples
 
 
@@ -75,7 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--out", type=Path, help="folder for import_time.{json,md,png}")
+    parser.add_argument("--compare-src", help="an older hwenv's src folder, timed beside (e.g. from git archive)")
+    parser.add_argument("--compare-label", default="older", help="its name in the table")
     args = parser.parse_args(argv)
+    global COMPARE_SRC
+    if args.compare_src:
+        COMPARE_SRC = str(Path(args.compare_src).resolve())
+        COMMANDS[f"import hwenv ({args.compare_label})"] = [sys.executable, "-c", "import hwenv"]
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats} must be >= 1")
     result = report(measure(args.repeats))
