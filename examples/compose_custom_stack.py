@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     kwargs = hwattn.load_kwargs(accel, args.attention, model_config=config)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, **kwargs).to(device=accel.device, dtype=dtype).train()
+    # from_config builds random weights and takes no use_kernels (hub kernels are a from_pretrained step)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=kwargs["attn_implementation"])
+    model = model.to(device=accel.device, dtype=dtype).train()
 
     compile_on = args.compile == "on" or (args.compile == "auto" and accel.kind not in ("cpu", "mps"))
     decision = hwcompile.route_backend(accel, args.backend)

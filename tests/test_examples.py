@@ -183,7 +183,8 @@ def test_choose_attention_on_this_cpu(child_env):
     mine = out.split("XPU, torch 2.8:")[0]
     assert "auto               -> sdpa" in mine
     assert "flash_attention_3  -> AttentionUnsupportedError" in mine and "(X8)" in mine
-    assert "from_pretrained keywords: {'attn_implementation': 'sdpa'}" in out
+    # use_kernels is always said: transformers >= 5.25 turns hub kernels on when it is absent
+    assert "from_pretrained keywords: {'attn_implementation': 'sdpa', 'use_kernels': False}" in out
     assert "loaded with attn_implementation=sdpa; logits (1, 4, 3072), finite=True" in out
     cuda = out.split("CUDA sm 9.0 (H100/H200):")[1]
     assert "flash_attention_3  -> kernels-community/vllm-flash-attn3" in cuda  # X8: NVIDIA only
