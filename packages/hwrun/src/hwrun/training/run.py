@@ -227,7 +227,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     if qlora:
         _check_qlora(plan)
     documents = read_documents(data) if isinstance(data, (str, os.PathLike)) else None
-    output_dir = Path(output_dir)
+    output_dir = _writable_output_dir(output_dir)
     resume_from = resolve_resume(resume, output_dir)
     run_record = {"kind": "qlora" if qlora else ("lora" if settings is not None else "full"),
                   "model": plan.model}
@@ -348,6 +348,34 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
 
 
 _KIND_FLAGS = {"lora": "--lora", "qlora": "--qlora", "full": "no --lora/--qlora"}
+
+
+def _writable_output_dir(output_dir: str | os.PathLike) -> Path:
+    """The output folder, refused before anything loads when it is empty (`''` would train into the
+    current folder, issue 27), an existing file, or not writable; write-tested otherwise (folders created
+    for the test are removed again, so a later refusal leaves the disk as it was)."""
+    if not isinstance(output_dir, (str, os.PathLike)) or str(output_dir).strip() == "":
+        raise TrainingConfigError(
+            f"output_dir={output_dir!r} is empty: the run would write its checkpoints, model card and model into "
+            "the current folder, over files that are not hwrun's. Fix: name a folder (e.g. --output my-finetune)."
+        )
+    path = Path(output_dir)
+    if path.exists() and not path.is_dir():
+        raise TrainingConfigError(f"output_dir={str(path)!r} is an existing file, not a folder. Fix: name a folder.")
+    created = [folder for folder in (path, *path.parents) if not folder.exists()]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".hwrun-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+        for folder in created:  # leave no trace: a later refusal must find the disk as it was
+            folder.rmdir()
+    except OSError as error:
+        raise TrainingConfigError(
+            f"output_dir={str(path)!r} cannot be written ({error.strerror or error}): checkpoints and the final "
+            "model would fail only after training. Fix: choose a folder you can write to."
+        ) from error
+    return path
 
 
 def _check_output_dir(output_dir: Path, plan: RunPlan, resume_from: str | None, run: dict) -> None:
