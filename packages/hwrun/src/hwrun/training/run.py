@@ -352,8 +352,8 @@ _KIND_FLAGS = {"lora": "--lora", "qlora": "--qlora", "full": "no --lora/--qlora"
 
 def _writable_output_dir(output_dir: str | os.PathLike) -> Path:
     """The output folder, refused before anything loads when it is empty (`''` would train into the
-    current folder, issue 27), an existing file, or not writable; write-tested otherwise (folders created
-    for the test are removed again, so a later refusal leaves the disk as it was)."""
+    current folder, issue 27), an existing file, or not writable; write-tested otherwise (in a single
+    process, folders created for the test are removed again, so a later refusal leaves the disk as it was)."""
     if not isinstance(output_dir, (str, os.PathLike)) or str(output_dir).strip() == "":
         raise TrainingConfigError(
             f"output_dir={output_dir!r} is empty: the run would write its checkpoints, model card and model into "
@@ -368,8 +368,9 @@ def _writable_output_dir(output_dir: str | os.PathLike) -> Path:
         probe = path / f".hwrun-write-test-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
-        for folder in created:  # leave no trace: a later refusal must find the disk as it was
-            folder.rmdir()
+        if os.environ.get("WORLD_SIZE", "1").strip() in ("", "1"):  # one process: leave no trace for a refusal;
+            for folder in created:  # with several ranks another one may be writing its probe there right now
+                folder.rmdir()
     except OSError as error:
         raise TrainingConfigError(
             f"output_dir={str(path)!r} cannot be written ({error.strerror or error}): checkpoints and the final "
