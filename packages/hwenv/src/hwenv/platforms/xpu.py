@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 
-from ..probes import ProbeResult, torch_missing, torch_module
+from ..probes import ProbeResult, memory_of, torch_missing, torch_module
 from .base import Platform
 
 PLATFORM = Platform(
@@ -73,12 +73,9 @@ def memory(xpu, count: int) -> tuple[tuple[int, ...], str]:
         return tuple(sizes), "torch.xpu.mem_get_info (as Accelerate's get_max_memory reads it)"
     except Exception as error:  # integrated GPUs and WSL cannot report free memory
         why = f"torch.xpu.mem_get_info failed ({type(error).__name__}: {error})"
-    sizes = []
-    for index in range(count):
-        total = getattr(xpu.get_device_properties(index), "total_memory", None)
-        if not isinstance(total, int):
-            return (), f"{why}; get_device_properties has no total_memory: memory unknown"
-        sizes.append(total)
+    sizes = memory_of(xpu.get_device_properties, count)
+    if not sizes and count:
+        return (), f"{why}; get_device_properties has no total_memory: memory unknown"
     shared = " (an integrated GPU shares it with the host)" if getattr(
         xpu.get_device_properties(0), "is_integrated_gpu", False) else ""
     return tuple(sizes), f"{why}; assumed get_device_properties().total_memory is all usable{shared}"
