@@ -9,14 +9,7 @@ set -uo pipefail
 out="${1:?output dir}"; shift
 benches=("$@"); [ ${#benches[@]} -eq 0 ] && benches=(attention compile collectives decode train)
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-fi
-src=""
-for p in hwenv hwattn hwcompile hwdist hwrun; do src="$src:$PWD/packages/$p/src"; done
-export PYTHONPATH="/tmp/site${src}"
+source tools/gpu_env.sh
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
     python3 -c "import torch, transformers, accelerate, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'accelerate', accelerate.__version__, 'peft', peft.__version__)"
