@@ -1,40 +1,43 @@
 """hwdist: collectives on xccl / hccl / nccl (NVIDIA, and RCCL on ROCm) / gloo, process groups
-from torchrun, a launcher and a bandwidth benchmark. Importing it does not import torch. See README.md."""
+from torchrun, a launcher and a bandwidth benchmark. Importing it does not import torch. See README.md.
 
-from .backend import BackendChoice, backend_for, ddp_backend
-from .collectives import (
-    all_gather,
-    all_gather_object,
-    all_reduce,
-    barrier,
-    broadcast,
-    reduce_scatter,
-)
-from .context import DEFAULT_TIMEOUT, DistContext, current, init, is_initialized, shutdown
-from .env import LaunchEnv, read_launch_env
-from .errors import (
-    BackendMismatchError,
-    BackendUnavailableError,
-    BenchError,
-    CollectiveArgumentError,
-    CollectiveError,
-    CollectiveMismatchError,
-    DistEnvError,
-    GaudiWorldError,
-    HwdistError,
-    LaunchError,
-    NotInitializedError,
-)
-from .gaudi_world import check_gaudi_world
-from .launch import LaunchPlan, launch_command, plan_launch
+Every public name is loaded from its submodule on first use (PEP 562), as in hwenv, so
+`hwdist --help` and `import hwdist` load only what they use (issue 29: start-up).
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.2.0"
 
-__all__ = [
-    "BackendChoice", "BackendMismatchError", "BackendUnavailableError", "BenchError", "CollectiveArgumentError",
-    "CollectiveError", "CollectiveMismatchError", "DEFAULT_TIMEOUT", "DistContext", "DistEnvError",
-    "GaudiWorldError", "HwdistError", "LaunchEnv", "LaunchError", "LaunchPlan", "NotInitializedError", "all_gather",
-    "all_gather_object", "all_reduce", "backend_for", "barrier", "broadcast", "check_gaudi_world", "current",
-    "ddp_backend", "init", "is_initialized", "launch_command", "plan_launch", "read_launch_env", "reduce_scatter", "shutdown",
-    "__version__",
-]
+#: Public name -> the submodule that defines it.
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("BackendChoice", "backend_for", "ddp_backend"), "backend"),
+    **dict.fromkeys(("all_gather", "all_gather_object", "all_reduce", "barrier", "broadcast", "reduce_scatter"),
+                    "collectives"),
+    **dict.fromkeys(("DEFAULT_TIMEOUT", "DistContext", "current", "init", "is_initialized", "shutdown"), "context"),
+    **dict.fromkeys(("LaunchEnv", "read_launch_env"), "env"),
+    **dict.fromkeys((
+        "BackendMismatchError", "BackendUnavailableError", "BenchError", "CollectiveArgumentError",
+        "CollectiveError", "CollectiveMismatchError", "DistEnvError", "GaudiWorldError", "HwdistError",
+        "LaunchError", "NotInitializedError"), "errors"),
+    "check_gaudi_world": "gaudi_world",
+    **dict.fromkeys(("LaunchPlan", "launch_command", "plan_launch"), "launch"),
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> object:
+    """Load a public name from its submodule on first use."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hwdist' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

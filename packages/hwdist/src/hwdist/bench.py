@@ -14,13 +14,14 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import collectives
-from .context import DistContext, current
 from .errors import BenchError
 from .progress import Progress
 from .sizes import format_size
+
+if TYPE_CHECKING:  # the collectives (and hwenv's platforms) load when a benchmark runs, not for `hwdist --help`
+    from .context import DistContext
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64",
@@ -183,6 +184,8 @@ def _check(op: str, x: Any, ctx: DistContext) -> bool:
     """Run hwdist's `op` once on a known pattern and compare with the exact expected result."""
     import torch
 
+    from . import collectives
+
     n, r = ctx.world_size, ctx.rank
     total = n * (n + 1) // 2
     if op == "all_reduce":
@@ -222,6 +225,8 @@ def _raw(op: str, x: Any, out: Any) -> Callable[[], Any]:
 
 def _ours(op: str, x: Any, out: Any, check: bool) -> Callable[[], Any]:
     """hwdist's call on the same buffers as the raw one (`out=` reused, as the raw call does)."""
+    from . import collectives
+
     return {
         "all_reduce": lambda: collectives.all_reduce(x, check=check),
         "broadcast": lambda: collectives.broadcast(x, 0, check=check),
@@ -251,6 +256,8 @@ def bench_op(op: str, size: int, dtype: str = "fp32", *, iters: int = 20, warmup
              repeats: int = 3) -> BenchRow:
     """Check and time one op at one nominal size (bytes); call on every rank."""
     import torch
+
+    from .context import current
 
     ctx = current()
     bus_factor(op, ctx.world_size)
@@ -282,6 +289,8 @@ def bench_op(op: str, size: int, dtype: str = "fp32", *, iters: int = 20, warmup
 def run_bench(ops: Sequence[str], sizes: Sequence[int], dtype: str = "fp32", *, iters: int = 20,
               warmup: int = 5, repeats: int = 3, progress: bool | None = None) -> BenchResult:
     """Every op at every size on the initialised context; rows are identical on every rank."""
+    from .context import current
+
     ctx = current()
     for op in ops:
         bus_factor(op, ctx.world_size)

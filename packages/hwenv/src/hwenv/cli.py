@@ -12,12 +12,14 @@ import os
 import shlex
 import shutil
 import sys
+from typing import TYPE_CHECKING
 
-from .accelerator import detect
 from .cli_errors import OneLineParser, add_verbose, run_command
 from .errors import HwenvError, SelectionError
 from .platforms import get_platform, platforms
-from .selection import Selection, select
+
+if TYPE_CHECKING:
+    from .selection import Selection
 
 BY_CHOICES = ("module", "index")
 
@@ -50,6 +52,10 @@ def validate_selection_args(kind: str, args: argparse.Namespace) -> None:
 
 
 def _selection_from_args(args: argparse.Namespace) -> Selection:
+    # imported here, not at the top: `hwenv --help` needs neither (issue 29: start-up)
+    from .accelerator import detect
+    from .selection import select
+
     kind = args.kind
     device_count = None
     if kind is None:

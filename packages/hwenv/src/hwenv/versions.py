@@ -1,13 +1,14 @@
 """Installed versions of the libraries that matter, read without importing them, and the gates on them.
 
 Versions come from package metadata (`importlib.metadata`), so reading them is fast and
-never imports torch. Tests override them with `hwenv.testing.override_versions`.
+never imports torch. `importlib.metadata` itself (about 20 ms: email, zipfile, csv) is imported
+on the first version asked for, not when hwenv is imported (issue 29: `hwenv --help`, `hwdist --help`).
+Tests override versions with `hwenv.testing.override_versions`.
 """
 
 from __future__ import annotations
 
 import re
-from importlib import metadata
 
 #: Distributions whose versions decide what works (LIBRARIES.md, FACTS.md G3/G5).
 TRACKED_DISTRIBUTIONS: tuple[str, ...] = (
@@ -45,6 +46,9 @@ def installed_version(distribution: str) -> str | None:
     """The installed version string of `distribution`, or None when it is not installed."""
     if distribution in _overrides:
         return _overrides[distribution]
+    # imported here, not at module import: it costs more than the rest of hwenv's start-up
+    from importlib import metadata
+
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
