@@ -28,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     "AffinityMaskError": "errors",
     "DeviceHierarchyError": "errors",
     "DeviceOverrideError": "errors",
+    "GaudiFlagError": "errors",
     "GaudiGroupError": "errors",
     "GaudiModulePinError": "errors",
     "HlSmiParseError": "errors",
@@ -51,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     "module_to_index": "gaudi",
     "parse_hl_smi_csv": "gaudi",
     "read_hl_smi": "gaudi",
+    "validate_gaudi_flags": "gaudi",
     # hierarchy (Level Zero, ZE_FLAT_DEVICE_HIERARCHY)
     "DeviceHierarchy": "hierarchy",
     "parse_hierarchy": "hierarchy",
@@ -67,6 +69,8 @@ _EXPORTS: dict[str, str] = {
     "Selection": "selection",
     "current_selection": "selection",
     "select": "selection",
+    # validation (what hwrun plan refuses before work starts)
+    "validate_selection": "validation",
     # versions
     "accelerate_sees_gaudi": "versions",
     "at_least": "versions",

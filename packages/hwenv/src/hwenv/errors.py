@@ -48,3 +48,7 @@ class DeviceHierarchyError(HwenvError, ValueError):
 
 class GaudiModulePinError(HwenvError, ValueError):
     """`HLS_MODULE_ID` (the Gaudi bridge's per-process module pin) is malformed or conflicts with the run."""
+
+
+class GaudiFlagError(HwenvError, ValueError):
+    """`PT_HPU_LAZY_MODE` / `PT_ENABLE_INT64_SUPPORT` set to a value the Gaudi bridge does not accept."""

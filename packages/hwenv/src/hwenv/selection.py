@@ -186,6 +186,9 @@ def current_selection(
         devices, by = gaudi.selecting.environment_devices(env, hl_smi_rows)
         return Selection(kind) if devices is None else select(kind, devices, by=by, hl_smi_rows=hl_smi_rows)
     if _grammar(kind) == "indices":  # the first of the platform's variables that is set (ROCm: HIP_ before CUDA_)
-        value = next((env[v] for v in get_platform(kind).visible_devices if env.get(v)), None)
-        return select(kind, value) if value else Selection(kind)
+        variable = next((v for v in get_platform(kind).visible_devices if env.get(v)), None)
+        if variable is None:
+            return Selection(kind)
+        gaudi.parse_id_list(env[variable], variable)  # an error names the variable that holds the value
+        return select(kind, env[variable])
     return Selection(kind)

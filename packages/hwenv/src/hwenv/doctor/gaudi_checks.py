@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from .. import gaudi
 from ..accelerator import Accelerator
 from ..errors import HwenvError
+from ..gaudi.flags import INT64_FIX, LAZY_MODE_FIX
 from ..platforms import get_platform
 from ..probes import ProbeResult
 from ..versions import GAUDI_MIN_ACCELERATE, accelerate_sees_gaudi, format_version, library_versions
@@ -47,13 +48,9 @@ def mode_findings(env: Mapping[str, str]) -> tuple[gaudi.GaudiMode, list[Problem
     mode = gaudi.execution_mode(env)
     problems: list[Problem] = []
     variable = gaudi.LAZY_MODE_VARIABLE
-    if mode.malformed:
-        problems.append(Problem(
-            "lazy-mode-malformed", "error",
-            f"{variable}={mode.value!r} is not '0' or '1': the bridge's Python side treats every value but '0' as "
-            f"lazy, and its C++ flag parser stops on a value that is not a number (bridge 1.19 env_flags.cpp).",
-            f"set {variable}=0 (eager) or {variable}=1 (lazy)",
-        ))
+    malformed = gaudi.lazy_mode_problem(mode.value)  # the rule hwenv.validate_gaudi_flags raises for
+    if malformed:
+        problems.append(Problem("lazy-mode-malformed", "error", malformed + ".", LAZY_MODE_FIX))
     if mode.lazy:
         problems.append(Problem(
             "lazy-mode-blocks-compile", "warning",
@@ -70,9 +67,11 @@ def int64_findings(env: Mapping[str, str], mode: gaudi.GaudiMode, device_name: s
     """PT_ENABLE_INT64_SUPPORT: a problem only where it is malformed, or supported, needed and off (G4)."""
     status = gaudi.int64_status(env, device_name=device_name, mode=mode)
     variable = gaudi.INT64_VARIABLE
-    if status.malformed:
-        return [Problem("int64-flag-malformed", "error", status.reason + ".",
-                        f"set {variable}=1 (or unset it: eager mode turns int64 on by default on Gaudi2+)")], []
+    malformed = gaudi.int64_problem(env.get(variable))  # the rule hwenv.validate_gaudi_flags raises for
+    if malformed:
+        return [Problem("int64-flag-malformed", "error", malformed + ".", INT64_FIX)], []
+    empty = ([f"{variable} is set but empty: the bridge reads an empty value as unset (env_flags.cpp)."]
+             if env.get(variable) == "" else [])
     if status.problem:
         return [Problem("int64-disabled", "error", status.reason + ".",
                         f"unset {variable} or set {variable}=1 (hwenv exec and hwenv env set it for eager mode)")], []
@@ -82,8 +81,8 @@ def int64_findings(env: Mapping[str, str], mode: gaudi.GaudiMode, device_name: s
             return [Problem("int64-flag-unsupported", "warning",
                             f"{variable}={status.value!r} is set, but {status.reason}.",
                             f"unset {variable}, or run in eager mode on Gaudi2 or newer")], [note]
-        return [], [note]
-    return [], [f"int64: {status.reason} ({variable}; Transformers' token ids are int64, G4)."]
+        return [], [note] + empty
+    return [], [f"int64: {status.reason} ({variable}; Transformers' token ids are int64, G4)."] + empty
 
 
 def pin_findings(env: Mapping[str, str]) -> tuple[list[Problem], list[str]]:

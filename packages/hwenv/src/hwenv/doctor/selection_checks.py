@@ -17,53 +17,31 @@ from ..errors import HwenvError
 from ..platforms import platforms
 from ..probes import ProbeResult
 from ..selection import current_selection
+from ..validation import gaudi_fix, index_problem, uses_uuids
 from .common import Checks, Problem
-
-#: Entry forms the CUDA/HIP runtimes accept that hwstack's index parser does not (it counts devices by index).
-UUID_PREFIXES = ("GPU-", "MIG-")
 
 
 def _gaudi_problem(kind: str, env: Mapping[str, str]) -> Problem | None:
-    unpinned = {name: value for name, value in env.items() if name != gaudi.MODULE_ID_VARIABLE}
+    unpinned = {name: value for name, value in env.items() if name != gaudi.MODULE_ID_VARIABLE}  # pin: gaudi_checks
     try:
         current_selection(kind, unpinned)
     except HwenvError as error:
-        both = gaudi.MODULES_VARIABLE in env and gaudi.DEVICES_VARIABLE in env
-        fix = (f"keep only {gaudi.MODULES_VARIABLE} (module IDs are stable): unset {gaudi.DEVICES_VARIABLE}" if both
-               else f"set {gaudi.MODULES_VARIABLE} to one card, a supported group ({gaudi.supported_groups_text()}) "
-                    f"or all 8, or unset it; hwenv exec --devices ... sets it for one command")
-        return Problem("invalid-gaudi-selection", "error", f"{error} (hwdist launch refuses this selection, and hwdist.init() with 2+ processes per node)", fix)
+        return Problem("invalid-gaudi-selection", "error", f"{error} (hwdist launch refuses this selection, and hwdist.init() with 2+ processes per node)", gaudi_fix(env))
     return None
 
 
 def _index_problem(variable: str, value: str, count: int | None) -> Problem | None:
-    items = [item.strip() for item in value.split(",")]
-    if any(item.startswith(UUID_PREFIXES) for item in items):
+    if uses_uuids(value):
         return Problem(
             "uuid-selection", "warning",
             f"{variable}={value!r} names devices by UUID: the runtime accepts that, but hwenv/hwdist count devices "
             f"by index and refuse it (hwdist launch without --devices reads this variable).",
             f"use indices (e.g. {variable}=0,1), or pass hwdist launch --devices with indices",
         )
-    try:
-        ids = gaudi.parse_id_list(value, variable)  # the parser hwenv.select uses for index lists
-    except HwenvError as error:
-        return Problem(
-            "invalid-device-selection", "error",
-            f"{error} The runtime stops reading the list at the first entry it cannot parse (so later devices are "
-            f"silently dropped, and an empty or '-1' list hides every device); hwdist launch refuses it.",
-            f"set {variable} to distinct indices such as 0,1, or unset it",
-        )
     # `count` is torch's count, already narrowed by the variable (0,3 on four GPUs is two), so indices
     # cannot be compared with it; fewer devices than entries means the runtime dropped some silently.
-    if count is not None and count < len(ids):
-        return Problem(
-            "invalid-device-selection", "error",
-            f"{variable}={value!r} names {len(ids)} device(s), but torch sees {count}: the runtime stops at the "
-            f"first index that is not present, silently.",
-            f"list only indices of devices present (unset {variable} and run hwenv doctor to see them)",
-        )
-    return None
+    found = index_problem(variable, value, count)  # the rule hwenv.validate_selection raises for
+    return Problem("invalid-device-selection", "error", found[0], found[1]) if found else None
 
 
 def selection_checks(acc: Accelerator | None, probes: Mapping[str, ProbeResult], env: Mapping[str, str]) -> Checks:
@@ -78,9 +56,11 @@ def selection_checks(acc: Accelerator | None, probes: Mapping[str, ProbeResult],
                 problems += [found] if found else []
         elif grammar == "indices":
             probe = probes.get(platform.kind)
-            count = probe.count if probe is not None and probe.available else None
-            for variable in platform.visible_devices:
-                if variable in env and (variable not in seen or count is not None):
+            present = [variable for variable in platform.visible_devices if variable in env]
+            # several set: the runtime applies them in turn, so torch's count is compared with one alone
+            count = probe.count if probe is not None and probe.available and len(present) == 1 else None
+            for variable in present:
+                if variable not in seen or count is not None:
                     seen.add(variable)
                     found = _index_problem(variable, env[variable], count)
                     problems += [found] if found else []

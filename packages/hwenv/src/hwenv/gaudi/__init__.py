@@ -10,6 +10,7 @@ uses; HLS_MODULE_ID), `generations` (each generation's facts).
 from __future__ import annotations
 
 from . import selecting  # the Gaudi half of hwenv.select / current_selection
+from .flags import int64_problem, lazy_mode_problem, validate_gaudi_flags
 from .generations import (
     GAUDI_GENERATIONS,
     GaudiGeneration,
@@ -48,5 +49,5 @@ __all__ = [
     "LAZY_MODE_VARIABLE", "MODULES_VARIABLE", "MODULE_ID_VARIABLE", "PLUGIN_DISTRIBUTION", "PLUGIN_INSTALL_HINT",
     "SERVER_SIZE", "SUPPORTED_PARTIAL_GROUPS", "check_group", "default_lazy", "execution_mode", "index_to_module",
     "indices_to_modules", "module_to_index", "parse_hl_smi_csv", "parse_id_list", "read_hl_smi",
-    "supported_groups_text",
+    "supported_groups_text", "int64_problem", "lazy_mode_problem", "validate_gaudi_flags",
 ]

@@ -31,7 +31,8 @@ def check_group(module_ids: tuple[int, ...], server_size: int = SERVER_SIZE) -> 
     bad = sorted(m for m in group if m >= server_size)
     if bad:
         raise GaudiGroupError(
-            f"Gaudi module ID(s) {bad} do not exist on a {server_size}-device server (IDs 0..{server_size - 1})."
+            f"Gaudi module ID(s) {bad} do not exist on a {server_size}-device server (IDs 0..{server_size - 1}). "
+            f"Use module IDs 0..{server_size - 1} (hl-smi -Q index,module_id -f csv lists them)."
         )
     if len(group) <= 1 or len(group) == server_size:
         return
@@ -40,12 +41,12 @@ def check_group(module_ids: tuple[int, ...], server_size: int = SERVER_SIZE) -> 
         raise GaudiGroupError(
             f"A group of {len(group)} Gaudi devices {sorted(group)} is not supported for a distributed run on part "
             f"of a server: Intel supports groups of 2 or 4 devices (or all {server_size}, or a single card). "
-            f"{supported_groups_text()}"
+            f"{supported_groups_text()} Use one of those groups, one card, or all {server_size}."
         )
     if group not in allowed:
         raise GaudiGroupError(
             f"Gaudi module IDs {sorted(group)} are not a supported {len(group)}-device group for a distributed run "
-            f"on part of a server. {supported_groups_text()}"
+            f"on part of a server. {supported_groups_text()} Use one of those groups, one card, or all {server_size}."
         )
 
 

@@ -102,8 +102,10 @@ def environment_devices(
             )
         return modules, BY_MODULE
     if modules is not None:
+        parse_id_list(modules, MODULES_VARIABLE)  # its own name in the error (an empty value included)
         return modules, BY_MODULE
     if indices is not None:
+        parse_id_list(indices, DEVICES_VARIABLE)
         return indices, BY_INDEX
     return None, BY_MODULE
 

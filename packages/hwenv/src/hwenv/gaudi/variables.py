@@ -33,7 +33,8 @@ def parse_id_list(text: str, variable: str) -> tuple[int, ...]:
         item = item.strip()
         if not (item.isascii() and item.isdigit()):
             raise SelectionError(
-                f"{variable}={text!r} is invalid: item {position} ({item!r}) is not a non-negative integer id."
+                f"{variable}={text!r} is invalid: item {position} ({item!r}) is not a non-negative integer id; "
+                f"list ids such as '0,1', or unset {variable}."
             )
         value = int(item)
         if value in ids:
