@@ -156,7 +156,7 @@ def test_default_mapping_facts_per_release(model):
 @pytest.mark.facts("X12", "X13")
 def test_plan_with_user_mapping_and_training_mode(model):
     mapping = {"RMSNorm": {"xpu": "myorg/fast-norm:FastRMSNorm"}}
-    plan = kernel_plan(model, XPU, mapping)
+    plan = kernel_plan(model, XPU, mapping, allowed_orgs=("myorg",))
     norms = [k for k in plan.replaced if k.layer == "RMSNorm"]
     assert len(norms) == 5
     assert all((k.repo, k.repo_layer, k.source) == ("myorg/fast-norm", "FastRMSNorm", "mapping") for k in norms)
@@ -175,8 +175,9 @@ def test_plan_with_user_mapping_and_training_mode(model):
 
 
 def test_plan_with_kernel_config_without_inheritance(model):
-    config = kernel_mapping({"RMSNorm": {"cuda": "myorg/fast-norm:FastRMSNorm"}}, inherit_mapping=False)
-    plan = kernel_plan(model, H200, config)
+    config = kernel_mapping({"RMSNorm": {"cuda": "myorg/fast-norm:FastRMSNorm"}}, inherit_mapping=False,
+                            allow_repos="myorg/fast-norm")
+    plan = kernel_plan(model, H200, config, allow_repos=["myorg/fast-norm"])
     assert {k.layer for k in plan.replaced} == {"RMSNorm"}
     assert {k.layer for k in plan.unchanged} == {"SiLU", "rotary_pos_emb"}
 

@@ -25,6 +25,7 @@ from .errors import (
     KernelsInternalsError,
     KernelsMissingError,
     KernelsUnsupportedError,
+    KernelTrustError,
     KernelUnavailableError,
     KindNotCoveredError,
     ModelAttentionError,
@@ -32,7 +33,14 @@ from .errors import (
     UnknownAttentionError,
 )
 from .gqa import native_gqa, native_gqa_reason
-from .kernel_map import device_keys, kernel_mapping, registered_layers, validate_mapping
+from .kernel_map import (
+    TRUSTED_KERNEL_ORGS,
+    check_trust,
+    device_keys,
+    kernel_mapping,
+    registered_layers,
+    validate_mapping,
+)
 from .loading import for_device, load_kernel, load_kwargs, local_kernel_hint
 from .model_support import ModelSupport, model_support
 from .names import FLASH_KERNEL_REPO, check_name, is_kernel_string, valid_names
@@ -46,7 +54,8 @@ __version__ = "0.2.0"
 __all__ = [
     "CAUSAL_SDPA", "causal_sdpa_mask", "is_causal_sdpa_registered", "register_causal_sdpa", "unregister_causal_sdpa",
     "AcceleratorTypeError", "AttentionChoice", "capability_table", "AttentionEnvironment", "AttentionUnsupportedError",
-    "FLASH_KERNEL_REPO", "HwattnError", "KernelMappingError", "KernelPlan", "KernelUnavailableError",
+    "FLASH_KERNEL_REPO", "HwattnError", "KernelMappingError", "KernelPlan", "KernelTrustError", "KernelUnavailableError",
+    "TRUSTED_KERNEL_ORGS", "check_trust",
     "KernelsInternalsError", "KernelsMissingError", "KernelsUnsupportedError", "KindNotCoveredError", "ModelAttentionError", "LayerKernel", "ShapeError", "UnknownAttentionError",
     "check_name", "current_environment", "decision_table", "default_kernels", "device_keys", "eager_attention",
     "flash_packages_installed", "for_device", "kernelized_layers", "is_kernel_string", "kernel_mapping", "kernel_plan", "kernels_available",

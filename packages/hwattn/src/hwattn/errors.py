@@ -27,6 +27,11 @@ class KernelMappingError(HwattnError, ValueError):
     """A kernel mapping `KernelConfig` would reject: bad device key, repo id or layer name."""
 
 
+class KernelTrustError(KernelMappingError):
+    """A kernel mapping naming a repository outside the allowed organisations, or asking for `trust_remote_code`
+    that the caller did not pass."""
+
+
 class KernelUnavailableError(HwattnError, ValueError):
     """A hub kernel could not be loaded (offline, Hub unreachable, no build for this device)."""
 

@@ -4,6 +4,13 @@ Validation follows `KernelConfig.sanitize_kernel_mapping` (transformers `utils/k
 but fails earlier and says more: device keys are the ones the installed Transformers accepts
 (`KERNELS_SUPPORTED_DEVICE_TYPES`: no `cpu`, no `gpu`, no `hpu`), repo ids are `org/name[:Layer]`,
 and with `model=` every layer name must be one the model registers for hub kernels.
+
+Trust (issue 27 point 8): a hub kernel is native code. A repository outside the trusted
+organisations (`kernels-community`, the one Transformers loads without `allow_all_kernels`) is
+refused unless the caller allows it (`allowed_orgs=("myorg",)` or `allow_repos=("myorg/repo",)`),
+and `trust_remote_code: True` in a mapping's metadata (which lets `kernels` load a repository
+from a publisher the Hub does not mark as trusted, without asking) is refused unless the caller
+passed `trust_remote_code=True` itself. Both raise `KernelTrustError`.
 """
 
 from __future__ import annotations
@@ -14,11 +21,14 @@ from collections.abc import Mapping
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
-from .errors import KernelMappingError
+from .errors import KernelMappingError, KernelTrustError
+from .names import TRUSTED_KERNEL_ORG
 
 if TYPE_CHECKING:
     from transformers import KernelConfig
 
+#: Organisations whose hub kernels a mapping may name without an explicit allow.
+TRUSTED_KERNEL_ORGS: tuple[str, ...] = (TRUSTED_KERNEL_ORG,)
 #: Used only when the installed transformers does not expose its list (it does in 5.20-5.22).
 _FALLBACK_DEVICE_KEYS = ("cuda", "rocm", "xpu", "npu", "neuron", "tpu", "mps")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -111,8 +121,75 @@ def _check_device(layer: str, key: Any, keys: tuple[str, ...]) -> None:
     )
 
 
-def validate_mapping(mapping: Any, *, model: Any = None, use_local_kernel: bool = False) -> dict[str, Any]:
-    """Check a kernel mapping and return a normalised copy (`:Layer` filled in); raise `KernelMappingError`."""
+def _names(value: Any, what: str, pattern: re.Pattern[str]) -> frozenset[str]:
+    """`allowed_orgs` / `allow_repos` as a set: one string or an iterable of strings, each well formed."""
+    items = (value,) if isinstance(value, str) else value
+    try:
+        names = tuple(items)
+    except TypeError:
+        raise KernelMappingError(f"{what} must be a string or a list of strings, got {value!r}.") from None
+    for name in names:
+        if not isinstance(name, str) or not pattern.match(name):
+            example = "'myorg'" if what == "allowed_orgs" else "'myorg/my-kernel'"
+            raise KernelMappingError(f"{what} entry {name!r} is not a Hub {what[:-1].split('_')[-1]} name; "
+                                     f"write e.g. {what}=({example},).")
+    return frozenset(names)
+
+
+_ORG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _entries(mapping: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
+    """`(layer, where, value)` for every kernel of a mapping (per device, or one value for every device)."""
+    found = []
+    for layer, kernel in mapping.items():
+        if isinstance(kernel, Mapping):
+            found += [(layer, f" on {device!r}", value) for device, value in kernel.items()]
+        else:
+            found.append((layer, "", kernel))
+    return found
+
+
+def check_trust(mapping: Mapping[str, Any], *, use_local_kernel: bool = False, allowed_orgs: Any = (),
+                allow_repos: Any = (), trust_remote_code: bool = False) -> None:
+    """Refuse, with `KernelTrustError`, a kernel repository outside `TRUSTED_KERNEL_ORGS` + `allowed_orgs` /
+    `allow_repos`, and `trust_remote_code: True` in the mapping unless `trust_remote_code=True` is passed here.
+
+    Local kernels (`use_local_kernel=True`: paths the user named) have no organisation to check.
+    """
+    if not isinstance(trust_remote_code, bool):
+        raise KernelMappingError(f"trust_remote_code must be True or False, got {trust_remote_code!r}.")
+    orgs = set(TRUSTED_KERNEL_ORGS) | _names(allowed_orgs, "allowed_orgs", _ORG)
+    repos = _names(allow_repos, "allow_repos", _REPO_ID)
+    for layer, where, value in _entries(mapping):
+        name, metadata = value if isinstance(value, tuple) and len(value) == 2 else (value, {})
+        if not isinstance(name, str):
+            continue  # the shape is validate_mapping's to refuse
+        repo = name.rpartition(":")[0] if ":" in name else name
+        if isinstance(metadata, Mapping) and metadata.get("trust_remote_code") is True and not trust_remote_code:
+            raise KernelTrustError(
+                f"kernel for {layer!r}{where} is {name!r} with trust_remote_code=True in the mapping: that lets "
+                f"`kernels` load {repo!r} even when the Hub does not mark its publisher as a trusted kernel publisher, "
+                f"and a mapping may not ask for it by itself. Pass trust_remote_code=True yourself (to kernel_mapping, "
+                f"load_kwargs or kernel_plan) if you trust {repo!r}, or drop trust_remote_code from the mapping."
+            )
+        if use_local_kernel:
+            continue
+        org = repo.partition("/")[0]
+        if org not in orgs and repo not in repos:
+            allowed = ", ".join(sorted(orgs))
+            raise KernelTrustError(
+                f"kernel for {layer!r}{where} is {name!r}: organisation {org!r} is not one the mapping may use "
+                f"without an explicit allow (allowed: {allowed}). Hub kernels are native code run at load; allow it "
+                f"with allowed_orgs=({org!r},) or allow_repos=({repo!r},) (kernel_mapping, load_kwargs, kernel_plan), "
+                f"or use a {TRUSTED_KERNEL_ORG} kernel."
+            )
+
+
+def validate_mapping(mapping: Any, *, model: Any = None, use_local_kernel: bool = False, allowed_orgs: Any = (),
+                     allow_repos: Any = (), trust_remote_code: bool = False) -> dict[str, Any]:
+    """Check a kernel mapping and return a normalised copy (`:Layer` filled in); raise `KernelMappingError`
+    (`KernelTrustError` for the trust rules: `check_trust`)."""
     if not isinstance(mapping, Mapping) or not mapping:
         raise KernelMappingError(
             f"kernel mapping must be a non-empty dict {{layer_name: {{device: 'org/repo:Layer'}}}}, got {mapping!r}."
@@ -136,19 +213,25 @@ def validate_mapping(mapping: Any, *, model: Any = None, use_local_kernel: bool 
             normalised[layer] = {d: _check_value(layer, f" on {d!r}", v, use_local_kernel) for d, v in kernel.items()}
         else:
             normalised[layer] = _check_value(layer, "", kernel, use_local_kernel)
+    check_trust(normalised, use_local_kernel=use_local_kernel, allowed_orgs=allowed_orgs, allow_repos=allow_repos,
+                trust_remote_code=trust_remote_code)
     return normalised
 
 
 def kernel_mapping(mapping: Any, *, model: Any = None, use_local_kernel: bool = False,
-                   inherit_mapping: bool = True) -> KernelConfig:
+                   inherit_mapping: bool = True, allowed_orgs: Any = (), allow_repos: Any = (),
+                   trust_remote_code: bool = False) -> KernelConfig:
     """Validate `mapping` and return the `transformers.KernelConfig` for `from_pretrained(kernel_config=...)`.
 
     A value without `:Layer` takes the mapping's layer name (`"org/rmsnorm"` for `"RMSNorm"` means
     `"org/rmsnorm:RMSNorm"`). With `model=`, Transformers' own `sanitize_kernel_mapping` runs too.
+    Repositories outside `kernels-community` need `allowed_orgs` / `allow_repos`; `trust_remote_code`
+    in the mapping needs `trust_remote_code=True` here (`check_trust`).
     """
     from transformers import KernelConfig
 
-    normalised = validate_mapping(mapping, model=model, use_local_kernel=use_local_kernel)
+    normalised = validate_mapping(mapping, model=model, use_local_kernel=use_local_kernel, allowed_orgs=allowed_orgs,
+                                  allow_repos=allow_repos, trust_remote_code=trust_remote_code)
     config = KernelConfig(kernel_mapping=normalised, use_local_kernel=use_local_kernel,
                           inherit_mapping=inherit_mapping)
     if model is not None:

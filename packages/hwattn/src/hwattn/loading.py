@@ -16,7 +16,7 @@ from hwenv import Accelerator
 
 from .capabilities import hub_kernels
 from .errors import KernelsMissingError, KernelsUnsupportedError, KernelUnavailableError
-from .kernel_map import device_keys, kernel_mapping
+from .kernel_map import check_trust, device_keys, kernel_mapping
 from .resolve import KERNELS_INSTALL_HINT, _kernels_problem, resolve_attention
 
 logger = logging.getLogger(__name__)
@@ -30,6 +30,9 @@ def load_kwargs(
     *,
     model_config: object | None = None,
     fallback: bool = False,
+    allowed_orgs: Any = (),
+    allow_repos: Any = (),
+    trust_remote_code: bool = False,
 ) -> dict[str, Any]:
     """Keywords for `from_pretrained`: always `attn_implementation` and `use_kernels` (False unless kernels are
     used: Transformers 5.25 turns hub kernels on when it is absent); `kernel_config` when asked.
@@ -40,6 +43,8 @@ def load_kwargs(
     entry get, never Transformers' default mapping by omission. Where the narrowed mapping is empty
     and inherits nothing, no kernel could be used: kernels are not asked for, and a warning says so.
     Where hub kernels are not used (Gaudi: `capabilities.HUB_KERNELS`) they are refused, or dropped with a logged note when `fallback=True`.
+    A mapping (a `KernelConfig` too) naming a repository outside `kernels-community` needs `allowed_orgs` /
+    `allow_repos`, and `trust_remote_code` in it needs `trust_remote_code=True` here (`KernelTrustError`).
     """
     from transformers import KernelConfig
 
@@ -65,7 +70,12 @@ def load_kwargs(
         return kwargs
     narrowed = None
     if mapping is not None:
-        config = mapping if isinstance(mapping, KernelConfig) else kernel_mapping(mapping)
+        trust = {"allowed_orgs": allowed_orgs, "allow_repos": allow_repos, "trust_remote_code": trust_remote_code}
+        if isinstance(mapping, KernelConfig):
+            check_trust(mapping.kernel_mapping or {}, use_local_kernel=mapping.use_local_kernel, **trust)
+            config = mapping
+        else:
+            config = kernel_mapping(mapping, **trust)
         narrowed = for_device(config, accel.kind)
         if narrowed is None:
             narrowed = _like(config, {})

@@ -77,10 +77,12 @@ def _user_entries(config: Any, kind: str, mode: Any) -> dict[str, Any]:
     return entries
 
 
-def kernel_plan(model: Any, accel: Accelerator, mapping: Any = None) -> KernelPlan:
+def kernel_plan(model: Any, accel: Accelerator, mapping: Any = None, *, allowed_orgs: Any = (),
+                allow_repos: Any = (), trust_remote_code: bool = False) -> KernelPlan:
     """Report which registered layers of `model` hub kernels would replace on `accel`, loading nothing.
 
-    `mapping` is None (Transformers' defaults only), a dict for `kernel_mapping`, or a `KernelConfig`.
+    `mapping` is None (Transformers' defaults only), a dict for `kernel_mapping`, or a `KernelConfig`;
+    `allowed_orgs` / `allow_repos` / `trust_remote_code` as for `kernel_mapping`.
     """
     if not isinstance(accel, Accelerator):
         raise AcceleratorTypeError(f"accel must be an hwenv.Accelerator, got {type(accel).__name__} {accel!r}.")
@@ -88,12 +90,13 @@ def kernel_plan(model: Any, accel: Accelerator, mapping: Any = None) -> KernelPl
 
     from .environment import kernels_available
 
+    trust = {"allowed_orgs": allowed_orgs, "allow_repos": allow_repos, "trust_remote_code": trust_remote_code}
     if mapping is None or isinstance(mapping, KernelConfig):
         config = mapping
         if config is not None:
-            kernel_mapping(config.kernel_mapping, model=model, use_local_kernel=config.use_local_kernel)
+            kernel_mapping(config.kernel_mapping, model=model, use_local_kernel=config.use_local_kernel, **trust)
     elif isinstance(mapping, dict):
-        config = kernel_mapping(mapping, model=model)
+        config = kernel_mapping(mapping, model=model, **trust)
     else:
         raise KernelMappingError(f"mapping must be None, a dict or a KernelConfig, got {type(mapping).__name__}.")
     layers = registered_layers(model)
