@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     choice = hwrun.choose_batching(plan, len(PROMPTS))
     print(f"device {plan.device}: batching={choice.mode}: {choice.reason}")
     if choice.mode == "continuous":
-        from hwrun.batching import continuous_config
+        from hwrun.inference.batching import continuous_config
 
         # Only the graph / async fields are shown; prompt lengths matter just for the CPU cache size.
         config = continuous_config(plan, [8] * len(PROMPTS), args.max_new_tokens)

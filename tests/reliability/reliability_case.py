@@ -33,7 +33,7 @@ class Case:
     """
 
     id: str
-    module: str  # "hwenv.cli", "hwdist", later "hwrun.cli"
+    module: str  # "hwenv.cli", "hwdist", later "hwrun.cli.main"
     argv: tuple[str, ...]
     klass: str
     before: str

@@ -43,9 +43,9 @@ def main(argv=None) -> int:
 
     import hwattn
     import torch
-    from hwrun.training.fused_loss import apply_fused_loss
-    from hwrun.training.fused_projections import apply_fused_projections
-    from hwrun.training.rope_table import apply_rope_table
+    from hwrun.training.patches.fused_loss import apply_fused_loss
+    from hwrun.training.patches.fused_projections import apply_fused_projections
+    from hwrun.training.patches.rope_table import apply_rope_table
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -108,9 +108,9 @@ def main(argv=None):
         return 2
 
     import transformers
-    from hwrun.batching import cb_config, workload_cb_config
-    from hwrun.fastdecode import GraphDecoder
-    from hwrun.slotdecode import SlotDecoder
+    from hwrun.inference.batching import cb_config, workload_cb_config
+    from hwrun.inference.decode.slots import SlotDecoder
+    from hwrun.inference.decode.static import GraphDecoder
 
     model = build_model(sizes, device, dtype)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -41,8 +41,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     import torch
-    from hwrun.fastdecode import GraphDecoder, capture_graph
-    from hwrun.slotdecode import SlotDecoder
+    from hwrun.inference.decode.slots import SlotDecoder
+    from hwrun.inference.decode.static import GraphDecoder, capture_graph
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -37,8 +37,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     import torch
-    from hwrun.training.ce_kernel import chunk_ce
-    from hwrun.training.fused_loss import (
+    from hwrun.training.patches.ce_kernel import chunk_ce
+    from hwrun.training.patches.fused_loss import (
         _chunk_loss_grad,
         linear_cross_entropy,
         prepare_linear_cross_entropy,
@@ -110,7 +110,7 @@ def swiglu_rows(tokens: int, width: int) -> list[dict]:
     """The SwiGLU backward: compiled torch autograd vs the Triton kernel, one Llama MLP's size."""
     import torch
     import torch.nn.functional as F
-    from hwrun.training.swiglu import prepare_swiglu, swiglu
+    from hwrun.training.patches.swiglu import prepare_swiglu, swiglu
 
     prepare_swiglu()
     y = torch.randn(tokens, 2 * width, device="cuda").to(torch.bfloat16).requires_grad_()

@@ -1,4 +1,4 @@
-"""The model-family matrix (issue 25 point 6): each family in `hwrun.families.FAMILIES`, built tiny
+"""The model-family matrix (issue 25 point 6): each family in `hwrun.testing.families.FAMILIES`, built tiny
 from its Transformers config class and saved like a Hub model, goes through plan -> load ->
 generate (static, and continuous where the model class runs it) -> LoRA steps -> generate from
 the adapter, on CPU."""
@@ -9,8 +9,8 @@ import hwrun
 import pytest
 import torch
 from hwrun.errors import ContinuousBatchingError, GenerateError, PlanError
-from hwrun.families import FAMILIES, build_tiny_family
 from hwrun.testing import build_tokenizer
+from hwrun.testing.families import FAMILIES, build_tiny_family
 from hwrun.training import ALL_LINEAR, lora_targets, peft_target_mapping
 from safetensors.torch import load_file
 

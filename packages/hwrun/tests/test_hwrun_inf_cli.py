@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hwrun.cli import main
+from hwrun.cli.main import main
 from hwrun.testing import build_tiny_model
 
 

@@ -9,7 +9,7 @@ import importlib
 import hwrun
 import torch
 
-generate_module = importlib.import_module("hwrun.generate")  # the module, not hwrun.generate() (issue 26)
+generate_module = importlib.import_module("hwrun.inference.generate")  # the module, not hwrun.generate() (issue 26)
 
 
 def test_generate_batch_is_called_under_no_grad_not_inference_mode(monkeypatch):

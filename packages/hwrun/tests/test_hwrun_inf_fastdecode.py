@@ -8,9 +8,9 @@ import hwrun
 import pytest
 import torch
 from hwrun.errors import FastDecodeError
-from hwrun.fastdecode import GraphDecoder, compile_step
-from hwrun.fusedstep import FusedLlamaStep, fused_step_support
-from hwrun.slotdecode import SlotDecoder
+from hwrun.inference.decode.fused_step import FusedLlamaStep, fused_step_support
+from hwrun.inference.decode.slots import SlotDecoder
+from hwrun.inference.decode.static import GraphDecoder, compile_step
 
 PROMPTS = ["The king said", "Once upon a time there was a little house", "It was", "The queen",
            "By the river the people of the town walked", "A"]
@@ -144,7 +144,7 @@ def test_compile_step_tunes_only_when_asked(monkeypatch):
 
 @pytest.mark.parametrize("kind", ["cuda", "xpu", "cpu"])
 def test_continuous_config_is_sized_from_the_workload(kind):
-    from hwrun.batching import ACCELERATOR_PAGE_SIZE, HOST_PAGE_SIZE, workload_cb_config
+    from hwrun.inference.batching import ACCELERATOR_PAGE_SIZE, HOST_PAGE_SIZE, workload_cb_config
 
     config = workload_cb_config(kind, [100, 30, 250], 50)
     accelerator = kind != "cpu"
@@ -179,7 +179,7 @@ def test_model_step_passes_the_cache_under_the_releases_own_keyword(qwen2):
     import inspect
     import warnings
 
-    from hwrun.fastdecode import cache_keyword
+    from hwrun.inference.decode.static import cache_keyword
 
     keyword = cache_keyword(qwen2)
     assert keyword in inspect.signature(type(qwen2).forward).parameters

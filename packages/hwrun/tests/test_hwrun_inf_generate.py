@@ -84,13 +84,13 @@ def test_graph_decode_step_loop_equals_model_generate(loaded, caplog, batching):
 def test_graph_decode_with_many_prompts_is_continuous_over_slots(loaded):
     plan, model, tokenizer = loaded
     result = hwrun.generate(plan, PROMPTS, 12, decode="graphs", model=model, tokenizer=tokenizer)
-    assert result.batching == "continuous" and "slotdecode" in result.decode_reason
+    assert result.batching == "continuous" and "slot decoder" in result.decode_reason
 
 
 def test_graph_decoder_direct_and_reused(loaded):
     import torch
     from hwrun.errors import FastDecodeError
-    from hwrun.fastdecode import GraphDecoder
+    from hwrun.inference.decode.static import GraphDecoder
 
     _, model, tokenizer = loaded
     decoder = GraphDecoder(model, batch_size=1, max_cache_len=40)
@@ -185,7 +185,7 @@ def test_continuous_failure_inside_the_model_falls_back_to_static_on_auto_only(l
     from hwrun.errors import ContinuousBatchingError
 
     plan, model, tokenizer = loaded
-    generate_module = importlib.import_module("hwrun.generate")
+    generate_module = importlib.import_module("hwrun.inference.generate")
 
     static = hwrun.generate(plan, PROMPTS, max_new_tokens=4, batching="static", model=model, tokenizer=tokenizer)
     monkeypatch.setattr(generate_module, "_continuous",

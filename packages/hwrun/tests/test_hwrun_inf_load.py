@@ -65,7 +65,7 @@ def test_hub_id_offline_is_a_clear_error(monkeypatch, tmp_path):
 
 @pytest.mark.facts("G4")
 def test_gaudi_env_is_applied_without_overriding_the_user(monkeypatch, fake_gaudi, tiny):
-    from hwrun.load import apply_env
+    from hwrun.model.load import apply_env
 
     fake_gaudi(8)
     plan = hwrun.plan(tiny)

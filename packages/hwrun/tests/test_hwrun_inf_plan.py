@@ -8,7 +8,7 @@ import hwenv
 import hwrun
 import pytest
 from hwrun.errors import ModelSourceError, PlanError, QuantizationError
-from hwrun.source import config_parameters, resolve_source, weight_bytes
+from hwrun.model.source import config_parameters, resolve_source, weight_bytes
 from hwrun.testing import build_tiny_model
 
 GiB = 2**30
@@ -80,11 +80,11 @@ def test_fake_four_xpus_split_a_model_larger_than_one(fake_xpu, tiny):
 def test_config_only_estimate_of_a_70b_model_splits_on_four_xpus():
     params = config_parameters(LLAMA_70B)
     assert 70e9 < params < 71.5e9
-    source = hwrun.source.ModelSource("meta/llama-70b", False, None, LLAMA_70B)
+    source = hwrun.model.source.ModelSource("meta/llama-70b", False, None, LLAMA_70B)
     nbytes, how = weight_bytes(source, "bfloat16")
     assert nbytes == 2 * params and "config.json" in how
     accel = hwenv.Accelerator("xpu", 4, memory=(64 * GiB,) * 4)
-    from hwrun.plan import choose_device_map
+    from hwrun.model.plan import choose_device_map
 
     assert choose_device_map(accel, nbytes, how)[0] == "auto"
     assert choose_device_map(hwenv.Accelerator("xpu", 4, memory=(192 * GiB,) * 4), nbytes, how)[0] == "xpu"

@@ -62,8 +62,8 @@ def test_a_new_kind_is_reported_missing_from_every_table_and_gets_conservative_d
         accel = hwenv.Accelerator("dummynpu", 1, names=("npu0",), bf16=True)
         with pytest.raises(QuantizationError, match="no bitsandbytes row"):
             hwrun.plan(tiny, device=accel, quantization="4bit")
-        from hwrun.batching import continuous_warmup
-        from hwrun.training.fused_loss import triton_kernel_usable
+        from hwrun.inference.batching import continuous_warmup
+        from hwrun.training.patches.fused_loss import triton_kernel_usable
 
         assert not continuous_warmup("dummynpu") and not triton_kernel_usable("dummynpu")
     assert devices.missing_rows() == {}
@@ -88,10 +88,10 @@ def test_rocm_accelerator_plans_as_an_amd_gpu_on_torch_cuda_device(tiny):
     assert "rocm supports bf16" in plan.reasons["dtype"]
     assert "cuda:0 (2 x rocm)" in plan.render()
     assert "ROCm" in hwrun.plan(tiny, device=accel, quantization="4bit").reasons["quantization"]
-    from hwrun.batching import choose_batching, continuous_warmup
+    from hwrun.inference.batching import choose_batching, continuous_warmup
 
     assert choose_batching(plan, 4).mode == "continuous" and continuous_warmup("rocm")
-    from hwrun.generate import choose_decode
+    from hwrun.inference.generate import choose_decode
 
     assert choose_decode(plan, "auto", "static", False)[0] == "graphs"  # HIP graphs behind CUDA's graph API
 
@@ -101,7 +101,7 @@ def test_hwrun_plan_names_a_detected_rocm_gpu(tiny, fake_cuda, monkeypatch, caps
 
     fake_cuda(1, name="AMD Instinct MI300X", memory=192 * GiB)
     monkeypatch.setattr(torch.version, "hip", "6.3.42131")
-    from hwrun.cli import main
+    from hwrun.cli.main import main
 
     assert main(["plan", tiny]) == 0
     table = capsys.readouterr().out
@@ -219,7 +219,7 @@ def test_gaudi_quantization_follows_the_generation_table(tiny):
 
 def test_graph_tools_per_platform():
     import torch
-    from hwrun.fastdecode import decoder_graph_tools
+    from hwrun.inference.decode.static import decoder_graph_tools
 
     xpu = decoder_graph_tools(get_platform("xpu"))
     assert xpu.graph_class is torch.xpu.XPUGraph and xpu.capture is torch.xpu.graph
@@ -230,11 +230,11 @@ def test_graph_tools_per_platform():
 
 
 def test_decode_choice_per_platform(tiny, fake_xpu):
-    from hwrun.generate import choose_decode
+    from hwrun.inference.generate import choose_decode
 
     cuda = hwrun.plan(tiny, device=hwenv.Accelerator("cuda", 1, memory=(80 * GiB,)), compile=True)
     assert choose_decode(cuda, "auto", "static", False) == (
-        "graphs", "CUDA with compile on: static cache + CUDA graph replay per token (hwrun.fastdecode), "
+        "graphs", "CUDA with compile on: static cache + CUDA graph replay per token (hwrun.inference.decode.static), "
                   "no host work per token")
     fake_xpu(1)
     xpu = hwrun.plan(tiny, compile=True)
@@ -291,9 +291,9 @@ class RecordingTools:
 
 def test_graph_decoder_captures_and_replays_through_the_platform_tools(tiny, monkeypatch):
     import torch
-    from hwrun import fastdecode
-    from hwrun.fastdecode import GraphDecoder
-    from hwrun.slotdecode import SlotDecoder
+    from hwrun.inference.decode import static as fastdecode
+    from hwrun.inference.decode.slots import SlotDecoder
+    from hwrun.inference.decode.static import GraphDecoder
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny, local_files_only=True).eval()
@@ -317,7 +317,7 @@ def test_graph_decoder_captures_and_replays_through_the_platform_tools(tiny, mon
     assert events.count("replay") == 11 and synced == ["cpu"]
 
     events.clear()
-    from hwrun import slotdecode
+    from hwrun.inference.decode import slots as slotdecode
 
     monkeypatch.setattr(slotdecode, "decoder_graph_tools", lambda platform: tools)
     slots = SlotDecoder(model, slots=2, max_cache_len=32, check_every=4)
@@ -327,7 +327,7 @@ def test_graph_decoder_captures_and_replays_through_the_platform_tools(tiny, mon
 
 
 def test_use_graphs_without_graph_tools_is_refused_naming_the_graph_api(tiny):
-    from hwrun.fastdecode import GraphDecoder
+    from hwrun.inference.decode.static import GraphDecoder
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny, local_files_only=True)
@@ -353,8 +353,12 @@ def test_kind_of_device_type(fake_cuda, monkeypatch):
 def test_triton_kernels_only_where_the_table_allows():
     import importlib.util
 
-    from hwrun.training.fused_loss import TRITON_KERNELS, chunk_function, triton_kernel_usable
-    from hwrun.training.swiglu import triton_swiglu_usable
+    from hwrun.training.patches.fused_loss import (
+        TRITON_KERNELS,
+        chunk_function,
+        triton_kernel_usable,
+    )
+    from hwrun.training.patches.swiglu import triton_swiglu_usable
 
     assert [kind for kind, (on, _) in TRITON_KERNELS.items() if on] == ["cuda"]
     has_triton = importlib.util.find_spec("triton") is not None

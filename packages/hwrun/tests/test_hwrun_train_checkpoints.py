@@ -6,6 +6,7 @@ import json
 import logging
 
 import pytest
+from hwrun.errors import CheckpointError
 from hwrun.training.checkpoints import (
     MANIFEST_NAME,
     check_checkpoint,
@@ -17,7 +18,6 @@ from hwrun.training.checkpoints import (
     staging_folder,
     write_manifest,
 )
-from hwrun.training.errors import CheckpointError
 
 
 def make_checkpoint(run_dir, step, *, complete=True, payload=b"weights"):

@@ -4,7 +4,7 @@ resumes with --resume, and reports bad input as one line with exit status 2."""
 from __future__ import annotations
 
 import pytest
-from hwrun.cli import main
+from hwrun.cli.main import main
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hwrun.errors import TrainingDataError
 from hwrun.training.data import build_dataset, pack_token_ids, read_documents
-from hwrun.training.errors import TrainingDataError
 
 
 class CharTokenizer:

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hwrun.training import fused_projections
-from hwrun.training.fused_projections import apply_fused_projections
-from hwrun.training.rope_table import apply_rope_table
+from hwrun.training.patches import fused_projections
+from hwrun.training.patches.fused_projections import apply_fused_projections
+from hwrun.training.patches.rope_table import apply_rope_table
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 

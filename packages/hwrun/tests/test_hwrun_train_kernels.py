@@ -18,18 +18,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hwrun.training import TrainingConfigError, train
-from hwrun.training.fused_loss import _chunk_loss_grad, _chunk_loss_grad_in_place, chunk_function
-from hwrun.training.swiglu import swiglu, swiglu_backward_torch
+from hwrun.training.patches.fused_loss import (
+    _chunk_loss_grad,
+    _chunk_loss_grad_in_place,
+    chunk_function,
+)
+from hwrun.training.patches.swiglu import swiglu, swiglu_backward_torch
 
 INTERPRETED = textwrap.dedent('''
     import copy, json, sys
     import torch
     import torch.nn.functional as F
-    from hwrun.training.ce_kernel import BLOCK, chunk_ce, chunk_ce_op
-    from hwrun.training.fused_loss import _chunk_loss_grad, linear_cross_entropy, prepare_linear_cross_entropy
-    from hwrun.training.fused_projections import apply_fused_projections
-    from hwrun.training.swiglu import prepare_swiglu, swiglu
-    from hwrun.training.swiglu_kernel import swiglu_backward
+    from hwrun.training.patches.ce_kernel import BLOCK, chunk_ce, chunk_ce_op
+    from hwrun.training.patches.fused_loss import _chunk_loss_grad, linear_cross_entropy, prepare_linear_cross_entropy
+    from hwrun.training.patches.fused_projections import apply_fused_projections
+    from hwrun.training.patches.swiglu import prepare_swiglu, swiglu
+    from hwrun.training.patches.swiglu_kernel import swiglu_backward
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 

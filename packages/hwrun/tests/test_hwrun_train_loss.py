@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hwrun.training.fused_loss import (
+from hwrun.training.patches.fused_loss import (
     apply_fused_loss,
     chunk_function,
     fused_loss_support,
@@ -123,7 +123,7 @@ def test_patched_model_compiles_as_one_graph_from_a_fresh_process(monkeypatch):
     """No graph break: the loss's autograd.Function exists before Dynamo traces the forward (a class
     definition traced inside the model split the compiled model into eager pieces)."""
     import torch._dynamo
-    from hwrun.training import fused_loss
+    from hwrun.training.patches import fused_loss
     from peft import LoraConfig, get_peft_model
     from torch._dynamo.utils import counters
 

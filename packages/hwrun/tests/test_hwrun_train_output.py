@@ -37,7 +37,7 @@ def earlier(tmp_path_factory):
 
 @pytest.fixture()
 def no_load(monkeypatch):
-    monkeypatch.setattr(hwrun, "load", lambda plan, **_: pytest.fail("the model must not load"))
+    monkeypatch.setattr("hwrun.model.load.load", lambda plan, **_: pytest.fail("the model must not load"))
     monkeypatch.setattr("hwrun.training.run._load_model", lambda *a, **k: pytest.fail("the model must not load"))
 
 
@@ -112,7 +112,7 @@ def test_an_adapter_plan_is_refused(earlier, tmp_path, no_load):
 def test_a_failed_final_save_leaves_the_earlier_final_model(earlier, tmp_path, monkeypatch):
     """Resume a finished run; its new final save fails half way: the old adapter in output_dir is
     untouched. The next resume publishes the new one and leaves no staging folder behind."""
-    import hwrun.training.adapters as adapters
+    import hwrun.model.adapters as adapters
 
     plan, data, _ = earlier
     copy = tmp_path / "out"

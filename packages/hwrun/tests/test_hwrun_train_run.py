@@ -65,7 +65,7 @@ def test_lora_lowers_loss_and_changes_only_adapter_weights(tiny, cpu_plan, tmp_p
     from hwrun.training import build_dataset, load_adapter_model
     from safetensors.torch import load_file
 
-    load_module = importlib.import_module("hwrun.load")
+    load_module = importlib.import_module("hwrun.model.load")
     tokenizer_loads = []
     real_load_tokenizer = load_module.load_tokenizer
     monkeypatch.setattr(load_module, "load_tokenizer",
@@ -232,7 +232,7 @@ def test_qlora_all_linear_adapts_the_4bit_layers_but_not_the_head(tiny, cpu_plan
 def test_qlora_where_bitsandbytes_cannot_run_names_device_and_alternative(tiny, tmp_path, monkeypatch):
     mps_plan = hwrun.plan(tiny[0], device=hwenv.Accelerator("mps", 1))
     loaded = []
-    monkeypatch.setattr(hwrun, "load", lambda plan, **_: loaded.append(plan))
+    monkeypatch.setattr("hwrun.model.load.load", lambda plan, **_: loaded.append(plan))
     with pytest.raises(QLoRAUnsupportedError, match=r"device mps.*What works instead: LoRA") as info:
         hwrun.train(mps_plan, tiny[1], qlora=True, max_steps=1, output_dir=tmp_path / "x")
     assert isinstance(info.value, ValueError)
@@ -255,7 +255,7 @@ def test_qlora_where_bitsandbytes_cannot_run_names_device_and_alternative(tiny, 
     ({"lora": {"target_modules": ["q_proj"]}, "bf16": True}, None),
 ])
 def test_bad_options_are_rejected_before_loading(tiny, cpu_plan, tmp_path, monkeypatch, options, message):
-    monkeypatch.setattr(hwrun, "load", lambda plan, **_: pytest.fail("the model must not load"))
+    monkeypatch.setattr("hwrun.model.load.load", lambda plan, **_: pytest.fail("the model must not load"))
     options = {"max_steps": 1, **options}
     if message is None:  # reaches load: everything valid (bf16 AMP is allowed on CPU)
         with pytest.raises(pytest.fail.Exception):
@@ -266,7 +266,7 @@ def test_bad_options_are_rejected_before_loading(tiny, cpu_plan, tmp_path, monke
 
 
 def test_bad_data_and_resume_are_rejected_before_loading(tiny, cpu_plan, tmp_path, monkeypatch):
-    monkeypatch.setattr(hwrun, "load", lambda plan, **_: pytest.fail("the model must not load"))
+    monkeypatch.setattr("hwrun.model.load.load", lambda plan, **_: pytest.fail("the model must not load"))
     empty = tmp_path / "empty.txt"
     empty.write_text("", encoding="utf-8")
     with pytest.raises(TrainingDataError, match="empty"):

@@ -5,28 +5,35 @@ Importing hwrun imports neither torch nor transformers; `train` and `training_ar
 the training half (`hwrun.training`) on first use.
 """
 
-from .batching import BatchingChoice, choose_batching
 from .errors import (
+    CheckpointError,
+    ContinuousBatchingError,
     FastDecodeError,
     GenerateError,
     HwrunError,
     ModelSourceError,
     PlanError,
+    QLoRAUnsupportedError,
     QuantizationError,
+    TrainingConfigError,
+    TrainingDataError,
+    TrainingError,
 )
-from .generate import GenerationResult, generate
-from .load import from_pretrained_kwargs, load
-from .pipeline import pipeline
-from .plan import RunPlan, plan
-from .source import DEFAULT_MODEL
+from .inference.batching import BatchingChoice, choose_batching
+from .inference.generate import GenerationResult, generate
+from .inference.pipeline import pipeline
+from .model.load import from_pretrained_kwargs, load
+from .model.plan import RunPlan, plan
+from .model.source import DEFAULT_MODEL
 
 __version__ = "0.2.0"
 
 _TRAINING = ("train", "training_arguments")
 
 __all__ = [
-    "BatchingChoice", "DEFAULT_MODEL", "FastDecodeError", "GenerateError", "GenerationResult", "HwrunError",
-    "ModelSourceError", "PlanError", "QuantizationError", "RunPlan", "choose_batching", "from_pretrained_kwargs",
+    "BatchingChoice", "CheckpointError", "ContinuousBatchingError", "DEFAULT_MODEL", "FastDecodeError", "GenerateError", "GenerationResult", "HwrunError",
+    "ModelSourceError", "PlanError", "QLoRAUnsupportedError", "QuantizationError",
+    "TrainingConfigError", "TrainingDataError", "TrainingError", "RunPlan", "choose_batching", "from_pretrained_kwargs",
     "generate", "load", "pipeline", "plan", "train", "training_arguments", "__version__",
 ]
 

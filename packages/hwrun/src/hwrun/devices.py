@@ -25,16 +25,16 @@ HOST_KIND = "cpu"
 
 #: Every per-kind table in hwrun, as "module:NAME" (read by `platform_tables()`).
 TABLES = (
-    "hwrun.plan:BF16_FACTS",
-    "hwrun.plan:DEVICE_MAP_FACTS",
-    "hwrun.plan:PLAN_ENV",
-    "hwrun.batching:CONTINUOUS_BATCHING",
-    "hwrun.quantization:BITSANDBYTES",
+    "hwrun.model.plan:BF16_FACTS",
+    "hwrun.model.plan:DEVICE_MAP_FACTS",
+    "hwrun.model.plan:PLAN_ENV",
+    "hwrun.inference.batching:CONTINUOUS_BATCHING",
+    "hwrun.model.quantization:BITSANDBYTES",
     "hwrun.training.arguments:FSDP_SUPPORT",
     "hwrun.training.arguments:FUSED_ADAMW",
     "hwrun.training.arguments:NON_BLOCKING_COPIES",
     "hwrun.training.run:TRAIN_COMPILE_DEFAULT",
-    "hwrun.training.fused_loss:TRITON_KERNELS",
+    "hwrun.training.patches.fused_loss:TRITON_KERNELS",
 )
 
 

@@ -33,23 +33,31 @@ class ContinuousBatchingError(GenerateError):
 
 
 class FastDecodeError(HwrunError, RuntimeError):
-    """The graph decode path cannot run this model or input (see `hwrun.fastdecode`)."""
+    """The graph decode path cannot run this model or input (see `hwrun.inference.decode.static`)."""
+
+
+class TrainingError(HwrunError):
+    """Base of every error raised by `hwrun.training`."""
+
+
+class TrainingDataError(TrainingError, ValueError):
+    """The training data cannot be read: missing, empty, not UTF-8, or a JSONL line without `text`."""
+
+
+class TrainingConfigError(TrainingError, ValueError):
+    """A training option is invalid for this plan or device (e.g. bf16 where it is unsupported)."""
+
+
+class QLoRAUnsupportedError(TrainingError, ValueError):
+    """4-bit QLoRA was asked for on a device that bitsandbytes does not support."""
+
+
+class CheckpointError(TrainingError, RuntimeError):
+    """A checkpoint could not be written or no usable checkpoint exists to resume from."""
 
 
 __all__ = [
-    "ContinuousBatchingError", "FastDecodeError", "GenerateError", "HwrunError", "ModelSourceError", "PlanError", "QuantizationError",
+    "CheckpointError", "ContinuousBatchingError", "FastDecodeError", "GenerateError", "HwrunError", "ModelSourceError",
+    "PlanError", "QLoRAUnsupportedError", "QuantizationError", "TrainingConfigError", "TrainingDataError",
+    "TrainingError",
 ]
-
-
-def __getattr__(name: str):
-    """Re-export the training errors (`hwrun.training.errors`) lazily, so both halves share one module."""
-    if name.startswith("_"):
-        raise AttributeError(name)
-    try:
-        from .training import errors as training_errors
-    except ImportError as exc:  # pragma: no cover - training half not installed
-        raise AttributeError(f"module 'hwrun.errors' has no attribute {name!r}") from exc
-    try:
-        return getattr(training_errors, name)
-    except AttributeError:
-        raise AttributeError(f"module 'hwrun.errors' has no attribute {name!r}") from None

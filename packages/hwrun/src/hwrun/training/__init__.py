@@ -1,19 +1,17 @@
 """hwrun's training half: `train()` with Transformers' Trainer + PEFT LoRA / 4-bit QLoRA,
 `training_arguments()` for the device, packed data, atomic resumable checkpoints."""
 
-from .adapters import is_adapter_folder, load_adapter_model, save_adapter, save_merged
-from .arguments import training_arguments, training_keywords
-from .checkpoints import check_checkpoint, latest_complete_checkpoint, resolve_resume
-from .data import PackedDataset, build_dataset, pack_token_ids, read_documents
-from .errors import (
+from ..errors import (
     CheckpointError,
     QLoRAUnsupportedError,
     TrainingConfigError,
     TrainingDataError,
     TrainingError,
 )
-from .fused_loss import apply_fused_loss, linear_cross_entropy, prepare_linear_cross_entropy
-from .fused_projections import apply_fused_projections
+from ..model.adapters import is_adapter_folder, load_adapter_model, save_adapter, save_merged
+from .arguments import training_arguments, training_keywords
+from .checkpoints import check_checkpoint, latest_complete_checkpoint, resolve_resume
+from .data import PackedDataset, build_dataset, pack_token_ids, read_documents
 from .lora import (
     ALL_LINEAR,
     LoraSettings,
@@ -22,10 +20,12 @@ from .lora import (
     lora_targets,
     peft_target_mapping,
 )
-from .patches import ModelPatch
-from .rope_table import apply_rope_table
+from .patches.fused_loss import apply_fused_loss, linear_cross_entropy, prepare_linear_cross_entropy
+from .patches.fused_projections import apply_fused_projections
+from .patches.record import ModelPatch
+from .patches.rope_table import apply_rope_table
+from .patches.swiglu import prepare_swiglu, swiglu
 from .run import TrainResult, train, train_plan
-from .swiglu import prepare_swiglu, swiglu
 
 __all__ = [
     "ALL_LINEAR", "CheckpointError", "LoraSettings", "LoraTargets", "ModelPatch", "PackedDataset",

@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import devices
-from .errors import TrainingConfigError
+from ..errors import TrainingConfigError
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
 
-    from hwrun.plan import RunPlan
+    from hwrun.model.plan import RunPlan
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import TrainingDataError
+from ..errors import TrainingDataError
 
 if TYPE_CHECKING:
     import torch

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import TrainingConfigError
+from ..errors import TrainingConfigError
 
 logger = logging.getLogger(__name__)
 

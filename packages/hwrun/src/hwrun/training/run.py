@@ -13,13 +13,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import QLoRAUnsupportedError, TrainingConfigError
 from .checkpoints import resolve_resume, schedule_change
-from .errors import QLoRAUnsupportedError, TrainingConfigError
 from .lora import LoraSettings, lora_config, lora_targets
-from .patches import ModelPatch
+from .patches.record import ModelPatch
 
 if TYPE_CHECKING:
-    from hwrun.plan import RunPlan
+    from hwrun.model.plan import RunPlan
 
 logger = logging.getLogger(__name__)
 
@@ -53,21 +53,21 @@ class TrainResult:
 def train_plan(model: str | None = None, device: Any = "auto", dtype: str = "auto", attention: str = "auto",
                compile: bool | str | None = None, quantization: str | None = None,
                trust_remote_code: bool = False) -> RunPlan:
-    """`hwrun.plan` for training: like plan(), but `compile=None` means on for an accelerator
+    """`hwrun.model.plan` for training: like plan(), but `compile=None` means on for an accelerator
     (a training run has many identical steps, so compiling pays off) and off on CPU (where the
     compile time dominates short runs). bf16 comes from plan()'s dtype choice (X17, G12)."""
-    import hwrun
+    from ..model.plan import plan as make_plan
 
-    base = hwrun.plan(model, device=device, dtype=dtype, attention=attention, compile=False,
-                      quantization=quantization, trust_remote_code=trust_remote_code)
+    base = make_plan(model, device=device, dtype=dtype, attention=attention, compile=False,
+                     quantization=quantization, trust_remote_code=trust_remote_code)
     if compile is None:
         from hwrun.devices import row
 
         compile = row(TRAIN_COMPILE_DEFAULT, base.accelerator.kind, False)
     if not compile:
         return base
-    compiled = hwrun.plan(model, device=base.accelerator, dtype=dtype, attention=attention, compile=compile,
-                          quantization=quantization, trust_remote_code=trust_remote_code)
+    compiled = make_plan(model, device=base.accelerator, dtype=dtype, attention=attention, compile=compile,
+                         quantization=quantization, trust_remote_code=trust_remote_code)
     # Same device and dtype rules as `base`, so keep base's reasons for them (not "given").
     reasons = {**compiled.reasons, "device": base.reasons["device"], "dtype": base.reasons["dtype"]}
     return replace(compiled, reasons=reasons)
@@ -120,7 +120,7 @@ def _check_numbers(epochs: float, max_steps: int, lr: float, batch_size: int, gr
 
 def _check_qlora(plan: RunPlan) -> None:
     from hwrun.errors import QuantizationError
-    from hwrun.quantization import check_quantization
+    from hwrun.model.quantization import check_quantization
 
     try:
         check_quantization("4bit", plan.accelerator)
@@ -133,9 +133,9 @@ def _check_qlora(plan: RunPlan) -> None:
 
 
 def _data_tokenizer(plan: RunPlan) -> Any:
-    """The plan's tokenizer alone (no weights), loaded as `hwrun.load` loads it, to pack the data."""
+    """The plan's tokenizer alone (no weights), loaded as `hwrun.model.load` loads it, to pack the data."""
     from hwrun.errors import ModelSourceError
-    from hwrun.load import load_tokenizer
+    from hwrun.model.load import load_tokenizer
 
     try:
         return load_tokenizer(plan)
@@ -146,18 +146,18 @@ def _data_tokenizer(plan: RunPlan) -> Any:
 
 def _load_model(plan: RunPlan, *, qlora: bool, full: bool, tokenizer: Any | None):
     """(model, tokenizer, reason): the base model through hwrun's own loading decisions. LoRA goes
-    through `hwrun.load` (padding set up); every path keeps `tokenizer` (the one that packed the data),
+    through `hwrun.model.load` (padding set up); every path keeps `tokenizer` (the one that packed the data),
     or loads it when the caller passed a ready dataset."""
-    import hwrun
+    from ..model.load import from_pretrained_kwargs, load
 
     if not qlora and not full:
-        model, tokenizer = hwrun.load(plan, tokenizer=tokenizer)
+        model, tokenizer = load(plan, tokenizer=tokenizer)
         return model, tokenizer, f"base model in {plan.dtype} via hwrun.load (plan)"
     from transformers import AutoModelForCausalLM
 
-    kwargs = dict(hwrun.from_pretrained_kwargs(plan))
+    kwargs = dict(from_pretrained_kwargs(plan))
     if qlora:
-        from hwrun.quantization import bnb_config
+        from hwrun.model.quantization import bnb_config
 
         kwargs["quantization_config"] = bnb_config("4bit", plan.dtype)
         reason = f"base model in 4-bit NF4 (bitsandbytes, compute {plan.dtype}) for QLoRA (X15, G11)"
@@ -198,11 +198,11 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     from ..devices import kind_of_device_type
     from .arguments import training_arguments
     from .data import PackedDataset, build_dataset, read_documents
-    from .fused_loss import apply_fused_loss, check_kernel, triton_kernel_usable
-    from .fused_projections import apply_fused_projections
+    from .patches.fused_loss import apply_fused_loss, check_kernel, triton_kernel_usable
+    from .patches.fused_projections import apply_fused_projections
+    from .patches.rope_table import apply_rope_table
+    from .patches.swiglu import check_swiglu_kernel, triton_swiglu_usable
     from .plot import loss_points, write_loss_plot
-    from .rope_table import apply_rope_table
-    from .swiglu import check_swiglu_kernel, triton_swiglu_usable
     from .trainer import GracefulStop, HwTrainer, LossLog
 
     # -- everything that can be rejected is rejected before the model loads --
@@ -214,7 +214,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
             f"plan.model={plan.model!r} with adapter {plan.adapter!r}: train() fine-tunes a base model "
             "and would train the base without the adapter (full fine-tuning) or wrap it in a second "
             "PEFT layer (LoRA). Fix: train from the base model, or merge the adapter first "
-            "(hwrun.training.adapters.merge_adapter_folder(adapter, out, plan)) and train the merged model."
+            "(hwrun.model.adapters.merge_adapter_folder(adapter, out, plan)) and train the merged model."
         )
     qlora = bool(qlora) or plan.quantization == "4bit"
     if plan.quantization == "8bit":
@@ -529,7 +529,7 @@ def _retie_gathered(state_dict: dict[str, Any], model: Any) -> None:
 def _save_final(trainer: Any, tokenizer: Any, output_dir: Path, is_lora: bool, merge: bool, qlora: bool,
                 plan: RunPlan, zero3: bool) -> bool:
     """Save the final model into `output_dir` (main process only); returns True when merged."""
-    from .adapters import merge_adapter_folder, save_adapter, save_merged
+    from ..model.adapters import merge_adapter_folder, save_adapter, save_merged
     from .checkpoints import final_staging, publish_final
 
     trainer.accelerator.wait_for_everyone()

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import PlanError
+from ..errors import PlanError
 
 if TYPE_CHECKING:
-    from .plan import RunPlan
+    from ..model.plan import RunPlan
 
 
 def pipeline(task: str = "text-generation", plan: RunPlan | None = None, **pipeline_kwargs: Any) -> Any:
     """A `transformers.Pipeline` for `task` with the model loaded by `plan` (default: `plan()` here)."""
     import transformers
 
-    from .load import from_pretrained_kwargs, load
-    from .plan import plan as make_plan
+    from ..model.load import from_pretrained_kwargs, load
+    from ..model.plan import plan as make_plan
 
     if not isinstance(task, str) or not task:
         raise PlanError(f"task={task!r} must be a pipeline task name such as 'text-generation'.")

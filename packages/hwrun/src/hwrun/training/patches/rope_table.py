@@ -12,7 +12,7 @@ import logging
 import types
 from typing import Any
 
-from .patches import ModelPatch
+from .record import ModelPatch
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from .errors import HwrunError
+from ..errors import HwrunError
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _plan_from(args: argparse.Namespace, model: str | None):
-    from .plan import plan
+    from ..model.plan import plan
 
     return plan(model, device=args.device, dtype=args.dtype, attention=args.attention, use_kernels=args.use_kernels,
                 compile=args.compile, quantization=args.quantization, trust_remote_code=args.trust_remote_code)
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_gen.set_defaults(func=_cmd_generate)
 
     try:
-        from . import cli_train
+        from . import train as cli_train
     except ImportError as exc:  # the training half is optional
         logger.debug("hwrun train not available: %s", exc)
     else:
@@ -85,7 +85,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def read_batch_file(path: str) -> list[str]:
     """Prompts from a file, one per non-empty line (raises GenerateError when none)."""
-    from .errors import GenerateError
+    from ..errors import GenerateError
 
     try:
         with open(path, encoding="utf-8") as handle:
@@ -98,9 +98,9 @@ def read_batch_file(path: str) -> list[str]:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from .errors import GenerateError
-    from .generate import GenerationResult, _check_inputs, generate
-    from .load import load
+    from ..errors import GenerateError
+    from ..inference.generate import GenerationResult, _check_inputs, generate
+    from ..model.load import load
 
     prompts = list(args.prompts)
     if args.batch_file:
@@ -138,7 +138,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _generate_with_progress(run_plan, prompts, args, options, generate, result_type):
     """Many prompts: continuous batching shows its own per-request bar; static batching runs in chunks under a bar."""
-    from .batching import choose_batching
+    from ..inference.batching import choose_batching
 
     batching = "static" if args.decode == "graphs" and args.batching == "auto" else args.batching
     choice = choose_batching(run_plan, len(prompts), batching)

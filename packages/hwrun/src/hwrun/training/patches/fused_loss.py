@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import TrainingConfigError
+from ...errors import TrainingConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_train(args: argparse.Namespace) -> int:
     """Carry out `hwrun train` for parsed `args`; returns the exit status."""
-    from .training import LoraSettings, TrainingConfigError, train, train_plan
+    from ..training import LoraSettings, TrainingConfigError, train, train_plan
 
     run_plan = train_plan(args.model, device=args.device, dtype=args.dtype, attention=args.attention,
                           compile=args.compile, trust_remote_code=args.trust_remote_code)

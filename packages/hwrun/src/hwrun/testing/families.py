@@ -72,7 +72,7 @@ def build_tiny_family(name: str, directory: str | Path, *, tokenizer_source: str
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from .testing import build_tokenizer
+    from . import build_tokenizer
 
     family = FAMILIES[name]
     path = Path(directory)

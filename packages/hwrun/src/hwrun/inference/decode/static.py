@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .errors import FastDecodeError
+from ...errors import FastDecodeError
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def model_platform(model: Any, platform: Any = None) -> Any:
         return platform
     import hwenv
 
-    from .devices import kind_of_device_type
+    from ...devices import kind_of_device_type
 
     return hwenv.get_platform(kind_of_device_type(model.device.type))
 
@@ -52,7 +52,7 @@ def decoder_graph_tools(platform: Any) -> Any:
         return None
 
 
-#: "fused": hwrun.fusedstep (llama/mistral/qwen2); "model": the model's own forward over a StaticCache;
+#: "fused": hwrun.inference.decode.fused_step (llama/mistral/qwen2); "model": the model's own forward over a StaticCache;
 #: "auto": fused where it applies, else the model's forward (logged).
 STEPS = ("auto", "fused", "model")
 
@@ -80,7 +80,7 @@ class GraphDecoder:
         import torch
         from transformers import StaticCache
 
-        from .fusedstep import FusedLlamaStep, fused_step_support
+        from .fused_step import FusedLlamaStep, fused_step_support
 
         self.platform = model_platform(model, platform)
         self.graph_tools = decoder_graph_tools(self.platform) if use_graphs is not False else None
@@ -255,7 +255,7 @@ def capture_graph(step: Any, device: Any, buffers: list[Any], *, tools: Any = No
     import hwenv
     from hwenv.platforms import runtime
 
-    from .devices import kind_of_device_type
+    from ...devices import kind_of_device_type
 
     if platform is None:
         platform = hwenv.get_platform(kind_of_device_type(getattr(device, "type", str(device).split(":")[0])))

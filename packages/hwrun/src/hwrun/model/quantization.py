@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import devices
-from .errors import QuantizationError
+from .. import devices
+from ..errors import QuantizationError
 
 if TYPE_CHECKING:
     import hwenv

@@ -11,7 +11,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from .errors import ModelSourceError
+from ..errors import ModelSourceError
 from .source import model_config, resolve_source
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ def load(plan: RunPlan, *, tokenizer: PreTrainedTokenizerBase | None = None
     from transformers import AutoModelForCausalLM
 
     if plan.adapter is not None:
-        from .training.adapters import load_adapter_model
+        from .adapters import load_adapter_model
 
         model, tokenizer = load_adapter_model(plan.adapter, plan)
         return _finish(model, tokenizer, plan)

@@ -4,7 +4,7 @@ Why: Transformers' continuous batching (`generate_batch`) with sdpa attends ever
 padded keys of all requests in the batch and plans each step on the host; on an H200 at 64
 prompts it reached 2,617 tokens/s against 20,386 for a static CUDA-graph batch
 (docs/benchmarks/decode.md). Here each request owns one slot (one row of a static K/V cache,
-hwrun.fusedstep with per-row positions). Every decode step runs all slots at once with fixed
+hwrun.inference.decode.fused_step with per-row positions). Every decode step runs all slots at once with fixed
 shapes, so it is captured once and replayed; a row attends only to its own keys. The host wakes
 every `check_every` steps (or sooner, when a request's budget ends), reads the new tokens,
 retires finished requests (EOS or `max_new_tokens`) and prefills waiting prompts into the freed
@@ -22,8 +22,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import FastDecodeError
-from .fastdecode import (
+from ...errors import FastDecodeError
+from .static import (
     capture_graph,
     check_decoder_args,
     compile_step,
@@ -48,7 +48,7 @@ class SlotDecoder:
                  check_every: int = 16, prefill_tokens: int = PREFILL_TOKENS, platform: Any = None) -> None:
         import torch
 
-        from .fusedstep import FusedLlamaStep, fused_step_support
+        from .fused_step import FusedLlamaStep, fused_step_support
 
         self.platform = model_platform(model, platform)
         self.graph_tools = decoder_graph_tools(self.platform) if use_graphs is not False else None

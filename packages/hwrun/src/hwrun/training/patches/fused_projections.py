@@ -24,7 +24,7 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
-from .patches import ModelPatch
+from .record import ModelPatch
 from .rope_table import rotary_module
 from .swiglu import auto_swiglu_kernel, check_swiglu_kernel, prepare_swiglu, swiglu
 

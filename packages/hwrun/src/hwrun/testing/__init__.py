@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .devices import HOST_KIND
+from ..devices import HOST_KIND
 
 _CORPUS = (
     "The king said to the queen that the castle was cold. The queen said the king should build a fire. "
@@ -34,7 +34,7 @@ def build_tokenizer(vocab_size: int = 320) -> object:
 def build_tiny_model(directory: str | Path, *, seed: int = 0, vocab_size: int = 320, hidden_size: int = 64,
                      layers: int = 2, heads: int = 4, kv_heads: int = 2) -> Path:
     """Save a random tiny LlamaForCausalLM and its tokenizer into `directory`; returns the path.
-    Other families: `hwrun.families.build_tiny_family`."""
+    Other families: `hwrun.testing.families.build_tiny_family`."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -123,7 +123,7 @@ def assert_adapter_matches(folder: str | Path, weights: dict, base: str | Path |
     import torch
 
     import hwrun
-    from hwrun.training import load_adapter_model
+    from hwrun.model.adapters import load_adapter_model
 
     model, _ = load_adapter_model(folder, hwrun.plan(str(base or hwrun.DEFAULT_MODEL), device=HOST_KIND))
     saved = {k: v for k, v in model.named_parameters() if "lora_" in k}
@@ -156,7 +156,7 @@ def assert_merged_is_base_plus_adapter(out: str | Path, weights: dict) -> None:
 def assert_saved_full_model(out: str | Path, weights: dict, base: str | Path | None = None) -> None:
     """`out` holds one plain `model.safetensors` (no index, no shards, no adapter) with every
     tensor of the base model at full shape, equal to `weights`, not all equal to the base's, and
-    `hwrun.load` gives a model whose parameters are `weights`."""
+    `hwrun.model.load` gives a model whose parameters are `weights`."""
     import torch
     from safetensors.torch import load_file
 

@@ -14,12 +14,12 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ModelSourceError
+from ..errors import ModelSourceError
 
 logger = logging.getLogger(__name__)
 
 #: The tiny Llama that ships inside the package (trained by tools/train_tiny_model.py).
-DEFAULT_MODEL = str(Path(__file__).resolve().parent / "models" / "tiny-llama")
+DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "models" / "tiny-llama")
 
 #: Bytes per element of each dtype name that safetensors headers use.
 _SAFETENSORS_BYTES = {

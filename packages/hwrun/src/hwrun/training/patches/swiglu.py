@@ -80,7 +80,7 @@ KERNELS = ("auto", "triton", "torch")
 
 def check_swiglu_kernel(kernel: str) -> None:
     """Reject a `kernel` value that is not one of KERNELS, saying what each one does."""
-    from .errors import TrainingConfigError
+    from ...errors import TrainingConfigError
 
     if kernel not in KERNELS:
         raise TrainingConfigError(f"swiglu_kernel={kernel!r} is not one of {KERNELS}: 'auto' runs the SwiGLU "

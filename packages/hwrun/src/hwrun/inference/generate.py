@@ -4,7 +4,7 @@ Static batching left-pads the prompts and calls `model.generate` (X10); continuo
 token ids to Transformers' `model.generate_batch` (X11). Greedy decoding gives the same tokens
 both ways (tested). Where the plan's platform has a graph API hwrun captures with (CUDA graphs,
 also on ROCm; XPU graphs), `decode="graphs"` (or `auto` with `plan.compile`) runs hwrun's own
-graph loops instead: `hwrun.fastdecode` for a static batch, `hwrun.slotdecode` (slot-based
+graph loops instead: `hwrun.inference.decode.static` for a static batch, `hwrun.inference.decode.slots` (slot-based
 continuous batching) for continuous batching.
 """
 
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ContinuousBatchingError, GenerateError
 from .batching import (
     BatchingChoice,
     choose_batching,
@@ -25,10 +26,9 @@ from .batching import (
     continuous_warmup,
     model_batching,
 )
-from .errors import ContinuousBatchingError, GenerateError
 
 if TYPE_CHECKING:
-    from .plan import RunPlan
+    from ..model.plan import RunPlan
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def _eos_token_id(model: Any, tokenizer: Any) -> Any:
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    from .fastdecode import eos_ids
+    from .decode.static import eos_ids
 
     return set(eos_ids(model, _eos_token_id(model, tokenizer)))
 
@@ -133,8 +133,8 @@ def choose_decode(plan: RunPlan, requested: str, batching: str, do_sample: bool)
         raise GenerateError(f"decode={requested!r} is not a decode mode; use one of {', '.join(DECODE)}.")
     graphs = graph_api_of(plan)
     label, graph = graphs if graphs is not None else ("", "graph")
-    loop = (f"hwrun.slotdecode: continuous batching over static cache slots, one {graph} replay per step"
-            if batching == "continuous" else f"static cache + {graph} replay per token (hwrun.fastdecode)")
+    loop = (f"hwrun.inference.decode.slots: continuous batching over static cache slots, one {graph} replay per step"
+            if batching == "continuous" else f"static cache + {graph} replay per token (hwrun.inference.decode.static)")
     theirs = "model.generate_batch" if batching == "continuous" else "model.generate"
     blockers = []
     if do_sample:
@@ -150,7 +150,7 @@ def choose_decode(plan: RunPlan, requested: str, batching: str, do_sample: bool)
             raise GenerateError(f"decode='graphs' cannot run: {'; '.join(blockers)}. Use decode='generate'.")
         if graphs is None:
             kind, api = plan.accelerator.kind, plan.accelerator.platform.graph_api
-            name = "hwrun.slotdecode's slot loop" if batching == "continuous" else "the static-cache step loop"
+            name = "hwrun's slot decoder (inference/decode/slots.py)" if batching == "continuous" else "the static-cache step loop"
             logger.warning("decode='graphs' on %s: no CUDA or XPU graphs there (graph API: %s), %s runs eagerly",
                            kind, api, name)
             return "graphs", f"given; {kind} has no CUDA or XPU graphs (graph API: {api}), so {name} runs eagerly"
@@ -188,7 +188,7 @@ def generate(
     prompts = _check_inputs(prompts, max_new_tokens)
     sampling = _sampling_kwargs(do_sample, temperature, top_p, top_k)
     if plan is None:
-        from .plan import plan as make_plan
+        from ..model.plan import plan as make_plan
 
         plan = make_plan()
     choice = choose_batching(plan, len(prompts), batching, stream=stream)
@@ -198,7 +198,7 @@ def generate(
     if (model is None) != (tokenizer is None):
         raise GenerateError("pass both model= and tokenizer= (from hwrun.load(plan)), or neither.")
     if model is None:
-        from .load import load
+        from ..model.load import load
 
         model, tokenizer = load(plan)
     checked = model_batching(choice, batching, model)  # the model class may not run continuous batching
@@ -212,7 +212,7 @@ def generate(
     eos = _eos_ids(model, tokenizer)
     logger.info("batching: %s (%s); decode: %s (%s)", choice.mode, choice.reason, decode_mode, decode_reason)
     if choice.mode == "continuous" and decode_mode == "graphs":
-        from .fusedstep import fused_step_support
+        from .decode.fused_step import fused_step_support
 
         unsupported = fused_step_support(model)
         if unsupported is not None and decode == "graphs":
@@ -318,8 +318,8 @@ MAX_SLOTS = 64
 
 def _decoder(model: Any, batch: int, needed: int, use_graphs: bool, backend: Any, *, slots: bool = False,
              platform: Any = None) -> Any:
-    from .fastdecode import GraphDecoder
-    from .slotdecode import SlotDecoder
+    from .decode.slots import SlotDecoder
+    from .decode.static import GraphDecoder
 
     length = -(-needed // CACHE_BUCKET) * CACHE_BUCKET
     per_model = _DECODERS.setdefault(model, {})
@@ -335,7 +335,7 @@ def _decoder(model: Any, batch: int, needed: int, use_graphs: bool, backend: Any
 
 def _slots(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str],
            max_new_tokens: int) -> tuple[list[list[int]], list[int], float]:
-    """Continuous batching through `hwrun.slotdecode` (greedy; EOS and budgets checked on the host)."""
+    """Continuous batching through `hwrun.inference.decode.slots` (greedy; EOS and budgets checked on the host)."""
     encoded = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
     compile_backend = plan.compile.backend if plan.compile is not None else None
     decoder = _decoder(model, min(len(encoded), MAX_SLOTS), max(map(len, encoded)) + max_new_tokens,
@@ -347,7 +347,7 @@ def _slots(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str],
 
 def _graphs(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int,
             stream: bool) -> tuple[list[list[int]], list[int], float]:
-    """Greedy decode through `hwrun.fastdecode` (one prompt at a time unless all have the same length)."""
+    """Greedy decode through `hwrun.inference.decode.static` (one prompt at a time unless all have the same length)."""
     import torch
 
     encoded = [tokenizer(p, return_tensors="pt")["input_ids"] for p in prompts]

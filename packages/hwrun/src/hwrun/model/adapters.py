@@ -9,10 +9,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import TrainingConfigError
+from ..errors import TrainingConfigError
 
 if TYPE_CHECKING:
-    from hwrun.plan import RunPlan
+    from hwrun.model.plan import RunPlan
 
 logger = logging.getLogger(__name__)
 
@@ -82,16 +82,16 @@ def load_adapter_model(path: str | os.PathLike, plan: RunPlan | None = None, *, 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    import hwrun
-    from hwrun.load import load_tokenizer
+    from .load import from_pretrained_kwargs, load_tokenizer
+    from .plan import plan as make_plan
 
     base = adapter_base_model(path)
     if plan is None:
-        plan = hwrun.plan(base)
+        plan = make_plan(base)
     elif plan.model != base:
-        plan = hwrun.plan(base, device=plan.accelerator, dtype=plan.dtype,
-                          attention=plan.attention.requested, trust_remote_code=plan.trust_remote_code)
-    kwargs = dict(hwrun.from_pretrained_kwargs(plan))
+        plan = make_plan(base, device=plan.accelerator, dtype=plan.dtype,
+                         attention=plan.attention.requested, trust_remote_code=plan.trust_remote_code)
+    kwargs = dict(from_pretrained_kwargs(plan))
     if quantized is False:
         kwargs.pop("quantization_config", None)
     model = AutoModelForCausalLM.from_pretrained(base, **kwargs)

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import devices
-from .errors import PlanError
+from .. import devices
+from ..errors import PlanError
+from .adapters import adapter_base_model, is_adapter_folder
 from .quantization import check_quantization
 from .source import DEFAULT_MODEL, model_config, resolve_source, weight_bytes
-from .training.adapters import adapter_base_model, is_adapter_folder
 
 if TYPE_CHECKING:
     import hwattn

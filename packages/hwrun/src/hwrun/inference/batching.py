@@ -11,11 +11,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import devices
-from .errors import GenerateError
+from .. import devices
+from ..errors import GenerateError
 
 if TYPE_CHECKING:
-    from .plan import RunPlan
+    from ..model.plan import RunPlan
 
 BATCHING = ("auto", "static", "continuous")
 

@@ -4,7 +4,7 @@ Why: at batch 1 the decode step is a chain of small kernels, and each costs a fe
 however little it reads. Reading q/k/v as one matrix and gate/up as one (two matrix-vector
 products per layer instead of five), writing K/V into plain tensors (no cache bookkeeping) and
 computing grouped-query attention as two batched products over the unrepeated KV heads leaves
-fewer, larger kernels for `torch.compile` and the CUDA graph (hwrun.fastdecode). The arithmetic
+fewer, larger kernels for `torch.compile` and the CUDA graph (hwrun.inference.decode.static). The arithmetic
 is the model's own: RMSNorm in fp32, the model's rotary embedding and activation, softmax in fp32.
 The fused weights are copies (the model is not changed); `extra_bytes` says how much they take.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import FastDecodeError
+from ...errors import FastDecodeError
 
 #: Model types whose decoder layers are input_layernorm -> self_attn(q,k,v,o) -> residual ->
 #: post_attention_layernorm -> mlp(gate, up, down) -> residual, with nothing else in between.
@@ -65,7 +65,7 @@ class FusedLlamaStep:
 
     By default every row decodes at the same position (one `index_copy_` per layer writes K/V);
     `per_row_positions=True` lets each row sit at its own position, which is what continuous batching
-    over slots (hwrun.slotdecode) needs: K/V are then written with one `index_put_` per layer at
+    over slots (hwrun.inference.decode.slots) needs: K/V are then written with one `index_put_` per layer at
     (row, kv head, that row's position).
     """
 
