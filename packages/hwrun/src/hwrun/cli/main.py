@@ -12,6 +12,9 @@ from ..errors import HwrunError
 
 logger = logging.getLogger(__name__)
 
+#: Modules of `hwrun.cli` that add subcommands (`add_parser(subparsers)`); importing one must not import torch.
+COMMAND_MODULES = ("train", "serve", "chat")
+
 #: Prompts per `model.generate` call when a batch file runs with static batching (one progress step each).
 STATIC_CHUNK = 16
 
@@ -65,12 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     p_gen.add_argument("--json", action="store_true", help="print the result as JSON (no streaming)")
     p_gen.set_defaults(func=_cmd_generate)
 
-    try:
-        from . import train as cli_train
-    except ImportError as exc:  # the training half is optional
-        logger.debug("hwrun train not available: %s", exc)
-    else:
-        cli_train.add_parser(sub)
+    import importlib
+
+    for name in COMMAND_MODULES:  # each adds its own subcommand(s) with `add_parser(sub)`
+        try:
+            module = importlib.import_module(f"{__package__}.{name}")
+        except ImportError as exc:  # an optional half (training, serving) is not installed
+            logger.debug("hwrun %s not available: %s", name, exc)
+        else:
+            module.add_parser(sub)
     return parser
 
 
