@@ -56,19 +56,25 @@ def collectives(results: dict, ctx: hwdist.DistContext) -> None:
     results["reduce_scatter_max"] = hwdist.reduce_scatter(torch.arange(2.0 * n) * (r + 1), "max").tolist()
     hwdist.barrier()
     results["barrier"] = True
-    # Mismatches: every rank must get an error, none may hang.
+    # Mismatches: with checks on (opt-in: check=True, init(check=True) or HWDIST_CHECKS=1) every rank must get
+    # an error and none may hang.
     start = time.perf_counter()
-    results["shape_mismatch"] = _error(lambda: hwdist.all_reduce(torch.zeros(2 if r == 0 else 3)))
+    results["shape_mismatch"] = _error(lambda: hwdist.all_reduce(torch.zeros(2 if r == 0 else 3), check=True))
     results["dtype_mismatch"] = _error(
-        lambda: hwdist.all_gather(torch.zeros(2, dtype=torch.float32 if r == 0 else torch.float64)))
+        lambda: hwdist.all_gather(torch.zeros(2, dtype=torch.float32 if r == 0 else torch.float64), check=True))
     results["op_mismatch"] = _error(
-        lambda: hwdist.all_reduce(torch.zeros(2)) if r == 0 else hwdist.broadcast(torch.zeros(2)))
-    results["reduce_op_mismatch"] = _error(lambda: hwdist.all_reduce(torch.zeros(2), "sum" if r == 0 else "max"))
-    results["broadcast_src_mismatch"] = _error(lambda: hwdist.broadcast(torch.zeros(2), src=0 if r == 0 else 1))
-    results["bad_op_on_rank0"] = _error(lambda: hwdist.all_reduce(torch.zeros(2), "bogus" if r == 0 else "sum"))
-    results["mean_int"] = _error(lambda: hwdist.all_reduce(torch.zeros(2, dtype=torch.int64), "mean"))
-    results["reduce_scatter_indivisible"] = _error(lambda: hwdist.reduce_scatter(torch.zeros(n + 1)))
-    results["gather_bad_out"] = _error(lambda: hwdist.all_gather(torch.zeros(2), out=torch.empty(n, 3)))
+        lambda: hwdist.all_reduce(torch.zeros(2), check=True) if r == 0 else hwdist.broadcast(torch.zeros(2), check=True))
+    results["reduce_op_mismatch"] = _error(lambda: hwdist.all_reduce(torch.zeros(2), "sum" if r == 0 else "max", check=True))
+    results["broadcast_src_mismatch"] = _error(lambda: hwdist.broadcast(torch.zeros(2), src=0 if r == 0 else 1, check=True))
+    results["bad_op_on_rank0"] = _error(lambda: hwdist.all_reduce(torch.zeros(2), "bogus" if r == 0 else "sum", check=True))
+    results["mean_int"] = _error(lambda: hwdist.all_reduce(torch.zeros(2, dtype=torch.int64), "mean", check=True))
+    results["reduce_scatter_indivisible"] = _error(lambda: hwdist.reduce_scatter(torch.zeros(n + 1), check=True))
+    results["gather_bad_out"] = _error(lambda: hwdist.all_gather(torch.zeros(2), out=torch.empty(n, 3), check=True))
+    # The same bad inputs with checks off (the default): refused on every rank alike, locally (no exchange needed)
+    results["unchecked_mean_int"] = _error(lambda: hwdist.all_reduce(torch.zeros(2, dtype=torch.int64), "mean"))
+    results["unchecked_reduce_scatter_indivisible"] = _error(lambda: hwdist.reduce_scatter(torch.zeros(n + 1)))
+    results["unchecked_gather_bad_out"] = _error(lambda: hwdist.all_gather(torch.zeros(2), out=torch.empty(n, 3)))
+    results["unchecked_bad_op"] = _error(lambda: hwdist.all_reduce(torch.zeros(2), "bogus"))
     results["mismatch_seconds"] = time.perf_counter() - start
     results["after_errors_sum"] = hwdist.all_reduce(torch.ones(1)).tolist()
     from dataclasses import asdict

@@ -178,6 +178,20 @@ def test_mismatch_is_an_error_on_every_rank(ranks, case, kind, words):
             assert word in error["message"], (case, error["message"])
 
 
+@pytest.mark.parametrize("case, words", [
+    ("unchecked_mean_int", ["floating-point", "int64"]),
+    ("unchecked_reduce_scatter_indivisible", ["divisible by the world size"]),
+    ("unchecked_gather_bad_out", ["all_gather(out=...) must be", "float32"]),
+    ("unchecked_bad_op", ["op='bogus') is not supported"]),
+])
+def test_bad_input_on_every_rank_is_refused_with_checks_off(ranks, case, words):
+    """Checks are off by default (issue 29): a bad argument every rank passes is still hwdist's error on each."""
+    for rank, result in ranks.items():
+        error = result[case]
+        assert error is not None and error["type"] == "CollectiveArgumentError", (rank, case, error)
+        assert all(word in error["message"] for word in words), error["message"]
+
+
 def test_invalid_input_on_one_rank_stops_all_ranks(ranks):
     for rank, result in ranks.items():
         error = result["bad_op_on_rank0"]

@@ -1,18 +1,27 @@
 """Collectives with one signature on every backend, each bounded by the context's timeout.
 
-Before each collective the ranks exchange a small fixed-size descriptor (operation, dtype,
-shape, reduce op / source rank), so a dtype or shape mismatch is a `CollectiveMismatchError`
-on every rank instead of a hang or silently wrong data. `init(check=False)` or `check=False`
-per call skips that round trip (world size 1 never needs it).
+The hot path is the raw `torch.distributed` call plus a few attribute reads (issue 29 point 5:
+<= 2 us over raw torch at world size 1; `docs/benchmarks/collectives.md`): what depends only on
+the group (the backend's reduce ops, whether `mean` is native, whether checks run) is decided
+once per context and cached, and the argument checks run only when torch refuses a call, to turn
+its error into hwdist's (which argument, why, the fix).
+
+Checks on request (`init(check=True)`, `HWDIST_CHECKS=1`, or `check=True` per call): every argument
+is validated before the call, and the ranks exchange a small fixed-size descriptor (operation,
+dtype, shape, reduce op / source rank) first, so a dtype or shape mismatch is a
+`CollectiveMismatchError` on every rank instead of a hang or silently wrong data (world size 1
+never needs the exchange).
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 import pickle
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from . import context as _context
 from .context import DistContext, current
 from .errors import CollectiveArgumentError, CollectiveError, CollectiveMismatchError
 
@@ -177,22 +186,69 @@ def _reduce_op(name: str, op: str, tensor: Any, ctx: DistContext) -> tuple[Any, 
     return _torch_ops()["sum"], True, None
 
 
-def all_reduce(tensor: torch.Tensor, op: str = "sum", *, check: bool | None = None) -> torch.Tensor:
-    """Reduce `tensor` across ranks in place (`sum`, `mean`, `max`, `min`) and return it."""
-    import torch.distributed as dist
+class _Fast:
+    """What the hot path needs, decided once per context: the torch calls, the reduce ops, whether checks run."""
 
-    ctx = current()
-    problem = _prepare("all_reduce", tensor, ctx)
-    reduce, divide, op_problem = _reduce_op("all_reduce", op, tensor, ctx)
-    problem = problem or op_problem
-    _raise_or_exchange(ctx, "all_reduce", tensor, problem, check, REDUCE_OPS.index(op) if not problem else 0)
-    work = tensor if tensor.is_contiguous() else tensor.contiguous()
-    _call(ctx, "all_reduce", lambda: dist.all_reduce(work, op=reduce))
-    if divide:
-        work.div_(ctx.world_size)
-    if work is not tensor:
-        tensor.copy_(work)
-    return tensor
+    __slots__ = ("ctx", "checked", "world_size", "ops", "tensor", "on_device",
+                 "all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor")
+
+    def __init__(self, ctx: DistContext) -> None:
+        import torch
+        import torch.distributed as dist
+
+        ops = _torch_ops()
+        self.ctx = ctx
+        self.checked = ctx.check and ctx.world_size > 1
+        self.world_size = ctx.world_size
+        # `mean` is on the fast path only where the backend averages (ReduceOp.AVG) and for float tensors;
+        # elsewhere it is a sum divided afterwards, on the checked path
+        self.ops = {"sum": ops["sum"], "max": ops["max"], "min": ops["min"]}
+        if ctx.backend in NATIVE_AVG:
+            self.ops["mean"] = ops["avg"]
+        self.tensor = torch.Tensor
+        # a tensor on another device than the group reduces is refused on the fast path too (a meta tensor
+        # passes gloo silently); `tensor.is_cpu` costs ~50 ns where `tensor.device.type` costs ~300-600
+        kind = ctx.device_type
+        flag = f"is_{kind}"
+        self.on_device = (operator.attrgetter(flag) if hasattr(torch.Tensor, flag)
+                          else lambda tensor: tensor.device.type == kind)
+        self.all_reduce, self.broadcast = dist.all_reduce, dist.broadcast
+        self.all_gather_into_tensor, self.reduce_scatter_tensor = dist.all_gather_into_tensor, dist.reduce_scatter_tensor
+
+    def takes(self, tensor: Any, check: bool | None) -> bool:
+        """Whether a call on `tensor` may skip the checks: none asked for, a contiguous tensor of the group's device."""
+        return (not (self.checked if check is None else check) and isinstance(tensor, self.tensor)
+                and self.on_device(tensor) and tensor.is_contiguous())
+
+    def reduce(self, op: Any, tensor: Any) -> Any:
+        """The torch ReduceOp for `op` on the fast path, or None (unknown op; `mean` divided afterwards or on ints)."""
+        reduce = self.ops.get(op) if type(op) is str else None
+        if reduce is not None and op == "mean" and not tensor.is_floating_point():
+            return None
+        return reduce
+
+
+_fast: _Fast | None = None
+
+
+def _fast_path() -> _Fast:
+    """The cached `_Fast` of the current context (rebuilt when `init()` made another one);
+    `NotInitializedError` before `init()`. Kept to attribute reads: it runs on every call."""
+    global _fast
+    fast, ctx = _fast, _context._current
+    if fast is None or fast.ctx is not ctx:
+        fast = _fast = _Fast(current())
+    return fast
+
+
+def _refused(ctx: DistContext, name: str, error: Exception, problem: str | None) -> Exception:
+    """The error to raise when torch refused a fast-path call: the argument problem hwdist's checks find,
+    else a `CollectiveError` for a backend failure, else torch's own error."""
+    if problem:
+        return CollectiveArgumentError(problem)
+    if isinstance(error, RuntimeError):
+        return _fail(ctx, name, error)
+    return error
 
 
 def _out_problem(name: str, out: Any, shape: tuple[int, ...], tensor: Any) -> str | None:
@@ -208,17 +264,80 @@ def _out_problem(name: str, out: Any, shape: tuple[int, ...], tensor: Any) -> st
     return None
 
 
+def _all_reduce_problem(ctx: DistContext, tensor: Any, op: Any) -> str | None:
+    return _prepare("all_reduce", tensor, ctx) or _reduce_op("all_reduce", op, tensor, ctx)[2]
+
+
+def _all_gather_problem(ctx: DistContext, tensor: Any, out: Any) -> str | None:
+    return _prepare("all_gather", tensor, ctx) or _out_problem("all_gather", out, (ctx.world_size, *tensor.shape),
+                                                               tensor)
+
+
+def _broadcast_problem(ctx: DistContext, tensor: Any, src: Any) -> str | None:
+    if not isinstance(src, int) or not 0 <= src < ctx.world_size:
+        return _prepare("broadcast", tensor, ctx) or f"broadcast(src={src!r}) must be a rank in 0..{ctx.world_size - 1}."
+    return _prepare("broadcast", tensor, ctx)
+
+
+def _reduce_scatter_problem(ctx: DistContext, tensor: Any, op: Any, out: Any) -> str | None:
+    problem = _prepare("reduce_scatter", tensor, ctx) or _reduce_op("reduce_scatter", op, tensor, ctx)[2]
+    if problem:
+        return problem
+    if tensor.dim() == 0 or tensor.shape[0] % ctx.world_size:
+        return (f"reduce_scatter: dim 0 of shape {tuple(tensor.shape)} must be divisible by the world size "
+                f"{ctx.world_size} (each rank gets one equal chunk); pad or reshape the tensor.")
+    return _out_problem("reduce_scatter", out, (tensor.shape[0] // ctx.world_size, *tensor.shape[1:]), tensor)
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum", *, check: bool | None = None) -> torch.Tensor:
+    """Reduce `tensor` across ranks in place (`sum`, `mean`, `max`, `min`) and return it."""
+    fast = _fast_path()
+    reduce = fast.reduce(op, tensor) if fast.takes(tensor, check) else None
+    if reduce is None:
+        return _all_reduce_checked(fast.ctx, tensor, op, check)
+    try:
+        fast.all_reduce(tensor, reduce)
+    except Exception as error:
+        raise _refused(fast.ctx, "all_reduce", error, _all_reduce_problem(fast.ctx, tensor, op)) from error
+    return tensor
+
+
+def _all_reduce_checked(ctx: DistContext, tensor: Any, op: str, check: bool | None) -> Any:
+    import torch.distributed as dist
+
+    problem = _all_reduce_problem(ctx, tensor, op)
+    _raise_or_exchange(ctx, "all_reduce", tensor, problem, check, REDUCE_OPS.index(op) if not problem else 0)
+    reduce, divide, _ = _reduce_op("all_reduce", op, tensor, ctx)
+    work = tensor if tensor.is_contiguous() else tensor.contiguous()
+    _call(ctx, "all_reduce", lambda: dist.all_reduce(work, op=reduce))
+    if divide:
+        work.div_(ctx.world_size)
+    if work is not tensor:
+        tensor.copy_(work)
+    return tensor
+
+
 def all_gather(tensor: torch.Tensor, *, out: torch.Tensor | None = None, check: bool | None = None) -> torch.Tensor:
     """Every rank's `tensor`, stacked: shape `(world_size, *tensor.shape)`, row r from rank r.
 
     A new tensor, or `out` (that shape, contiguous) reused to avoid an allocation per call."""
+    fast = _fast_path()
+    if not (fast.takes(tensor, check) and (out is None or (isinstance(out, fast.tensor) and out.is_contiguous()))):
+        return _all_gather_checked(fast.ctx, tensor, out, check)
+    if out is None:
+        out = tensor.new_empty((fast.world_size, *tensor.shape))
+    try:  # flat forms: gloo rejects the stacked one (a view costs ~0.5 us, so none where already flat)
+        fast.all_gather_into_tensor(out.view(-1), tensor if tensor.dim() == 1 else tensor.view(-1))
+    except Exception as error:
+        raise _refused(fast.ctx, "all_gather", error, _all_gather_problem(fast.ctx, tensor, out)) from error
+    return out
+
+
+def _all_gather_checked(ctx: DistContext, tensor: Any, out: Any, check: bool | None) -> Any:
     import torch
     import torch.distributed as dist
 
-    ctx = current()
-    problem = _prepare("all_gather", tensor, ctx)
-    if not problem:
-        problem = _out_problem("all_gather", out, (ctx.world_size, *tensor.shape), tensor)
+    problem = _all_gather_problem(ctx, tensor, out)
     _raise_or_exchange(ctx, "all_gather", tensor, problem, check)
     source = tensor.contiguous().view(-1)
     if out is None:
@@ -230,12 +349,20 @@ def all_gather(tensor: torch.Tensor, *, out: torch.Tensor | None = None, check: 
 
 def broadcast(tensor: torch.Tensor, src: int = 0, *, check: bool | None = None) -> torch.Tensor:
     """Copy rank `src`'s `tensor` into every rank's `tensor` (same dtype and shape) and return it."""
+    fast = _fast_path()
+    if not (type(src) is int and 0 <= src < fast.world_size and fast.takes(tensor, check)):
+        return _broadcast_checked(fast.ctx, tensor, src, check)
+    try:
+        fast.broadcast(tensor, src)
+    except Exception as error:
+        raise _refused(fast.ctx, "broadcast", error, _broadcast_problem(fast.ctx, tensor, src)) from error
+    return tensor
+
+
+def _broadcast_checked(ctx: DistContext, tensor: Any, src: Any, check: bool | None) -> Any:
     import torch.distributed as dist
 
-    ctx = current()
-    problem = _prepare("broadcast", tensor, ctx)
-    if not isinstance(src, int) or not 0 <= src < ctx.world_size:
-        problem = problem or f"broadcast(src={src!r}) must be a rank in 0..{ctx.world_size - 1}."
+    problem = _broadcast_problem(ctx, tensor, src)
     _raise_or_exchange(ctx, "broadcast", tensor, problem, check, src if not problem else 0)
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
     _call(ctx, "broadcast", lambda: dist.broadcast(work, src=src))
@@ -250,19 +377,28 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, out: torch.Tensor |
     `(tensor.shape[0] // world_size, *tensor.shape[1:])`; dim 0 must divide by the world size.
 
     A new tensor, or `out` (that shape, contiguous) reused to avoid an allocation per call."""
+    fast = _fast_path()
+    reduce = fast.reduce(op, tensor) if fast.takes(tensor, check) else None
+    if reduce is None or not (out is None or (isinstance(out, fast.tensor) and out.is_contiguous())):
+        return _reduce_scatter_checked(fast.ctx, tensor, op, out, check)
+    if out is None:
+        if tensor.dim() == 0 or tensor.size(0) % fast.world_size:
+            return _reduce_scatter_checked(fast.ctx, tensor, op, out, check)  # refused there, with the reason
+        out = tensor.new_empty((tensor.size(0) // fast.world_size, *tensor.shape[1:]))
+    try:
+        fast.reduce_scatter_tensor(out, tensor, reduce)
+    except Exception as error:
+        raise _refused(fast.ctx, "reduce_scatter", error, _reduce_scatter_problem(fast.ctx, tensor, op, out)) from error
+    return out
+
+
+def _reduce_scatter_checked(ctx: DistContext, tensor: Any, op: str, out: Any, check: bool | None) -> Any:
     import torch
     import torch.distributed as dist
 
-    ctx = current()
-    problem = _prepare("reduce_scatter", tensor, ctx)
-    reduce, divide, op_problem = _reduce_op("reduce_scatter", op, tensor, ctx)
-    problem = problem or op_problem
-    if not problem and (tensor.dim() == 0 or tensor.shape[0] % ctx.world_size):
-        problem = (f"reduce_scatter: dim 0 of shape {tuple(tensor.shape)} must be divisible by the world size "
-                   f"{ctx.world_size} (each rank gets one equal chunk); pad or reshape the tensor.")
-    if not problem:
-        problem = _out_problem("reduce_scatter", out, (tensor.shape[0] // ctx.world_size, *tensor.shape[1:]), tensor)
+    problem = _reduce_scatter_problem(ctx, tensor, op, out)
     _raise_or_exchange(ctx, "reduce_scatter", tensor, problem, check, REDUCE_OPS.index(op) if not problem else 0)
+    reduce, divide, _ = _reduce_op("reduce_scatter", op, tensor, ctx)
     source = tensor.contiguous()
     if out is None:
         out = torch.empty((tensor.shape[0] // ctx.world_size, *tensor.shape[1:]), dtype=tensor.dtype,

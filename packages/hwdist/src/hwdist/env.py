@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from .errors import DistEnvError
 
+#: `1` turns hwdist's collective checks on for every `init()` that does not say `check=` (off by default: issue 29).
+CHECKS_VARIABLE = "HWDIST_CHECKS"
 VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _FIX = "launch with `hwdist launch` or `torchrun`, which set them all, or unset them for one process"
 
@@ -82,3 +84,17 @@ def read_launch_env(environ: Mapping[str, str] | None = None) -> LaunchEnv:
     if port is not None and port > 65535:
         raise DistEnvError(f"MASTER_PORT={port} is not a TCP port (1..65535); {_FIX}.")
     return LaunchEnv(rank, world_size, local_rank, local_world_size, addr, port, True)
+
+
+def read_checks(environ: Mapping[str, str] | None = None) -> bool:
+    """`HWDIST_CHECKS` as `init(check=None)` reads it: `1` on, `0` or unset (or empty) off; anything else raises."""
+    env = os.environ if environ is None else environ
+    value = env.get(CHECKS_VARIABLE, "")
+    if value in ("", "0"):
+        return False
+    if value == "1":
+        return True
+    raise DistEnvError(
+        f"{CHECKS_VARIABLE}={value!r} is not 0 or 1: it turns hwdist's collective checks on (1) or off (0, or unset). "
+        f"Set {CHECKS_VARIABLE}=1 or {CHECKS_VARIABLE}=0, or unset it."
+    )
