@@ -1,11 +1,13 @@
-"""Import and start-up cost of hwenv beside bare Python, measured side by side in one run.
+"""Import and start-up cost of hwenv and hwdist beside bare Python, measured side by side in one run.
 
 Each command runs as a fresh process, interleaved, N times (default 15); the report gives the
-median wall time of each and the difference over `python -c pass` (issue goal: `import hwenv`
-<= 15 ms over bare Python; `hwenv --help` imports no torch).
+median wall time of each and the difference over `python -c pass` (issue 29 goals: `import hwenv`
+<= 15 ms over bare Python; `hwenv --help` and `hwdist --help` import no torch and take <= 300 ms).
+Every command also asserts, in its own process, that torch was not imported.
 
     uv run python tools/bench/import_time.py --out docs/benchmarks \
-        --compare-src /tmp/old/packages/hwenv/src --compare-label "0.1.0"   # git archive of the old tree
+        --compare-tree /tmp/old --compare-label "before"   # git archive COMMIT | tar -x -C /tmp/old
+    (--compare-src FOLDER times an older hwenv's src folder alone, as "import hwenv (LABEL)")
 """
 
 from __future__ import annotations
@@ -19,12 +21,19 @@ import sys
 import time
 from pathlib import Path
 
+#: Runs `main(["--help"])` of a CLI module and fails when torch was imported on the way.
+_HELP = ("import sys, contextlib, io, {module} as cli\n"
+         "with contextlib.redirect_stdout(io.StringIO()):\n"
+         "    try:\n        cli.main(['--help'])\n    except SystemExit:\n        pass\n"
+         "assert 'torch' not in sys.modules")
 COMMANDS = {
     "python -c pass": [sys.executable, "-c", "pass"],
     "import hwenv": [sys.executable, "-c", "import hwenv"],
     "hwenv.get_platform('xpu')": [sys.executable, "-c",
                                   "import sys, hwenv; hwenv.get_platform('xpu'); assert 'torch' not in sys.modules"],
-    "hwenv --help": [sys.executable, "-m", "hwenv.cli", "--help"],
+    "hwenv --help": [sys.executable, "-c", _HELP.format(module="hwenv.cli")],
+    "import hwdist": [sys.executable, "-c", "import sys, hwdist; assert 'torch' not in sys.modules"],
+    "hwdist --help": [sys.executable, "-c", _HELP.format(module="hwdist.cli")],
 }
 
 
@@ -35,13 +44,15 @@ def _time(argv: list[str], env: dict[str, str] | None = None) -> float:
 
 
 def _env_for(name: str) -> dict[str, str] | None:
-    """The older hwenv (--compare-src) is imported from its own src folder, ahead of the installed one."""
-    if not name.startswith("import hwenv (") or COMPARE_SRC is None:
+    """Older trees (--compare-src, --compare-tree) are imported from their own src folders, ahead of the installed."""
+    folders = COMPARE_PATHS.get(name)
+    if not folders:
         return None
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([COMPARE_SRC, os.environ.get("PYTHONPATH", "")])}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([*folders, os.environ.get("PYTHONPATH", "")])}
 
 
-COMPARE_SRC: str | None = None
+#: Command name -> src folders put first on PYTHONPATH for it (the older trees timed beside).
+COMPARE_PATHS: dict[str, list[str]] = {}
 
 
 def measure(repeats: int) -> dict[str, list[float]]:
@@ -75,8 +86,9 @@ def plot(result: dict, path: Path) -> None:
 
     names = list(result["rows"])
     medians = [result["rows"][n]["median_ms"] for n in names]
-    fig, ax = plt.subplots(figsize=(7, 3))
-    ax.barh(names, medians, color=["#999"] + ["#2a6"] * (len(names) - 1))
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(names) + 1))
+    colors = ["#999" if n == "python -c pass" else "#c84" if n.endswith(")") and " (" in n else "#2a6" for n in names]
+    ax.barh(names, medians, color=colors)  # grey: bare Python; orange: an older tree timed beside
     ax.set_xlabel(f"wall time, ms (median of {result['repeats']} interleaved runs)")
     ax.invert_yaxis()
     fig.tight_layout()
@@ -88,12 +100,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--out", type=Path, help="folder for import_time.{json,md,png}")
     parser.add_argument("--compare-src", help="an older hwenv's src folder, timed beside (e.g. from git archive)")
+    parser.add_argument("--compare-tree", help="an older checkout's root (git archive COMMIT | tar -x): its hwenv "
+                        "and hwdist are timed beside (import hwenv, hwenv --help, hwdist --help)")
     parser.add_argument("--compare-label", default="older", help="its name in the table")
+    parser.add_argument("--compare-src-label", help="the --compare-src tree's name (default: --compare-label)")
     args = parser.parse_args(argv)
-    global COMPARE_SRC
     if args.compare_src:
-        COMPARE_SRC = str(Path(args.compare_src).resolve())
-        COMMANDS[f"import hwenv ({args.compare_label})"] = [sys.executable, "-c", "import hwenv"]
+        name = f"import hwenv ({args.compare_src_label or args.compare_label})"
+        COMMANDS[name] = [sys.executable, "-c", "import hwenv"]
+        COMPARE_PATHS[name] = [str(Path(args.compare_src).resolve())]
+    if args.compare_tree:
+        root = Path(args.compare_tree).resolve()
+        folders = [str(root / "packages" / package / "src") for package in ("hwenv", "hwdist")]
+        for name in ("import hwenv", "hwenv --help", "hwdist --help"):
+            label = f"{name} ({args.compare_label})"
+            COMMANDS[label] = COMMANDS[name]
+            COMPARE_PATHS[label] = folders
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats} must be >= 1")
     result = report(measure(args.repeats))
