@@ -5,14 +5,38 @@ padded keys of all requests in the batch and plans each step on the host; on an 
 prompts it reached 2,617 tokens/s against 20,386 for a static CUDA-graph batch
 (docs/benchmarks/decode.md). Here each request owns one slot (one row of a static K/V cache,
 hwrun.inference.decode.fused_step with per-row positions). Every decode step runs all slots at once with fixed
-shapes, so it is captured once and replayed; a row attends only to its own keys. The host wakes
-every `check_every` steps (or sooner, when a request's budget ends), reads the new tokens,
-retires finished requests (EOS or `max_new_tokens`) and prefills waiting prompts into the freed
-slots: a new request starts while others are mid-way, which is what continuous batching means.
-Idle slots step too (their rows are ignored); that costs nothing extra, as a step reads the weights
-once for all rows. Greedy only. The graph is a CUDA graph on NVIDIA/ROCm and an XPU graph on Intel
-GPUs (the platform's `graph_tools`); elsewhere the same loop runs eagerly, which is how CPU tests
-prove that its tokens equal `model.generate`'s for each prompt.
+shapes, so it is captured once and replayed; a row attends only to its own keys. Idle slots step
+too (their rows are ignored); that costs nothing extra, as a step reads the weights once for all rows.
+The graph is a CUDA graph on NVIDIA/ROCm and an XPU graph on Intel GPUs (the platform's
+`graph_tools`); elsewhere the same loop runs eagerly, which is how CPU tests prove that its greedy
+tokens equal `model.generate`'s for each prompt. Sampling (temperature, top-p, top-k, seed per
+request) runs inside the step (hwrun.inference.decode.sampling); a second graph is captured for it
+the first time a sampled request is active, so greedy batches keep the plain argmax step.
+
+Two ways to drive it:
+
+- **Step-wise (a server admitting live requests between steps):**
+  `decoder.add(request_id, input_ids, *, max_new_tokens, sampling=None, eos_token_id="model")` prefills
+  the prompt into a free slot now (the request joins at the next step); `FastDecodeError` when no
+  slot is free, the id is already active, or prompt + `max_new_tokens` exceeds `max_cache_len`.
+  `decoder.step() -> list[TokenEvent]` runs one decode step (one graph replay where the platform has
+  graphs) over all slots and returns one `TokenEvent(request_id, token_id, finished, finish_reason)`
+  per active request: a request's first event is its prefill token; `finish_reason` is `"stop"`
+  (the token is one of its EOS ids, and is included), `"length"` (its `max_new_tokens`-th token) or
+  None. A finished request leaves its slot at once. Each step reads one token per request to the
+  host (one small transfer); each row is one step ahead of what it reported, so a request's last
+  step computes one token nobody reads. `decoder.cancel(request_id)` frees its slot before the next
+  step (an unknown id is a `FastDecodeError`); `decoder.free_slots` (int) and `decoder.active` (set of
+  request ids) describe the state; `decoder.start()` captures the graphs (and runs the compiled
+  step once) if not yet done, so the first request does not pay for it.
+  Greedy requests give exactly `model.generate(do_sample=False)`'s tokens; seeded sampled requests
+  give the same tokens whatever else is in the batch.
+- **Whole batches:** `decoder.generate(prompts, max_new_tokens, *, eos_token_id="model", sampling=None)`
+  admits prompts into free slots, right-padded prefills in groups of <= `prefill_tokens`, and reads the
+  host only every `check_every` steps (sooner when a request's budget ends), retiring finished
+  requests and admitting waiting ones while the others continue. It shares the prefill, the sampling
+  rows and the graphs with the step-wise API, but not at the same time: it refuses while requests
+  added with `add()` are active.
 """
 
 from __future__ import annotations
@@ -20,9 +44,11 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ...errors import FastDecodeError
+from .sampling import SamplingParams, SamplingRows, next_tokens
 from .static import (
     capture_graph,
     check_decoder_args,
@@ -37,11 +63,35 @@ logger = logging.getLogger(__name__)
 #: Most prompt tokens one prefill call takes (prompts admitted together are right-padded to the longest).
 PREFILL_TOKENS = 8192
 
+GREEDY = SamplingParams()
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One new token of one request: `finish_reason` is "stop" (an EOS id, included), "length"
+    (its `max_new_tokens`-th token) or None (more follow)."""
+
+    request_id: Any
+    token_id: int
+    finished: bool
+    finish_reason: str | None = None
+
+
+@dataclass
+class _Request:
+    """A request added with `add()`: its slot, budget, stop ids and how many tokens were reported."""
+
+    slot: int
+    budget: int
+    eos: frozenset[int]
+    reported: int = 0
+
 
 class SlotDecoder:
-    """Greedy continuous batching of any number of prompts through `slots` cache rows of
-    `max_cache_len` positions each (a prompt plus its new tokens must fit one row). `use_graphs=None`
-    captures where the model's platform (`platform`, default: the one of `model.device`) has graph tools."""
+    """Continuous batching of any number of prompts through `slots` cache rows of `max_cache_len`
+    positions each (a prompt plus its new tokens must fit one row). `use_graphs=None` captures where the
+    model's platform (`platform`, default: the one of `model.device`) has graph tools. See the module
+    docstring for the step-wise API (`add`, `step`, `cancel`, `start`) and `generate`."""
 
     def __init__(self, model: Any, *, slots: int, max_cache_len: int, use_graphs: bool | None = None,
                  compile_backend: Any = None, compile_mode: str | None = None, tune: bool = False,
@@ -71,16 +121,33 @@ class SlotDecoder:
         self.position = torch.zeros((slots, 1), **long)  # ... and its position
         self.count = torch.zeros((slots, 1), **long)  # tokens each slot's request has produced
         self.out = torch.zeros((slots, max_cache_len), **long)  # those tokens
-        self._step_fn = compile_step(self._step, compile_backend, compile_mode, tune)
-        self.graph = None
+        self.sampling = SamplingRows(slots, self.device)
+        self._step_fns = {sample: compile_step(lambda s=sample: self._step(s), compile_backend, compile_mode, tune)
+                          for sample in (False, True)}
+        self._step_fn = self._step_fns[False]  # the greedy step (kept under its old name)
+        self.graphs: dict[bool, Any] = {}
+        self._warm: set[bool] = set()
+        self.compiled = compile_backend is not None
         self.capture_seconds: float | None = None
         self.steps = 0  # decode steps run by the last generate() (for reports)
         self.prefills = 0
+        self._owner: list[Any] = [None] * slots  # request id per slot (step-wise API)
+        self._requests: dict[Any, _Request] = {}
 
-    def _step(self) -> None:
+    @property
+    def graph(self) -> Any:
+        """The captured greedy step (None before capture or without graphs)."""
+        return self.graphs.get(False)
+
+    # ---- the step and the prefill (shared by both APIs) -------------------------------------------
+
+    def _step(self, sample: bool = False) -> None:
         """One decode step of every slot; fixed buffers only (capturable). Idle slots clamp at the end."""
         last = self.fused(self.token, self.position)
-        nxt = last.argmax(dim=-1, keepdim=True)
+        if sample:
+            nxt = next_tokens(last, *self.sampling.all(), self.count).unsqueeze(-1)
+        else:
+            nxt = last.argmax(dim=-1, keepdim=True)
         self.token.copy_(nxt)
         self.out.scatter_(1, self.count, nxt)
         self.count.add_(1).clamp_(max=self.max_cache_len - 1)
@@ -99,7 +166,11 @@ class SlotDecoder:
         rows = torch.tensor(slots, dtype=torch.long, device=self.device)
         lens = torch.tensor(lengths, dtype=torch.long, device=self.device)
         positions = torch.arange(width, device=self.device).unsqueeze(0).expand(len(prompts), width)
-        first = self.fused(ids, positions, rows=rows, last_index=lens - 1).argmax(dim=-1)
+        logits = self.fused(ids, positions, rows=rows, last_index=lens - 1)
+        if self.sampling.sampling(slots):
+            first = next_tokens(logits, *self.sampling.take(rows), torch.zeros_like(rows))
+        else:
+            first = logits.argmax(dim=-1)
         self.token[rows, 0] = first
         self.position[rows, 0] = lens
         self.out[rows, 0] = first
@@ -120,12 +191,120 @@ class SlotDecoder:
         if group:
             self._prefill([slots[i] for i in group], [prompts[i] for i in group])
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], *,
-                 eos_token_id: Any = "model") -> list[list[int]]:
-        """Greedy new tokens for each prompt (token-id lists), in prompt order; each row ends at its first
-        EOS (included) or after its `max_new_tokens` (one number, or one per prompt)."""
+    def _runner(self, sample: bool) -> Any:
+        """The callable that runs one step: the captured graph (captured now if needed) or the step itself."""
+        if not self.use_graphs:
+            return self._step_fns[sample]
+        if sample not in self.graphs:
+            self.graphs[sample], seconds = capture_graph(
+                self._step_fns[sample], self.device, [self.token, self.position, self.count, self.out],
+                tools=self.graph_tools, platform=self.platform)
+            self.capture_seconds = (self.capture_seconds or 0.0) + seconds
+        return self.graphs[sample].replay
+
+    def start(self, *, sampling: bool = True) -> None:
+        """Warm up before the first request: capture the greedy step's graph (and the sampled step's when
+        `sampling`) if not yet captured; without graphs, run a compiled step once (its compilation)."""
         import torch
 
+        kinds = (False, True) if sampling else (False,)
+        with torch.inference_mode():
+            for sample in kinds:
+                if self.use_graphs:
+                    self._runner(sample)
+                elif self.compiled and sample not in self._warm:
+                    buffers = [self.token, self.position, self.count, self.out]
+                    saved = [b.clone() for b in buffers]
+                    self._step_fns[sample]()
+                    for buffer, value in zip(buffers, saved, strict=True):
+                        buffer.copy_(value)
+                self._warm.add(sample)
+
+    # ---- step-wise API ------------------------------------------------------------------------------
+
+    @property
+    def free_slots(self) -> int:
+        """Slots no request holds now."""
+        return self._owner.count(None)
+
+    @property
+    def active(self) -> set:
+        """Ids of the requests added with `add()` that have not finished or been cancelled."""
+        return set(self._requests)
+
+    def _check_request(self, prompt: list[int], budget: Any, where: str) -> None:
+        if not prompt:
+            raise FastDecodeError(f"{where} is empty: every prompt needs at least one token.")
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+            raise FastDecodeError(f"max_new_tokens={budget!r} ({where}) must be a positive integer.")
+        if len(prompt) + budget > self.max_cache_len:
+            raise FastDecodeError(
+                f"{where}: length {len(prompt)} + max_new_tokens {budget} exceeds "
+                f"max_cache_len={self.max_cache_len}; build the decoder with a larger max_cache_len.")
+
+    def add(self, request_id: Any, input_ids: Sequence[int], *, max_new_tokens: int,
+            sampling: SamplingParams | None = None, eos_token_id: Any = "model") -> None:
+        """Prefill `input_ids` into a free slot; the request joins at the next `step()`."""
+        import torch
+
+        prompt = [int(t) for t in input_ids]
+        if request_id in self._requests:
+            raise FastDecodeError(f"request_id={request_id!r} is already active; use a new id or cancel it first.")
+        self._check_request(prompt, max_new_tokens, f"request {request_id!r}")
+        if None not in self._owner:
+            raise FastDecodeError(f"no free slot for request {request_id!r}: all {self.slots} slots are busy; "
+                                  "step() until one finishes, cancel one, or build the decoder with more slots.")
+        sampling = GREEDY if sampling is None else sampling
+        if not isinstance(sampling, SamplingParams):
+            raise FastDecodeError(f"sampling={sampling!r} must be a SamplingParams or None (greedy).")
+        slot = self._owner.index(None)
+        self.sampling.set(slot, sampling)
+        with torch.inference_mode():
+            self._prefill([slot], [prompt])
+        self._owner[slot] = request_id
+        self._requests[request_id] = _Request(slot, max_new_tokens, frozenset(eos_ids(self.model, eos_token_id)))
+
+    def cancel(self, request_id: Any) -> None:
+        """Drop an active request; its slot is free for the next `add()`."""
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            raise FastDecodeError(f"request_id={request_id!r} is not active (finished, cancelled or never added).")
+        self._owner[request.slot] = None
+
+    def step(self) -> list[TokenEvent]:
+        """One decode step over every slot; one `TokenEvent` per active request (its oldest unreported token)."""
+        import torch
+
+        if not self._requests:
+            return []
+        items = list(self._requests.items())
+        with torch.inference_mode():
+            self._runner(self.sampling.sampling(r.slot for _, r in items))()
+            rows = torch.tensor([r.slot for _, r in items], device=self.device)
+            cols = torch.tensor([r.reported for _, r in items], device=self.device)
+            tokens = self.out[rows, cols].tolist()  # the host's one read per step
+        events = []
+        for (request_id, request), token in zip(items, tokens, strict=True):
+            request.reported += 1
+            reason = "stop" if token in request.eos else "length" if request.reported >= request.budget else None
+            if reason is not None:
+                del self._requests[request_id]
+                self._owner[request.slot] = None
+            events.append(TokenEvent(request_id, token, reason is not None, reason))
+        return events
+
+    # ---- whole batches ----------------------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], *,
+                 eos_token_id: Any = "model", sampling: SamplingParams | None = None) -> list[list[int]]:
+        """New tokens for each prompt (token-id lists), in prompt order; each row ends at its first EOS
+        (included) or after its `max_new_tokens` (one number, or one per prompt). Greedy unless `sampling`
+        (one `SamplingParams` for every prompt) says otherwise."""
+        import torch
+
+        if self._requests:
+            raise FastDecodeError(f"generate() needs every slot, but {len(self._requests)} request(s) added with "
+                                  "add() are active; step() them to the end or cancel() them first.")
         prompts = [list(p) for p in prompts]
         if not prompts:
             raise FastDecodeError("prompts=[] is empty: pass at least one prompt of token ids.")
@@ -137,23 +316,17 @@ class SlotDecoder:
         for index, (prompt, budget) in enumerate(zip(prompts, budgets, strict=True)):
             if not prompt:
                 raise FastDecodeError(f"prompts[{index}] is empty: every prompt needs at least one token.")
-            if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
-                raise FastDecodeError(f"max_new_tokens={budget!r} (prompt {index}) must be a positive integer.")
-            if len(prompt) + budget > self.max_cache_len:
-                raise FastDecodeError(
-                    f"prompt {index}: length {len(prompt)} + max_new_tokens {budget} exceeds "
-                    f"max_cache_len={self.max_cache_len}; build the decoder with a larger max_cache_len.")
+            self._check_request(prompt, budget, f"prompt {index}")
+        sampling = GREEDY if sampling is None else sampling
+        sample = not sampling.greedy
         eos = set(eos_ids(self.model, eos_token_id))
         results: list[list[int] | None] = [None] * len(prompts)
         waiting = deque(range(len(prompts)))
         active: dict[int, tuple[int, int, int]] = {}  # slot -> (request, tokens produced, of them checked for EOS)
         self.steps = self.prefills = 0
         with torch.inference_mode():
-            if self.use_graphs and self.graph is None:
-                self.graph, self.capture_seconds = capture_graph(
-                    self._step_fn, self.device, [self.token, self.position, self.count, self.out],
-                    tools=self.graph_tools, platform=self.platform)
-            run = self.graph.replay if self.graph is not None else self._step_fn
+            self.sampling.fill(sampling)
+            run = self._runner(sample)
             while waiting or active:
                 free = [s for s in range(self.slots) if s not in active]
                 admitted = []
