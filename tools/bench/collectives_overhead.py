@@ -2,8 +2,9 @@
 
 Small messages, so the figure is the wrapper's Python cost, not the transfer. Each repetition
 times a block of `--calls` back-to-back calls of every variant on the same tensors, in a rotating
-order (raw torch.distributed; hwdist as shipped, checks off; hwdist with `check=True`; and, with
-`--compare-src`, an older hwdist tree adopted on the same process group); the overhead is the
+order (raw torch.distributed; hwdist as shipped, checks off; hwdist with `check=True`; all_gather
+also with a flat `out=`, the form the raw call takes; and, with `--compare-src`, an older hwdist
+tree adopted on the same process group); the overhead is the
 median over repetitions of (variant block - raw block) / calls. Every rank times; the slowest
 rank's medians are reported.
 
@@ -77,6 +78,8 @@ def variants(op: str, lib, older, x, out, n: int) -> dict:
                 "reduce_scatter": lambda: module.reduce_scatter(x, out=out, **kw)}[op]
 
     found = {"raw torch.distributed": raw, "hwdist": ours(lib), "hwdist check=True": ours(lib, check=True)}
+    if op == "all_gather":  # the raw call needs the flat buffer gloo takes; hwdist takes either (flat: no view)
+        found["hwdist, flat out"] = lambda: lib.all_gather(x, out=flat)
     if older is not None:
         found[f"hwdist {older.__label__}"] = ours(older)
     return found
@@ -117,14 +120,15 @@ def summarise(samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     rows = {}
     for name, values in samples.items():
         rows[name] = {"median_us": round(statistics.median(values), 3),
-                      "over_raw_us": round(statistics.median(v - r for v, r in zip(values, raw)), 3)}
+                      "over_raw_us": round(statistics.median(v - r for v, r in zip(values, raw, strict=True)), 3)}
     return rows
 
 
 def markdown(result: dict) -> str:
     lines = [f"World size {result['world_size']} ({result['backend']} on {result['device']}), {result['numel']} "
              f"fp32 elements per rank, {result['calls']} calls x {result['repeats']} interleaved blocks, medians "
-             f"(slowest rank), {result['date']}, torch {result['torch']}, Python {result['python']}:", "",
+             f"(slowest rank), {result['date']}, torch {result['torch']}, Python {result['python']}, {result['cpus']} "
+             f"CPUs, load average {result['load_before'][0]} before / {result['load_after'][0]} after:", "",
              "| op | variant | per call (us) | over raw (us) |", "|---|---|---:|---:|"]
     for op, rows in result["ops"].items():
         for name, row in rows.items():
@@ -167,12 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     result = {"world_size": ctx.world_size, "backend": ctx.backend, "device": ctx.device, "numel": args.numel,
               "calls": args.calls, "repeats": args.repeats, "date": date.today().isoformat(),
               "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-              "cpus": os.cpu_count(), "ops": {}}
+              "cpus": os.cpu_count(), "load_before": [round(x, 2) for x in os.getloadavg()], "ops": {}}
     for op in args.ops.split(","):
         samples = time_op(op, hwdist, older, args, ctx.world_size)
         per_rank = hwdist.all_gather_object(summarise(samples))
         # the slowest rank's figures (by hwdist's median)
         result["ops"][op] = max(per_rank, key=lambda rows: rows["hwdist"]["median_us"])
+    result["load_after"] = [round(x, 2) for x in os.getloadavg()]
     if ctx.is_main:
         print(markdown(result))
         if args.out:

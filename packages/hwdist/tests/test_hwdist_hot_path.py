@@ -108,6 +108,8 @@ def test_results_are_unchanged_on_the_hot_path():
     assert hwdist.all_gather(torch.tensor([[1, 2], [3, 4]])).tolist() == [[[1, 2], [3, 4]]]
     out = torch.empty(1, 2)
     assert hwdist.all_gather(torch.tensor([5.0, 6.0]), out=out) is out and out.tolist() == [[5.0, 6.0]]
+    flat = torch.empty(2)  # a flat out is filled as it is (no view on the hot path)
+    assert hwdist.all_gather(torch.tensor([5.0, 6.0]), out=flat) is flat and flat.tolist() == [5.0, 6.0]
     view = torch.arange(6.0).view(2, 3).t()
     assert hwdist.all_reduce(view) is view  # not contiguous: copied and written back
     assert hwdist.reduce_scatter(torch.ones(2, 2), "max").tolist() == [[1.0, 1.0], [1.0, 1.0]]

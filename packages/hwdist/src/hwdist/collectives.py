@@ -320,14 +320,16 @@ def _all_reduce_checked(ctx: DistContext, tensor: Any, op: str, check: bool | No
 def all_gather(tensor: torch.Tensor, *, out: torch.Tensor | None = None, check: bool | None = None) -> torch.Tensor:
     """Every rank's `tensor`, stacked: shape `(world_size, *tensor.shape)`, row r from rank r.
 
-    A new tensor, or `out` (that shape, contiguous) reused to avoid an allocation per call."""
+    A new tensor, or `out` (that shape, contiguous) reused to avoid an allocation per call; with checks off
+    a flat `out` of `world_size * tensor.numel()` elements is filled as it is (no view: ~0.5-2 us a call)."""
     fast = _fast_path()
     if not (fast.takes(tensor, check) and (out is None or (isinstance(out, fast.tensor) and out.is_contiguous()))):
         return _all_gather_checked(fast.ctx, tensor, out, check)
     if out is None:
         out = tensor.new_empty((fast.world_size, *tensor.shape))
-    try:  # flat forms: gloo rejects the stacked one (a view costs ~0.5 us, so none where already flat)
-        fast.all_gather_into_tensor(out.view(-1), tensor if tensor.dim() == 1 else tensor.view(-1))
+    try:  # flat forms: gloo rejects the stacked one (each view costs ~0.5-2 us, so none where already flat)
+        fast.all_gather_into_tensor(out if out.dim() == 1 else out.view(-1),
+                                    tensor if tensor.dim() == 1 else tensor.view(-1))
     except Exception as error:
         raise _refused(fast.ctx, "all_gather", error, _all_gather_problem(fast.ctx, tensor, out)) from error
     return out
