@@ -3,6 +3,8 @@ graph-decode step loop; bad inputs fail before loading; results carry counts, ti
 
 from __future__ import annotations
 
+import dataclasses
+
 import hwrun
 import pytest
 from hwrun.errors import GenerateError
@@ -145,8 +147,9 @@ def test_bad_modes_are_rejected(loaded):
         hwrun.generate(plan, "hi", 2, batching="fast", model=model, tokenizer=tokenizer)
     with pytest.raises(GenerateError, match="decode="):
         hwrun.generate(plan, "hi", 2, decode="turbo", model=model, tokenizer=tokenizer)
-    with pytest.raises(GenerateError, match="greedy only"):
-        hwrun.generate(plan, "hi", 2, decode="graphs", do_sample=True, model=model, tokenizer=tokenizer)
+    with pytest.raises(GenerateError, match="decode='graphs' cannot run: bitsandbytes weights"):
+        hwrun.generate(dataclasses.replace(plan, quantization="4bit"), "hi", 2, decode="graphs", do_sample=True,
+                       model=model, tokenizer=tokenizer)
     with pytest.raises(GenerateError, match="streams one prompt"):
         hwrun.generate(plan, ["a", "b"], 2, stream=True, batching="static", model=model, tokenizer=tokenizer)
     with pytest.raises(GenerateError, match="streaming"):

@@ -105,6 +105,19 @@ def _sampling_kwargs(do_sample: bool, temperature: float, top_p: float, top_k: i
     return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
 
 
+def _graph_sampling(sampling: dict[str, Any], seed: int | None, model: Any) -> Any:
+    """The `SamplingParams` the graph decoders use for `generate()`'s sampling keywords: greedy without
+    `do_sample`; a `top_k` left out is the model's `generation_config.top_k`, as `model.generate` reads it.
+    Every prompt gets the same seed, so each gets the tokens it would get alone."""
+    from .decode.sampling import SamplingParams
+
+    if not sampling["do_sample"]:
+        return SamplingParams()
+    top_k = sampling["top_k"] if "top_k" in sampling else getattr(model.generation_config, "top_k", None)
+    return SamplingParams(temperature=float(sampling["temperature"]), top_p=float(sampling["top_p"]),
+                          top_k=int(top_k or 0), seed=seed)
+
+
 def _truncate(tokens: list[int], eos: set[int]) -> list[int]:
     """Tokens up to and including the first EOS."""
     for index, token in enumerate(tokens):
@@ -125,10 +138,11 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return set(eos_ids(model, _eos_token_id(model, tokenizer)))
 
 
-def choose_decode(plan: RunPlan, requested: str, batching: str, do_sample: bool) -> tuple[str, str]:
+def choose_decode(plan: RunPlan, requested: str, batching: str, do_sample: bool = False) -> tuple[str, str]:
     """("generate" | "graphs", reason): Transformers' own loop (`model.generate`, or `generate_batch`
     when batching is continuous) or hwrun's graph loop (`GraphDecoder`, or `SlotDecoder`), which
-    captures where the platform's graph API is one hwrun drives (`GRAPH_DECODE_APIS`)."""
+    captures where the platform's graph API is one hwrun drives (`GRAPH_DECODE_APIS`). Sampling
+    (`do_sample`) runs in either: the graph loops sample on the device (hwrun.inference.decode.sampling)."""
     if requested not in DECODE:
         raise GenerateError(f"decode={requested!r} is not a decode mode; use one of {', '.join(DECODE)}.")
     graphs = graph_api_of(plan)
@@ -137,8 +151,6 @@ def choose_decode(plan: RunPlan, requested: str, batching: str, do_sample: bool)
             if batching == "continuous" else f"static cache + {graph} replay per token (hwrun.inference.decode.static)")
     theirs = "model.generate_batch" if batching == "continuous" else "model.generate"
     blockers = []
-    if do_sample:
-        blockers.append("the graph loop is greedy only")
     if plan.quantization:
         blockers.append("bitsandbytes weights")
     if plan.device_map == "auto":
@@ -228,7 +240,8 @@ def generate(
     theirs_continuous = choice.mode == "continuous" and decode_mode != "graphs"
     with torch.no_grad() if theirs_continuous else torch.inference_mode():
         if choice.mode == "continuous" and decode_mode == "graphs":
-            ids, prompt_lens, seconds = _slots(plan, model, tokenizer, prompts, max_new_tokens)
+            ids, prompt_lens, seconds = _slots(plan, model, tokenizer, prompts, max_new_tokens,
+                                               _graph_sampling(sampling, seed, model))
         elif choice.mode == "continuous":
             try:
                 ids, prompt_lens, seconds = _continuous(plan, model, tokenizer, prompts, max_new_tokens, sampling,
@@ -246,7 +259,8 @@ def generate(
                 ids, prompt_lens, seconds = _static(model, tokenizer, prompts, max_new_tokens, sampling, stream,
                                                     progress)
         elif decode_mode == "graphs":
-            ids, prompt_lens, seconds = _graphs(plan, model, tokenizer, prompts, max_new_tokens, stream)
+            ids, prompt_lens, seconds = _graphs(plan, model, tokenizer, prompts, max_new_tokens, stream,
+                                                _graph_sampling(sampling, seed, model))
         else:
             ids, prompt_lens, seconds = _static(model, tokenizer, prompts, max_new_tokens, sampling, stream, progress)
     ids = [_truncate(row, eos) for row in ids]
@@ -333,21 +347,22 @@ def _decoder(model: Any, batch: int, needed: int, use_graphs: bool, backend: Any
     return per_model[key]
 
 
-def _slots(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str],
-           max_new_tokens: int) -> tuple[list[list[int]], list[int], float]:
-    """Continuous batching through `hwrun.inference.decode.slots` (greedy; EOS and budgets checked on the host)."""
+def _slots(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int,
+           sampling: Any = None) -> tuple[list[list[int]], list[int], float]:
+    """Continuous batching through `hwrun.inference.decode.slots` (EOS and budgets checked on the host)."""
     encoded = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
     compile_backend = plan.compile.backend if plan.compile is not None else None
     decoder = _decoder(model, min(len(encoded), MAX_SLOTS), max(map(len, encoded)) + max_new_tokens,
                        graph_api_of(plan) is not None, compile_backend, slots=True, platform=plan.accelerator.platform)
     start = time.perf_counter()
-    rows = decoder.generate(encoded, max_new_tokens, eos_token_id=sorted(_eos_ids(model, tokenizer)) or None)
+    rows = decoder.generate(encoded, max_new_tokens, eos_token_id=sorted(_eos_ids(model, tokenizer)) or None,
+                            sampling=sampling)
     return rows, [len(e) for e in encoded], time.perf_counter() - start
 
 
 def _graphs(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int,
-            stream: bool) -> tuple[list[list[int]], list[int], float]:
-    """Greedy decode through `hwrun.inference.decode.static` (one prompt at a time unless all have the same length)."""
+            stream: bool, sampling: Any = None) -> tuple[list[list[int]], list[int], float]:
+    """Decode through `hwrun.inference.decode.static` (one prompt at a time unless all have the same length)."""
     import torch
 
     encoded = [tokenizer(p, return_tensors="pt")["input_ids"] for p in prompts]
@@ -360,7 +375,7 @@ def _graphs(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], max_n
     for batch in batches:
         decoder = _decoder(model, batch.shape[0], batch.shape[1] + max_new_tokens, use_graphs, compile_backend,
                            platform=plan.accelerator.platform)
-        out = decoder.generate(batch.to(model.device), max_new_tokens)
+        out = decoder.generate(batch.to(model.device), max_new_tokens, sampling=sampling)
         rows.extend(out.tolist())
     seconds = time.perf_counter() - start
     if stream:

@@ -1,4 +1,4 @@
-"""Greedy decoding with no host work per token: a static KV cache, one decode step captured as a
+"""Decoding with no host work per token: a static KV cache, one decode step captured as a
 device graph (CUDA graphs on NVIDIA and ROCm, XPU graphs on Intel GPUs), replayed once per token.
 
 Why: at batch 1 `model.generate` is bound by Python and kernel-launch overhead, not by memory
@@ -6,7 +6,9 @@ bandwidth (the baseline in docs/benchmarks/decode.md: 4% of roofline). Here ever
 input lives in a fixed device buffer: the token, its position, the output row; Transformers'
 `StaticLayer` keeps its write position in a device tensor (`cumulative_length`, cache_utils.py),
 so the step `forward -> argmax -> copy into buffers -> position += 1` has fixed shapes and
-addresses and is captured once. The host only calls `graph.replay()` N times (and checks for EOS
+addresses and is captured once. Sampling (temperature, top-p, top-k, a seed per row) runs inside
+the step from per-row tensors and counter-based noise (hwrun.inference.decode.sampling), captured
+as a second graph the first time a call samples. The host only calls `graph.replay()` N times (and checks for EOS
 every `check_every` tokens). Graphs, streams and synchronisation come from the model's platform
 (`hwenv.platforms.runtime.graph_tools` / `synchronize`); where it has none hwrun drives (Gaudi's
 HPU graphs wrap modules; CPU, MPS) the same step runs eagerly, which is how CPU tests prove that
@@ -19,6 +21,7 @@ import logging
 from typing import Any
 
 from ...errors import FastDecodeError
+from .sampling import SamplingParams, SamplingRows, next_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +69,7 @@ def cache_keyword(model: Any) -> str:
 
 
 class GraphDecoder:
-    """Static-cache greedy decoder for `model` at a fixed batch size and cache length.
+    """Static-cache decoder (greedy, or sampled per row) for `model` at a fixed batch size and cache length.
 
     `use_graphs=None` captures a graph where the model's platform (`platform`, default: the one of
     `model.device`) has graph tools the decoder drives (CUDA or XPU graphs); `compile_backend`
@@ -112,21 +115,35 @@ class GraphDecoder:
         long = dict(dtype=torch.long, device=self.device)
         self.token = torch.zeros((batch_size, 1), **long)
         self.position = torch.zeros((batch_size, 1), **long)
+        self.count = torch.zeros((batch_size, 1), **long)  # tokens produced so far (the sampling noise's counter)
         self.tokens = torch.zeros((batch_size, max_cache_len + 1), **long)
-        self._step_fn = compile_step(self._step, compile_backend, compile_mode, tune)
-        self.graph = None
+        self.sampling = SamplingRows(batch_size, self.device)
+        self._step_fns = {sample: compile_step(lambda s=sample: self._step(s), compile_backend, compile_mode, tune)
+                          for sample in (False, True)}
+        self._step_fn = self._step_fns[False]  # the greedy step (kept under its old name)
+        self.graphs: dict[bool, Any] = {}
         self.capture_seconds: float | None = None
 
-    def _step(self) -> None:
-        """One decode step: every input and output is a fixed device buffer (capturable)."""
+    @property
+    def graph(self) -> Any:
+        """The captured greedy step (None before capture or without graphs)."""
+        return self.graphs.get(False)
+
+    def _step(self, sample: bool = False) -> None:
+        """One decode step: every input and output is a fixed device buffer (capturable). `sample` picks
+        tokens with each row's sampling parameters (hwrun.inference.decode.sampling), else the argmax."""
         if self.fused is not None:
             last = self.fused(self.token, self.position)
         else:
             last = self.model(input_ids=self.token, position_ids=self.position, **{self.cache_keyword: self.cache},
                               use_cache=True, logits_to_keep=1).logits[:, -1]
-        nxt = last.argmax(dim=-1, keepdim=True)
+        if sample:
+            nxt = next_tokens(last, *self.sampling.all(), self.count).unsqueeze(-1)
+        else:
+            nxt = last.argmax(dim=-1, keepdim=True)
         self.token.copy_(nxt)
         self.position.add_(1)
+        self.count.add_(1)
         self.tokens.index_copy_(1, self.position[0], nxt)
 
     def _prefill(self, input_ids: Any) -> int:
@@ -140,9 +157,13 @@ class GraphDecoder:
             self.cache.reset()
             last = self.model(input_ids=input_ids, position_ids=positions, **{self.cache_keyword: self.cache},
                               use_cache=True, logits_to_keep=1).logits[:, -1]
-        first = last.argmax(dim=-1, keepdim=True)
+        if self.sampling.sampling():
+            first = next_tokens(last, *self.sampling.all(), torch.zeros_like(self.count)).unsqueeze(-1)
+        else:
+            first = last.argmax(dim=-1, keepdim=True)
         self.token.copy_(first)
         self.position.fill_(length)  # the position of `token`
+        self.count.fill_(1)
         self.tokens.zero_()
         self.tokens[:, length:length + 1].copy_(first)
         return length
@@ -151,19 +172,29 @@ class GraphDecoder:
         # the fused step writes K/V at the position buffer's value: nothing else moves
         return [] if self.cache is None else [layer.cumulative_length for layer in self.cache.layers]
 
-    def _capture(self) -> None:
-        """Capture one step as a device graph; restores every buffer the warm-up moved."""
-        buffers = [self.token, self.position, *self._cache_lengths()]
-        self.graph, self.capture_seconds = capture_graph(self._step_fn, self.device, buffers,
+    def _runner(self, sample: bool) -> Any:
+        """The callable that runs one step: its captured graph (captured now if needed) or the step itself."""
+        if not self.use_graphs:
+            return self._step_fns[sample]
+        if sample not in self.graphs:
+            # capture restores every buffer the warm-up steps moved
+            buffers = [self.token, self.position, self.count, *self._cache_lengths()]
+            self.graphs[sample], seconds = capture_graph(self._step_fns[sample], self.device, buffers,
                                                          tools=self.graph_tools, platform=self.platform)
+            self.capture_seconds = (self.capture_seconds or 0.0) + seconds
+        return self.graphs[sample].replay
 
-    def generate(self, input_ids: Any, max_new_tokens: int, *, eos_token_id: Any = "model") -> Any:
-        """Greedy tokens after `input_ids` (batch, length): a (batch, <= max_new_tokens) tensor.
+    def generate(self, input_ids: Any, max_new_tokens: int, *, eos_token_id: Any = "model",
+                 sampling: SamplingParams | None = None) -> Any:
+        """New tokens after `input_ids` (batch, length): a (batch, <= max_new_tokens) tensor; greedy unless
+        `sampling` (one `SamplingParams` for every row) says otherwise.
 
         Stops early (at a `check_every` boundary) once every row has produced an EOS; tokens after a
-        row's EOS are whatever greedy decoding continued with, so callers cut at the first EOS.
+        row's EOS are whatever decoding continued with, so callers cut at the first EOS.
         """
         import torch
+
+        sampling = SamplingParams() if sampling is None else sampling
 
         if input_ids.dim() != 2 or input_ids.shape[0] != self.batch_size:
             raise FastDecodeError(f"input_ids of shape {tuple(input_ids.shape)}: expected ({self.batch_size}, length).")
@@ -178,10 +209,9 @@ class GraphDecoder:
         ids = eos_ids(self.model, eos_token_id)
         eos = torch.tensor(ids, device=self.device) if ids else None
         with torch.inference_mode():
+            self.sampling.fill(sampling)
             self._prefill(input_ids.to(self.device))
-            if self.use_graphs and self.graph is None and max_new_tokens > 1:
-                self._capture()
-            run = self.graph.replay if self.use_graphs and self.graph is not None else self._step_fn
+            run = self._runner(not sampling.greedy) if max_new_tokens > 1 else None
             done = 1
             while done < max_new_tokens:
                 chunk = min(self.check_every, max_new_tokens - done)
