@@ -1,5 +1,2 @@
-"""The `hwrun` command line: `main.py` parses and dispatches, one module per command group."""
-
-from .main import main
-
-__all__ = ["main"]
+"""The `hwrun` command line: `main.py` parses and dispatches (entry point `hwrun.cli.main:main`); each
+other module adds one command group (`train`, `serve`, `chat`)."""

@@ -1,4 +1,8 @@
-"""`hwrun plan|generate` (and `hwrun train` from the training half): the command line over plan/load/generate."""
+"""`hwrun plan|generate` (and `train`, `serve`, `chat` from their modules): the command line over plan/load/generate.
+
+Errors are one line on stderr with exit 2 (hwenv.cli_errors, shared by every hwstack CLI); `--verbose`
+adds the traceback. Every option is checked before the model loads.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,13 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from ..errors import HwrunError
-
 logger = logging.getLogger(__name__)
 
 #: Modules of `hwrun.cli` that add subcommands (`add_parser(subparsers)`); importing one must not import torch.
 COMMAND_MODULES = ("train", "serve", "chat")
+
+#: Largest --batch-file read (bytes): a prompt file beyond this is refused instead of filling memory.
+BATCH_FILE_LIMIT = 64 * 1024 * 1024
 
 #: Prompts per `model.generate` call when a batch file runs with static batching (one progress step each).
 STATIC_CHUNK = 16
@@ -39,9 +44,12 @@ def _plan_from(args: argparse.Namespace, model: str | None):
 
 def build_parser() -> argparse.ArgumentParser:
     """The `hwrun` argument parser (subcommands plan, generate, and train when the training half is present)."""
-    parser = argparse.ArgumentParser(prog="hwrun", description="Plan, load and run Transformers models on XPU, "
-                                     "Gaudi, CUDA and CPU, with every decision explained.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log every decision and fallback")
+    from hwenv.cli_errors import OneLineParser
+
+    parser = OneLineParser(prog="hwrun", description="Plan, load and run Transformers models on XPU, "
+                           "Gaudi, CUDA and CPU, with every decision explained.")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log every decision and fallback; print the traceback with an error")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p_plan = sub.add_parser("plan", help="print every decision for running MODEL here, with reasons")
@@ -54,16 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
     p_gen.add_argument("prompts", nargs="*", metavar="PROMPT")
     p_gen.add_argument("--model", default=None, help="local folder or Hub id (default: the shipped tiny model)")
     _add_plan_options(p_gen)
-    p_gen.add_argument("--max-new-tokens", type=int, default=50)
+    p_gen.add_argument("--max-new-tokens", type=int, default=50,
+                       help="new tokens per prompt (bounded by the model's context and HWRUN_MAX_NEW_TOKENS_LIMIT)")
     p_gen.add_argument("--batch-file", default=None, help="a text file with one prompt per line")
     p_gen.add_argument("--batching", choices=("auto", "static", "continuous"), default="auto")
     p_gen.add_argument("--decode", choices=("auto", "generate", "graphs"), default="auto",
                        help="graphs: static cache + CUDA/XPU graph replay per token (greedy)")
     p_gen.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    p_gen.add_argument("--temperature", type=float, default=1.0)
-    p_gen.add_argument("--top-p", type=float, default=1.0)
-    p_gen.add_argument("--top-k", type=int, default=None)
-    p_gen.add_argument("--seed", type=int, default=None)
+    p_gen.add_argument("--temperature", type=float, default=None, help="sampling temperature > 0 (with --sample; default 1.0)")
+    p_gen.add_argument("--top-p", type=float, default=None, help="nucleus sampling, 0 < p <= 1 (with --sample)")
+    p_gen.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens, k >= 1 (with --sample)")
+    p_gen.add_argument("--seed", type=int, default=None, help="seed for sampling (with --sample)")
     p_gen.add_argument("--no-stream", action="store_true", help="print the text at the end instead of streaming")
     p_gen.add_argument("--json", action="store_true", help="print the result as JSON (no streaming)")
     p_gen.set_defaults(func=_cmd_generate)
@@ -89,18 +98,52 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_batch_file(path: str) -> list[str]:
-    """Prompts from a file, one per non-empty line (raises GenerateError when none)."""
+def read_batch_file(path: str, limit: int = BATCH_FILE_LIMIT) -> list[str]:
+    """Prompts from a UTF-8 text file, one per non-empty line; GenerateError when none, when the file is
+    not text, or when it is larger than `limit` bytes (or not a regular file, e.g. /dev/zero)."""
+    import os
+    import stat
+
     from ..errors import GenerateError
 
     try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise GenerateError(f"--batch-file {path!r} is not a regular file; pass a text file, one prompt per line.")
+        if info.st_size > limit:
+            raise GenerateError(f"--batch-file {path!r} is {info.st_size:,} bytes, more than the {limit:,}-byte limit "
+                                "for a prompt file; split it into smaller files.")
         with open(path, encoding="utf-8") as handle:
             prompts = [line.rstrip("\n") for line in handle if line.strip()]
+    except UnicodeDecodeError as exc:
+        raise GenerateError(f"--batch-file {path!r} is not UTF-8 text ({exc.reason} at byte {exc.start}); pass a text "
+                            "file, one prompt per line.") from exc
     except OSError as exc:
         raise GenerateError(f"--batch-file {path!r} cannot be read ({exc}); pass a text file, one prompt per line.") from exc
     if not prompts:
         raise GenerateError(f"--batch-file {path!r} has no prompts; write one prompt per line.")
     return prompts
+
+
+def sampling_options(args: argparse.Namespace) -> dict:
+    """generate()'s sampling keywords from the flags, refusing flags that would do nothing or are out of range."""
+    from ..errors import GenerateError
+
+    given = {flag: value for flag, value in (("--temperature", args.temperature), ("--top-p", args.top_p),
+                                             ("--top-k", args.top_k), ("--seed", args.seed)) if value is not None}
+    if given and not args.sample:
+        names = ", ".join(f"{flag} {value}" for flag, value in given.items())
+        raise GenerateError(f"{names}: sampling options do nothing without --sample (greedy decoding is the "
+                            "default); add --sample, or drop them.")
+    if args.temperature is not None and not args.temperature > 0:
+        raise GenerateError(f"--temperature {args.temperature} must be > 0 (1.0 samples from the model's "
+                            "distribution, smaller is closer to greedy); for greedy decoding leave out --sample.")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise GenerateError(f"--top-p {args.top_p} must be in (0, 1]: the share of probability mass to sample from.")
+    if args.top_k is not None and args.top_k < 1:
+        raise GenerateError(f"--top-k {args.top_k} must be >= 1: the number of most likely tokens to sample from.")
+    return dict(do_sample=args.sample, temperature=1.0 if args.temperature is None else args.temperature,
+                top_p=1.0 if args.top_p is None else args.top_p, top_k=args.top_k, seed=args.seed)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -113,11 +156,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         prompts += read_batch_file(args.batch_file)
     if not prompts:
         raise GenerateError("no prompt given: pass PROMPT... or --batch-file FILE (e.g. hwrun generate \"The king said\").")
+    sampling = sampling_options(args)
     _check_inputs(prompts, args.max_new_tokens)
     run_plan = _plan_from(args, args.model)
     model, tokenizer = load(run_plan)
-    options = dict(do_sample=args.sample, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                   seed=args.seed, decode=args.decode, model=model, tokenizer=tokenizer)
+    options = dict(**sampling, decode=args.decode, model=model, tokenizer=tokenizer)
     single = len(prompts) == 1
     stream = single and not args.no_stream and not args.json and args.decode != "graphs"
     if stream:
@@ -170,6 +213,14 @@ def _generate_with_progress(run_plan, prompts, args, options, generate, result_t
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `hwrun` command; errors print one line with the fix and exit 2."""
+    from hwattn.errors import HwattnError
+    from hwcompile.errors import HwcompileError
+    from hwdist.errors import HwdistError
+    from hwenv.cli_errors import run_command
+    from hwenv.errors import HwenvError
+
+    from ..errors import HwrunError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -184,11 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             transformers.utils.logging.disable_progress_bar()
         except ImportError:  # pragma: no cover
             pass
-    try:
-        return int(args.func(args) or 0)
-    except HwrunError as exc:
-        print(f"hwrun: error: {exc}", file=sys.stderr)
-        return 2
+    expected = (HwrunError, HwenvError, HwattnError, HwcompileError, HwdistError)
+    return run_command("hwrun", lambda: int(args.func(args) or 0), expected, verbose=args.verbose)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,7 +15,7 @@ from .. import devices
 from ..errors import PlanError
 from .adapters import adapter_base_model, is_adapter_folder
 from .quantization import check_quantization
-from .source import DEFAULT_MODEL, model_config, resolve_source, weight_bytes
+from .source import DEFAULT_MODEL, model_config, needs_remote_code, resolve_source, weight_bytes
 
 if TYPE_CHECKING:
     import hwattn
@@ -202,6 +202,22 @@ def resolve_accelerator(device: Any) -> hwenv.Accelerator:
     )
 
 
+def check_compile_backend(name: str, accel: hwenv.Accelerator) -> None:
+    """A backend name must be one torch.compile knows here (or the platform's own, e.g. Gaudi's `hpu_backend`,
+    which its plugin registers on import); a misspelt one is a PlanError naming the closest, before loading."""
+    import difflib
+
+    from torch._dynamo import list_backends
+
+    common = set(list_backends()) | {"inductor", "eager", accel.platform.compile_backend}
+    if name in common or name in list_backends(exclude_tags=()):
+        return
+    close = difflib.get_close_matches(name, sorted(common), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise PlanError(f"compile={name!r} is not a torch.compile backend here; {hint}common ones: "
+                    f"{', '.join(sorted(common))} (torch._dynamo.list_backends()), or compile=True for the device's default.")
+
+
 def choose_dtype(accel: hwenv.Accelerator, dtype: str) -> tuple[str, str]:
     """(dtype, reason): bf16 where the accelerator computes it natively, fp32 on the host; an explicit
     bf16 without support is an error. The reason names how bf16 was read (`accel.bf16_source`, X17):
@@ -304,6 +320,10 @@ def plan(
         adapter = str(Path(reference).resolve())
         reference = adapter_base_model(adapter)
     source = resolve_source(reference)
+    remote = needs_remote_code(source.config)
+    if remote and not trust_remote_code:
+        raise PlanError(f"model={source.reference!r}: {remote}. Running it means running that code: read it first, then "
+                        "pass trust_remote_code=True (--trust-remote-code). hwrun never turns this on by itself.")
     reasons: dict[str, str] = {}
     shipped = source.local and source.path == Path(DEFAULT_MODEL).resolve()
     reasons["model"] = ("the tiny model shipped in hwrun" if shipped
@@ -326,6 +346,8 @@ def plan(
         "from_pretrained(use_kernels=True) swaps supported layers for Hub kernels (X12, X13)" if use_kernels
         else "off: the model's own layers (pass use_kernels=True for Hub kernels, X12)"
     )
+    if isinstance(compile, str):
+        check_compile_backend(compile, accel)
     if compile is False:
         decision = None
         reasons["compile"] = "off (pass compile=True to compile the decode step)"

@@ -94,6 +94,7 @@ def resolve_source(reference: str) -> ModelSource:
             config = json.loads(config_path.read_text())
         except (OSError, ValueError) as exc:
             raise ModelSourceError(f"model={text!r}: config.json is not readable JSON ({exc}); re-save the model.") from exc
+        check_config(config, f"model={text!r}: config.json")
         return ModelSource(text, True, path.resolve(), config, files)
     if path == Path(DEFAULT_MODEL):
         raise ModelSourceError(
@@ -106,6 +107,32 @@ def resolve_source(reference: str) -> ModelSource:
         f"model={text!r} does not exist: it is neither a local folder nor a Hub id of the form 'org/name'. "
         "Check the path, or omit --model to use the shipped tiny model."
     )
+
+
+def check_config(config: object, where: str) -> None:
+    """A config.json must be a JSON object naming its `model_type` (what Transformers' Auto classes read)."""
+    if not isinstance(config, dict):
+        raise ModelSourceError(f"{where} holds a JSON {type(config).__name__}, not an object with the model's "
+                               "settings; re-save the model with save_pretrained().")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise ModelSourceError(f"{where} has no `model_type` (found {model_type!r}); Transformers needs it to pick the "
+                               "model class. Re-save the model with save_pretrained(), or add the right model_type.")
+
+
+def needs_remote_code(config: dict | None) -> str | None:
+    """Why loading needs the model's own Python code (`auto_map` for a model_type Transformers lacks), or None."""
+    if not config or not config.get("auto_map"):
+        return None
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return None
+    model_type = config.get("model_type")
+    if model_type in CONFIG_MAPPING_NAMES:
+        return None
+    return (f"model_type {model_type!r} is not one of Transformers' built-in models and config.json's auto_map "
+            f"names the model's own code ({', '.join(sorted(config['auto_map'].values()))})")
 
 
 def _cached_hub_config(repo_id: str) -> dict | None:
@@ -137,7 +164,20 @@ def safetensors_elements(files: tuple[Path, ...]) -> tuple[int, int]:
             (length,) = struct.unpack("<Q", raw)
             if length > 100_000_000:
                 raise ModelSourceError(f"{file}: safetensors header length {length} is implausible; the file is damaged.")
-            header = json.loads(handle.read(length))
+            try:
+                header = json.loads(handle.read(length))
+            except ValueError as exc:
+                raise ModelSourceError(f"{file}: its safetensors header is not valid JSON ({exc}); the file is damaged "
+                                       "or truncated: download or save it again.") from exc
+        if not isinstance(header, dict):
+            raise ModelSourceError(f"{file}: its safetensors header is not a JSON object; the file is damaged.")
+        size = file.stat().st_size
+        data_end = max((int(info["data_offsets"][1]) for name, info in header.items()
+                        if name != "__metadata__" and isinstance(info, dict) and "data_offsets" in info), default=0)
+        if 8 + length + data_end != size:
+            raise ModelSourceError(
+                f"{file} is {size:,} bytes but its header describes {8 + length + data_end:,}: the file is "
+                f"{'truncated' if size < 8 + length + data_end else 'longer than its tensors'}; download or save it again.")
         for name, info in header.items():
             if name == "__metadata__":
                 continue

@@ -1,0 +1,115 @@
+"""Issue 27 for `hwrun plan` / `generate`: bad model files, options and prompt files are one clear error before
+anything loads (the same cases run through the real CLI in tests/reliability/cases_hwrun_generate.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import hwrun
+import pytest
+from hwrun.cli.main import main, read_batch_file
+from hwrun.errors import GenerateError, ModelSourceError, PlanError
+
+
+@pytest.fixture
+def model_copy(tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(hwrun.DEFAULT_MODEL, folder)
+    return folder
+
+
+def _config(folder):
+    return json.loads((folder / "config.json").read_text())
+
+
+def test_truncated_weights_are_refused_by_the_plan(model_copy):
+    weights = model_copy / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) - 100])
+    with pytest.raises(ModelSourceError, match=r"truncated"):
+        hwrun.plan(str(model_copy))
+    weights.write_bytes(data + b"\0" * 10)
+    with pytest.raises(ModelSourceError, match=r"longer than its tensors"):
+        hwrun.plan(str(model_copy))
+    weights.write_bytes(data[:8] + b"{not json" + data[17:])
+    with pytest.raises(ModelSourceError, match=r"header is not valid JSON"):
+        hwrun.plan(str(model_copy))
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ([1, 2], r"JSON list, not an object"),
+    ("text", r"JSON str, not an object"),
+    ("drop-model-type", r"has no `model_type`"),
+])
+def test_config_json_must_be_an_object_with_a_model_type(model_copy, config, message):
+    if config == "drop-model-type":
+        config = {k: v for k, v in _config(model_copy).items() if k != "model_type"}
+    (model_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelSourceError, match=message):
+        hwrun.plan(str(model_copy))
+
+
+def test_custom_code_needs_trust_remote_code_before_loading(model_copy):
+    original = _config(model_copy)
+    config = {**original, "model_type": "my_custom", "auto_map": {"AutoModelForCausalLM": "modeling_my.M"}}
+    (model_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PlanError, match=r"modeling_my\.M.*trust_remote_code=True"):
+        hwrun.plan(str(model_copy))
+    assert hwrun.plan(str(model_copy), trust_remote_code=True).trust_remote_code is True
+    # an auto_map on a built-in model_type (e.g. a saved config that kept it) needs no remote code
+    builtin = {**original, "auto_map": {"AutoModelForCausalLM": "modeling_my.M"}}
+    (model_copy / "config.json").write_text(json.dumps(builtin))
+    assert hwrun.plan(str(model_copy)).trust_remote_code is False
+
+
+def test_misspelt_compile_backend_names_the_closest():
+    with pytest.raises(PlanError, match=r"compile='inductr'.*did you mean 'inductor'"):
+        hwrun.plan(compile="inductr")
+    assert hwrun.plan(compile="eager").compile.backend == "eager"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--temperature", "0.5"], r"--temperature 0.5: sampling options do nothing without --sample"),
+    (["--top-p", "0.9", "--seed", "3"], r"--top-p 0.9, --seed 3: sampling options"),
+    (["--sample", "--temperature", "0"], r"--temperature 0.0 must be > 0"),
+    (["--sample", "--top-p", "1.5"], r"--top-p 1.5 must be in \(0, 1\]"),
+    (["--sample", "--top-k", "0"], r"--top-k 0 must be >= 1"),
+])
+def test_sampling_flags_are_checked_before_loading(monkeypatch, capsys, argv, message):
+    monkeypatch.setattr("hwrun.model.load.load", lambda *a, **k: pytest.fail("the model must not load"))
+    assert main(["generate", "The king said", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "", "nothing is printed (before: the prompt, then the error glued to it)"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hwrun: error: ")
+    assert re.search(message, lines[0]), lines[0]
+
+
+def test_errors_from_other_hwstack_packages_are_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("HWENV_DEVICE", "bogus")
+    assert main(["plan"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "HWENV_DEVICE='bogus'" in err and "Traceback" not in err
+
+
+def test_verbose_adds_the_traceback(monkeypatch, capsys):
+    monkeypatch.setenv("HWENV_DEVICE", "bogus")
+    assert main(["--verbose", "plan"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("hwrun: error: HWENV_DEVICE='bogus'")
+
+
+def test_batch_files_must_be_bounded_utf8_text(tmp_path):
+    binary = tmp_path / "b.txt"
+    binary.write_bytes(b"ok\n\xff\xfe\n")
+    with pytest.raises(GenerateError, match=r"not UTF-8 text"):
+        read_batch_file(str(binary))
+    big = tmp_path / "big.txt"
+    big.write_text("a prompt\n" * 20)
+    with pytest.raises(GenerateError, match=r"180 bytes, more than the 100-byte limit"):
+        read_batch_file(str(big), limit=100)
+    assert read_batch_file(str(big)) == ["a prompt"] * 20
+    with pytest.raises(GenerateError, match=r"not a regular file"):
+        read_batch_file("/dev/zero")
