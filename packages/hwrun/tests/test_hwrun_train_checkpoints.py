@@ -1,7 +1,9 @@
-"""Checkpoint manifests, atomic publishing, and which checkpoint `resume` picks."""
+"""Checkpoint manifests (sizes and sha256), atomic publishing, and which checkpoint `resume` picks: the newest
+that verifies, falling back past corrupted ones and saying which and why (issue 27 point 3)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 
@@ -10,6 +12,8 @@ from hwrun.errors import CheckpointError
 from hwrun.training.checkpoints import (
     MANIFEST_NAME,
     check_checkpoint,
+    choose_resume,
+    finished_at,
     latest_complete_checkpoint,
     list_checkpoints,
     publish,
@@ -30,12 +34,81 @@ def make_checkpoint(run_dir, step, *, complete=True, payload=b"weights"):
     return folder
 
 
-def test_manifest_lists_files_and_sizes(tmp_path):
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_manifest_lists_files_sizes_and_checksums(tmp_path):
     folder = make_checkpoint(tmp_path, 3, payload=b"12345")
     manifest = json.loads((folder / MANIFEST_NAME).read_text())
-    assert manifest["complete"] is True and manifest["step"] == 3
-    assert manifest["files"] == {"adapter_model.safetensors": 5, "trainer_state.json": 2}
-    assert check_checkpoint(folder) is None
+    assert manifest["complete"] is True and manifest["step"] == 3 and manifest["format"] == 2
+    assert manifest["files"] == {"adapter_model.safetensors": {"size": 5, "sha256": sha(b"12345")},
+                                 "trainer_state.json": {"size": 2, "sha256": sha(b"{}")}}
+    assert check_checkpoint(folder) is None and check_checkpoint(folder, verify=True) is None
+
+
+@pytest.mark.parametrize("name", ["adapter_model.safetensors", "optimizer.pt"])
+def test_same_size_corruption_is_found_only_by_the_checksum(tmp_path, name):
+    folder = make_checkpoint(tmp_path, 2, payload=b"weights", complete=False)
+    (folder / "optimizer.pt").write_bytes(b"optimizer state")
+    write_manifest(folder, 2)
+    data = (folder / name).read_bytes()
+    (folder / name).write_bytes(bytes(len(data)))  # same size, other bytes
+    assert check_checkpoint(folder) is None  # sizes alone cannot see it
+    assert check_checkpoint(folder, verify=True) == (
+        f"{name} does not match its sha256 in {MANIFEST_NAME} (same size, other bytes: corrupted or changed after "
+        "the save)")
+
+
+def test_a_manifest_from_before_checksums_still_resumes_on_sizes(tmp_path):
+    folder = make_checkpoint(tmp_path, 4, payload=b"abc")
+    (folder / MANIFEST_NAME).write_text(json.dumps({"format": 1, "step": 4, "complete": True, "files": {
+        "adapter_model.safetensors": 3, "trainer_state.json": 2}}))
+    assert check_checkpoint(folder, verify=True) is None
+    choice = choose_resume("auto", tmp_path)
+    assert choice.folder == str(folder) and "sizes verified (written before checksums)" in choice.reason
+
+
+def test_resume_falls_back_past_a_corrupted_checkpoint_and_says_why(tmp_path, caplog):
+    make_checkpoint(tmp_path, 2)
+    newest = make_checkpoint(tmp_path, 4, payload=b"weights")
+    (newest / "adapter_model.safetensors").write_bytes(b"WEIGHTS")
+    with caplog.at_level(logging.WARNING, logger="hwrun.training.checkpoints"):
+        choice = choose_resume("auto", tmp_path)
+    assert choice.folder == str(tmp_path / "checkpoint-2")
+    assert "sha256 of every file verified" in choice.reason
+    assert "skipped newer checkpoint-4: adapter_model.safetensors does not match its sha256" in choice.reason
+    assert "checkpoint-4" in caplog.text and "instead of a newer checkpoint" in caplog.text
+    assert resolve_resume(True, tmp_path) == str(tmp_path / "checkpoint-2")
+    with pytest.raises(CheckpointError, match=r"checkpoint-4.*does not match its sha256"):
+        resolve_resume(str(newest), tmp_path)  # a path given by the user is verified too, with no fallback
+
+
+def test_no_checkpoint_verifies_is_a_clear_error(tmp_path):
+    for step in (1, 2):
+        folder = make_checkpoint(tmp_path, step)
+        (folder / "trainer_state.json").write_text("[]", encoding="utf-8")
+    with pytest.raises(CheckpointError) as caught:
+        choose_resume("auto", tmp_path)
+    message = str(caught.value)
+    assert "No checkpoint in" in message and "checkpoint-2: trainer_state.json does not match" in message
+    assert "checkpoint-1: trainer_state.json" in message and "Fix:" in message
+
+
+@pytest.mark.parametrize("value", ["", 3, 2.5])
+def test_a_resume_value_that_means_nothing_is_refused(tmp_path, value):
+    with pytest.raises(CheckpointError, match="is not understood"):
+        choose_resume(value, tmp_path)
+
+
+def test_finished_at_compares_the_checkpoint_step_with_the_budget(tmp_path):
+    folder = make_checkpoint(tmp_path, 4)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 4, "max_steps": 4,
+                                                           "num_train_epochs": 2}), encoding="utf-8")
+    assert finished_at(folder, 4, 1.0) == "checkpoint-4 is at step 4: the run is finished for max_steps=4"
+    assert finished_at(folder, 5, 1.0) is None
+    assert finished_at(folder, -1, 2.0) == "checkpoint-4 is at step 4: the run is finished for epochs=2.0 (4 steps)"
+    assert finished_at(folder, -1, 3.0) is None
 
 
 def test_truncated_or_missing_file_is_detected(tmp_path):

@@ -1,8 +1,8 @@
 """What `hwrun.train` does with an output folder that is not new: nothing on disk is lost.
 
 A fresh run into a folder with an earlier run's final model or checkpoints, into the model's own
-folder, or a resume by a different kind of run (LoRA vs full) is refused before the model loads,
-and every file already there is left byte for byte as it was."""
+folder, into a folder holding files hwrun did not write, or a resume by a different kind of run (LoRA vs
+full) is refused before the model loads, and every file already there is left byte for byte as it was."""
 
 from __future__ import annotations
 
@@ -73,22 +73,38 @@ def test_the_same_kind_resumes(earlier, tmp_path):
     assert result.resumed_from == str(copy / "checkpoint-2") and result.global_step == 3
 
 
-def test_a_final_model_without_checkpoints_is_kept_too(tmp_path, no_load, earlier):
+def test_a_model_hwrun_did_not_write_is_kept_even_with_overwrite(tmp_path, no_load, earlier):
     plan, data, _ = earlier
     out = tmp_path / "merged"
     out.mkdir()
     (out / "config.json").write_text("{}", encoding="utf-8")
-    with pytest.raises(TrainingConfigError, match=r"already holds an earlier run \(config\.json\)"):
+    with pytest.raises(TrainingConfigError, match=r"holds files hwrun did not write \(config\.json\).*--overwrite"):
         hwrun.train(plan, data, lora=True, max_steps=1, resume="auto", output_dir=out, **FAST)
+    with pytest.raises(TrainingConfigError, match=r"holds config\.json, which hwrun did not write.*never replaces"):
+        hwrun.train(plan, data, lora=True, max_steps=1, resume="auto", output_dir=out, overwrite=True, **FAST)
     assert (out / "config.json").read_text(encoding="utf-8") == "{}"
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]
 
 
-def test_a_partial_checkpoint_alone_does_not_block_a_fresh_start(tmp_path, earlier, no_load):
+def test_a_crashed_save_alone_does_not_block_a_fresh_start(tmp_path, earlier, no_load):
     plan, data, _ = earlier
     out = tmp_path / "crashed"
-    (out / "checkpoint-1").mkdir(parents=True)  # no manifest: a save that never finished
+    (out / ".staging-checkpoint-1" / "checkpoint-1").mkdir(parents=True)  # a save that never finished
+    (out / ".staging-checkpoint-1" / "checkpoint-1" / "optimizer.pt").write_bytes(b"half")
     with pytest.raises(pytest.fail.Exception, match="must not load"):  # gets as far as loading
         hwrun.train(plan, data, lora=True, max_steps=1, resume="auto", output_dir=out, **FAST)
+
+
+def test_a_checkpoint_folder_without_hwruns_manifest_is_not_hwruns(tmp_path, earlier, no_load):
+    """hwrun publishes a checkpoint-N folder only with its manifest: one without it was written by something
+    else (Trainer itself, another tool), and a run's rotation would delete it."""
+    plan, data, _ = earlier
+    out = tmp_path / "other"
+    (out / "checkpoint-1").mkdir(parents=True)
+    with pytest.raises(TrainingConfigError, match=r"holds files hwrun did not write \(checkpoint-1\)"):
+        hwrun.train(plan, data, lora=True, max_steps=1, resume="auto", output_dir=out, **FAST)
+    with pytest.raises(TrainingConfigError, match=r"holds checkpoint-1, which hwrun did not write"):
+        hwrun.train(plan, data, lora=True, max_steps=1, resume="auto", output_dir=out, overwrite=True, **FAST)
 
 
 def test_the_models_own_folder_is_refused(tmp_path, earlier, no_load):

@@ -56,8 +56,18 @@ class CheckpointError(TrainingError, RuntimeError):
     """A checkpoint could not be written or no usable checkpoint exists to resume from."""
 
 
+class NonFiniteLossError(TrainingError, FloatingPointError):
+    """Training met a non-finite loss or non-finite weights (NaN or inf) and stopped (`on_nonfinite="stop"`):
+    nothing was saved after it, so the last good checkpoint and any earlier final model stay as they were."""
+
+
+class AdapterFormatError(TrainingConfigError):
+    """An adapter folder holds its weights only as a pickle file (`adapter_model.bin`) and the caller did not
+    opt in with `allow_pickle=True`; hwrun loads safetensors only."""
+
+
 __all__ = [
-    "CheckpointError", "ContinuousBatchingError", "FastDecodeError", "GenerateError", "HwrunError", "ModelSourceError",
-    "PlanError", "QLoRAUnsupportedError", "QuantizationError", "TrainingConfigError", "TrainingDataError",
+    "AdapterFormatError", "CheckpointError", "ContinuousBatchingError", "FastDecodeError", "GenerateError", "HwrunError", "ModelSourceError",
+    "NonFiniteLossError", "PlanError", "QLoRAUnsupportedError", "QuantizationError", "TrainingConfigError", "TrainingDataError",
     "TrainingError",
 ]

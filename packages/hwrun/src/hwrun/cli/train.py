@@ -5,9 +5,21 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+def data_size(text: str) -> int:
+    """`--max-data-size`: bytes, or a number with K, M, G or T (powers of 1024), e.g. 512M, 16G."""
+    match = _SIZE.match(text)
+    if not match or int(match.group(1)) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size: give bytes or a whole number with K, M, G or T (e.g. 512M, 16G), at least 1")
+    return int(match.group(1)) * 1024 ** "_kmgt".index((match.group(2) or "_").lower())
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -38,7 +50,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--save-steps", type=int, default=100, help="checkpoint every N steps (default 100)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--resume", action="store_true",
-                   help="continue from the newest complete checkpoint in --output (start fresh if none)")
+                   help="continue from the newest checkpoint in --output whose checksums verify (start fresh if none)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="use an --output folder holding files hwrun did not write (they are never replaced or "
+                        "deleted), and let a fresh start replace an earlier run's files there")
+    p.add_argument("--on-nonfinite", choices=("stop", "skip", "ignore"), default="stop",
+                   help="a NaN/inf loss or weight: stop before saving anything (default), skip that step's update, "
+                        "or ignore it")
+    p.add_argument("--max-data-size", type=data_size, default=None, metavar="SIZE",
+                   help="read at most this much training data, e.g. 512M, 16G (default 4G)")
     p.add_argument("--device", default="auto", help="auto (detect) or cpu, cuda, xpu, hpu, mps")
     p.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
     p.add_argument("--attention", default="auto", help="auto, sdpa, eager, flash_attention_2, ...")
@@ -46,13 +66,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="torch.compile the model (default: on for accelerators, off on CPU)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (loss lines only)")
+    p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="log every decision; print the traceback with an error (same as hwrun -v)")
     p.set_defaults(func=run_train)
     return p
 
 
 def run_train(args: argparse.Namespace) -> int:
     """Carry out `hwrun train` for parsed `args`; returns the exit status."""
-    from ..training import LoraSettings, TrainingConfigError, train, train_plan
+    from ..training import (
+        DEFAULT_MAX_DATA_BYTES,
+        LoraSettings,
+        TrainingConfigError,
+        train,
+        train_plan,
+    )
 
     run_plan = train_plan(args.model, device=args.device, dtype=args.dtype, attention=args.attention,
                           compile=args.compile, trust_remote_code=args.trust_remote_code)
@@ -75,14 +103,21 @@ def run_train(args: argparse.Namespace) -> int:
             lr=args.lr, batch_size=args.batch_size, grad_accum=args.grad_accum, seed=args.seed,
             output_dir=args.output, resume="auto" if args.resume else False, block_size=args.block_size,
             merge=args.merge, save_steps=args.save_steps, disable_tqdm=args.no_progress,
-            echo=print if args.no_progress else None,
+            echo=print if args.no_progress else None, overwrite=args.overwrite, on_nonfinite=args.on_nonfinite,
+            max_data_bytes=args.max_data_size or DEFAULT_MAX_DATA_BYTES,
         )
     finally:
         import hwdist
 
         hwdist.shutdown(adopted=True)  # the command ends here: destroy the group Trainer started, if any
+    if result.already_finished:
+        print(f"nothing to do: {result.reasons['resume']}")
+        return 0
     if result.resumed_from:
         print(f"resumed from {result.resumed_from}")
+    for key in ("kept", "plot", "nonfinite"):
+        if key in result.reasons:
+            print(f"note: {result.reasons[key]}")
     last = f"{result.losses[-1][1]:.4f}" if result.losses else "n/a"
     if result.interrupted:
         print(f"stopped by {result.interrupted} at step {result.global_step} (loss {last}); checkpoint saved in "

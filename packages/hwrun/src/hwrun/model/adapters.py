@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import TrainingConfigError
+from ..errors import AdapterFormatError, TrainingConfigError
 
 if TYPE_CHECKING:
     from hwrun.model.plan import RunPlan
@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ADAPTER_CONFIG = "adapter_config.json"
+#: PEFT's adapter weight files (peft.utils.constants SAFETENSORS_WEIGHTS_NAME, WEIGHTS_NAME).
+ADAPTER_SAFETENSORS = "adapter_model.safetensors"
+ADAPTER_PICKLE = "adapter_model.bin"
 
 
 def is_adapter_folder(path: str | os.PathLike) -> bool:
@@ -42,6 +45,31 @@ def adapter_base_model(path: str | os.PathLike) -> str:
             "belongs to. Fix: add the base model's path to it."
         )
     return str(base)
+
+
+def check_adapter_weights(path: str | os.PathLike, *, allow_pickle: bool = False) -> Path:
+    """The adapter weight file PEFT will read from `path`: adapter_model.safetensors. A folder holding only
+    adapter_model.bin (a pickle, which can run code while it loads) is refused unless `allow_pickle=True`."""
+    if not isinstance(allow_pickle, bool):
+        raise TrainingConfigError(f"allow_pickle={allow_pickle!r} must be True or False.")
+    folder = Path(path)
+    if (folder / ADAPTER_SAFETENSORS).is_file():
+        return folder / ADAPTER_SAFETENSORS
+    if (folder / ADAPTER_PICKLE).is_file():
+        if allow_pickle:
+            logger.warning("Loading %s, a pickle file (allow_pickle=True): only do this for files you trust.",
+                           folder / ADAPTER_PICKLE)
+            return folder / ADAPTER_PICKLE
+        raise AdapterFormatError(
+            f"Adapter folder {str(folder)!r} holds its weights only as {ADAPTER_PICKLE}, a pickle file that can run "
+            f"code while it loads; hwrun loads {ADAPTER_SAFETENSORS} only. Fix: convert it once where you trust it "
+            "(PeftModel.from_pretrained(...).save_pretrained(folder, safe_serialization=True)), or opt in with "
+            "load_adapter_model(folder, plan, allow_pickle=True) if you trust its source."
+        )
+    raise AdapterFormatError(
+        f"Adapter folder {str(folder)!r} has {ADAPTER_CONFIG} but no {ADAPTER_SAFETENSORS}: there are no adapter "
+        "weights to load. Fix: point at the folder `hwrun train` wrote (it holds both files), or re-save the adapter."
+    )
 
 
 def save_adapter(model: Any, tokenizer: Any, output_dir: str | os.PathLike,
@@ -76,9 +104,13 @@ def merge_adapter_folder(adapter_dir: str | os.PathLike, output_dir: str | os.Pa
     return save_merged(model, tokenizer, output_dir)
 
 
-def load_adapter_model(path: str | os.PathLike, plan: RunPlan | None = None, *, quantized: bool | None = None):
+def load_adapter_model(path: str | os.PathLike, plan: RunPlan | None = None, *, quantized: bool | None = None,
+                       allow_pickle: bool = False):
     """Load the base model named in `path`'s adapter_config.json (with `plan`'s device, dtype and
-    attention via `hwrun.from_pretrained_kwargs`) and attach the adapter; returns (model, tokenizer)."""
+    attention via `hwrun.from_pretrained_kwargs`) and attach the adapter; returns (model, tokenizer).
+    Adapter weights load from adapter_model.safetensors only; a folder with only adapter_model.bin (pickle)
+    raises AdapterFormatError before anything loads unless `allow_pickle=True`."""
+    check_adapter_weights(path, allow_pickle=allow_pickle)
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 

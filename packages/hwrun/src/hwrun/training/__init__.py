@@ -2,16 +2,36 @@
 `training_arguments()` for the device, packed data, atomic resumable checkpoints."""
 
 from ..errors import (
+    AdapterFormatError,
     CheckpointError,
+    NonFiniteLossError,
     QLoRAUnsupportedError,
     TrainingConfigError,
     TrainingDataError,
     TrainingError,
 )
-from ..model.adapters import is_adapter_folder, load_adapter_model, save_adapter, save_merged
+from ..model.adapters import (
+    check_adapter_weights,
+    is_adapter_folder,
+    load_adapter_model,
+    save_adapter,
+    save_merged,
+)
 from .arguments import training_arguments, training_keywords
-from .checkpoints import check_checkpoint, latest_complete_checkpoint, resolve_resume
-from .data import PackedDataset, build_dataset, pack_token_ids, read_documents
+from .checkpoints import (
+    ResumeChoice,
+    check_checkpoint,
+    choose_resume,
+    latest_complete_checkpoint,
+    resolve_resume,
+)
+from .data import (
+    DEFAULT_MAX_DATA_BYTES,
+    PackedDataset,
+    build_dataset,
+    pack_token_ids,
+    read_documents,
+)
 from .lora import (
     ALL_LINEAR,
     LoraSettings,
@@ -20,6 +40,8 @@ from .lora import (
     lora_targets,
     peft_target_mapping,
 )
+from .options import POLICIES
+from .output import OUTPUT_MANIFEST
 from .patches.fused_loss import apply_fused_loss, linear_cross_entropy, prepare_linear_cross_entropy
 from .patches.fused_projections import apply_fused_projections
 from .patches.record import ModelPatch
@@ -28,7 +50,8 @@ from .patches.swiglu import prepare_swiglu, swiglu
 from .run import TrainResult, train, train_plan
 
 __all__ = [
-    "ALL_LINEAR", "CheckpointError", "LoraSettings", "LoraTargets", "ModelPatch", "PackedDataset",
+    "ALL_LINEAR", "AdapterFormatError", "CheckpointError", "DEFAULT_MAX_DATA_BYTES", "NonFiniteLossError",
+    "OUTPUT_MANIFEST", "POLICIES", "ResumeChoice", "check_adapter_weights", "choose_resume", "LoraSettings", "LoraTargets", "ModelPatch", "PackedDataset",
     "QLoRAUnsupportedError",
     "TrainResult", "TrainingConfigError", "TrainingDataError", "TrainingError", "apply_fused_loss",
     "apply_fused_projections", "apply_rope_table",

@@ -1,13 +1,17 @@
 """Checkpoints that lose nothing: written into a staging folder, fsynced, stamped with a
-manifest, then renamed into place, so a crash mid-save leaves the last good checkpoint whole."""
+manifest (size and sha256 of every file), then renamed into place, so a crash mid-save leaves the
+last good checkpoint whole, and a resume verifies the bytes it reads."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CheckpointError
@@ -33,15 +37,30 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+#: Manifest format: 1 recorded sizes only (hwrun before issue 27); 2 adds the sha256 of every file.
+MANIFEST_FORMAT = 2
+_HASH_CHUNK = 1 << 20
+
+
+def sha256_of(path: str | Path) -> str:
+    """The sha256 of a file, read in 1 MiB chunks (memory stays flat for multi-GB weights)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def write_manifest(folder: str | Path, step: int, run: dict | None = None) -> Path:
-    """fsync every file in `folder`, then write the manifest (file sizes, step, and `run`: what
-    kind of run wrote it, checked on resume) last, fsynced."""
+    """fsync every file in `folder` and hash it, then write the manifest (size and sha256 per file, step,
+    and `run`: what kind of run wrote it, checked on resume) last, fsynced. Each file is read once, right
+    after Trainer wrote it (still in the page cache), so the checksums cost one pass at save time."""
     folder = Path(folder)
     files = {}
     for file in sorted(p for p in folder.rglob("*") if p.is_file()):
         _fsync_path(file)
-        files[file.relative_to(folder).as_posix()] = file.stat().st_size
-    manifest = {"format": 1, "step": step, "complete": True, "files": files}
+        files[file.relative_to(folder).as_posix()] = {"size": file.stat().st_size, "sha256": sha256_of(file)}
+    manifest = {"format": MANIFEST_FORMAT, "step": step, "complete": True, "files": files}
     if run:
         manifest["run"] = dict(run)
     target = folder / MANIFEST_NAME
@@ -54,25 +73,50 @@ def write_manifest(folder: str | Path, step: int, run: dict | None = None) -> Pa
     return target
 
 
-def check_checkpoint(folder: str | Path) -> str | None:
-    """Return None when `folder` is a complete checkpoint, else the reason it is not."""
-    folder = Path(folder)
+def _manifest(folder: Path) -> tuple[dict | None, str | None]:
+    """(manifest, None) or (None, the reason there is no usable one)."""
     manifest_path = folder / MANIFEST_NAME
     if not manifest_path.is_file():
-        return f"no {MANIFEST_NAME} (the save did not finish)"
+        return None, f"no {MANIFEST_NAME} (the save did not finish)"
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
-        return f"{MANIFEST_NAME} is unreadable ({error})"
-    if not manifest.get("complete"):
-        return f"{MANIFEST_NAME} does not say complete"
-    for name, size in manifest.get("files", {}).items():
+        return None, f"{MANIFEST_NAME} is unreadable ({error})"
+    if not isinstance(manifest, dict) or not manifest.get("complete"):
+        return None, f"{MANIFEST_NAME} does not say complete"
+    if not isinstance(manifest.get("files"), dict):
+        return None, f"{MANIFEST_NAME} lists no files"
+    return manifest, None
+
+
+def check_checkpoint(folder: str | Path, *, verify: bool = False) -> str | None:
+    """Return None when `folder` is a complete checkpoint, else the reason it is not. Sizes are always
+    compared (cheap); `verify=True` also compares every file's sha256 with the manifest (reads every byte:
+    done on resume only). Checkpoints written before checksums (manifest format 1) pass on sizes."""
+    folder = Path(folder)
+    manifest, problem = _manifest(folder)
+    if manifest is None:
+        return problem
+    for name, entry in manifest["files"].items():
+        size = entry.get("size") if isinstance(entry, dict) else entry
         file = folder / name
         if not file.is_file():
             return f"{name} is missing"
         if file.stat().st_size != size:
             return f"{name} has {file.stat().st_size} bytes, the manifest says {size}"
+    if verify:
+        for name, entry in manifest["files"].items():
+            expected = entry.get("sha256") if isinstance(entry, dict) else None
+            if expected and sha256_of(folder / name) != expected:
+                return (f"{name} does not match its sha256 in {MANIFEST_NAME} (same size, other bytes: "
+                        "corrupted or changed after the save)")
     return None
+
+
+def has_checksums(folder: str | Path) -> bool:
+    """True when `folder`'s manifest records a sha256 for every file (format 2 and later)."""
+    manifest, _ = _manifest(Path(folder))
+    return manifest is not None and all(isinstance(e, dict) and e.get("sha256") for e in manifest["files"].values())
 
 
 def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
@@ -88,53 +132,130 @@ def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def latest_complete_checkpoint(output_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint in `output_dir`; incomplete or corrupt ones are skipped
-    with a warning naming the reason."""
+def latest_complete_checkpoint(output_dir: str | Path, *, verify: bool = False) -> Path | None:
+    """The newest complete checkpoint in `output_dir` (`verify=True`: whose checksums match too);
+    incomplete or corrupt ones are skipped with a warning naming the reason."""
     for _step, folder in list_checkpoints(output_dir):
-        problem = check_checkpoint(folder)
+        problem = check_checkpoint(folder, verify=verify)
         if problem is None:
             return folder
         logger.warning("Skipping checkpoint %s: %s.", folder, problem)
     return None
 
 
-def resolve_resume(resume: bool | str | os.PathLike | None, output_dir: str | Path) -> str | None:
-    """Turn `resume` ("auto", True, False/None, or a checkpoint path) into the folder to resume from.
+@dataclass(frozen=True)
+class ResumeChoice:
+    """Where a run resumes from (`folder`, None for a fresh start), why, and which newer checkpoints were
+    passed over with their reasons."""
 
-    "auto": the newest complete checkpoint, or None to start fresh; True: the same but one must
-    exist; a path: that checkpoint, which must be complete.
-    """
-    if resume in (None, False, "never", "no"):
-        return None
-    if resume in ("auto", True):
-        found = latest_complete_checkpoint(output_dir)
-        if found is None:
-            if resume is True:
-                raise CheckpointError(
-                    f"resume=True but {str(output_dir)!r} holds no complete checkpoint; resuming "
-                    "needs a checkpoint-N folder with a manifest. Fix: use resume='auto' to start "
-                    "fresh when there is none, or point --output at the earlier run."
-                )
-            return None
-        logger.info("Resuming from %s", found)
-        return str(found)
+    folder: str | None
+    reason: str
+    skipped: tuple[str, ...] = ()
+
+
+_FRESH = ("never", "no")
+
+
+def _check_resume_value(resume: object) -> None:
+    if resume is None or isinstance(resume, (bool, os.PathLike)) or (isinstance(resume, str) and resume.strip()):
+        return
+    raise CheckpointError(
+        f"resume={resume!r} is not understood; pass 'auto' (the newest verified checkpoint, or a fresh start), "
+        "True (one must exist), False (start fresh), or the path of a checkpoint-N folder."
+    )
+
+
+def choose_resume(resume: bool | str | os.PathLike | None, output_dir: str | Path) -> ResumeChoice:
+    """Turn `resume` ("auto", True, False/None, or a checkpoint path) into the folder to resume from, with the
+    reason. "auto"/True take the newest checkpoint whose files match their sizes and sha256 and fall back past
+    newer ones that do not, naming each; a partial save (no manifest) is skipped. When checkpoints that claim
+    to be complete exist but none verifies, or resume=True finds none, or a given path does not verify:
+    CheckpointError."""
+    _check_resume_value(resume)
+    if resume is None or resume is False or resume in _FRESH:
+        return ResumeChoice(None, "a fresh start (resume=False)")
+    if resume is True or resume == "auto":
+        skipped, damaged = [], []
+        for _step, folder in list_checkpoints(output_dir):
+            claims = (folder / MANIFEST_NAME).is_file()
+            problem = check_checkpoint(folder, verify=True)
+            if problem is None:
+                verified = "sha256 of every file verified" if has_checksums(folder) else \
+                    "sizes verified (written before checksums)"
+                reason = f"from {folder} ({verified})"
+                if skipped:
+                    reason += "; skipped newer " + "; ".join(skipped)
+                    logger.warning("Resuming from %s instead of a newer checkpoint: %s.", folder, "; ".join(skipped))
+                else:
+                    logger.info("Resuming from %s (%s)", folder, verified)
+                return ResumeChoice(str(folder), reason, tuple(skipped))
+            logger.warning("Skipping checkpoint %s: %s.", folder, problem)
+            skipped.append(f"{folder.name}: {problem}")
+            if claims:
+                damaged.append(f"{folder.name}: {problem}")
+        if damaged:
+            raise CheckpointError(
+                f"No checkpoint in {str(output_dir)!r} verifies, so there is nothing safe to resume from: "
+                + "; ".join(damaged) + ". Fix: restore the damaged files from a backup, resume from a checkpoint "
+                "copied from elsewhere (resume=PATH), or start fresh in a new output_dir."
+            )
+        if resume is True:
+            raise CheckpointError(
+                f"resume=True but {str(output_dir)!r} holds no complete checkpoint; resuming "
+                "needs a checkpoint-N folder with a manifest. Fix: use resume='auto' to start "
+                "fresh when there is none, or point --output at the earlier run."
+            )
+        return ResumeChoice(None, "a fresh start (no checkpoint to resume from)", tuple(skipped))
     folder = Path(resume)
-    problem = check_checkpoint(folder)
+    problem = check_checkpoint(folder, verify=True)
     if problem is not None:
         raise CheckpointError(
             f"Cannot resume from {str(folder)!r}: {problem}. Fix: pick a complete checkpoint, or use "
-            "resume='auto' to take the newest complete one."
+            "resume='auto' to take the newest verified one."
         )
-    return str(folder)
+    return ResumeChoice(str(folder), f"from {folder} (given)")
+
+
+def resolve_resume(resume: bool | str | os.PathLike | None, output_dir: str | Path) -> str | None:
+    """The folder `choose_resume` picks (None: start fresh)."""
+    return choose_resume(resume, output_dir).folder
+
+
+def trainer_state(folder: str | Path) -> dict:
+    """A checkpoint's trainer_state.json ({} when unreadable: check_checkpoint reports corruption)."""
+    try:
+        state = json.loads((Path(folder) / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def finished_at(folder: str | Path, max_steps: int, epochs: float) -> str | None:
+    """When the run in checkpoint `folder` has already done what `max_steps` (or, with -1, `epochs`) asks,
+    say so (resuming would train past the end, issue 27); None when there is training left."""
+    state = trainer_state(folder)
+    step = state.get("global_step")
+    if not isinstance(step, int):
+        return None
+    if max_steps > 0:
+        if step < max_steps:
+            return None
+        budget = f"max_steps={max_steps}"
+    else:
+        planned, old_epochs = state.get("max_steps"), state.get("num_train_epochs")
+        if not isinstance(planned, int) or not isinstance(old_epochs, (int, float)) or float(old_epochs) != float(epochs):
+            return None
+        if step < planned:
+            return None
+        budget = f"epochs={epochs} ({planned} steps)"
+    return f"{Path(folder).name} is at step {step}: the run is finished for {budget}"
 
 
 def schedule_change(folder: str | Path, max_steps: int, epochs: float) -> str | None:
     """Why resuming `folder` with these `max_steps`/`epochs` will not continue the earlier run's
     curve (Trainer rebuilds the learning-rate schedule for the new length), or None when they match."""
-    try:
-        state = json.loads((Path(folder) / "trainer_state.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    state = trainer_state(folder)
+    if not state:
         return None
     if max_steps > 0:
         old = state.get("max_steps")
@@ -203,21 +324,42 @@ def final_staging(output_dir: str | Path) -> Path:
     return staging
 
 
-def publish_final(staged: Path, output_dir: str | Path) -> None:
-    """Move the finished final save from `staged` into `output_dir`: every file is fsynced first,
-    then each entry takes one os.replace, so no file in `output_dir` is ever half written. Final
+@dataclass(frozen=True)
+class PublishedFinal:
+    """What `publish_final` put into output_dir (relative path -> size and sha256), and the staged entries it
+    left out because a file hwrun did not write already holds that name."""
+
+    files: dict
+    kept: tuple[str, ...] = ()
+
+
+def publish_final(staged: Path, output_dir: str | Path, *,
+                  may_replace: Callable[[str], bool] = lambda name: True) -> PublishedFinal:
+    """Move the finished final save from `staged` into `output_dir`: every file is fsynced and hashed
+    first, then each entry takes one os.replace, so no file in `output_dir` is ever half written. Final
     model files of another kind that `staged` lacks (an adapter where a merged model is saved now,
-    old weight shards) are removed, so the folder holds exactly one model."""
+    old weight shards) are removed, so the folder holds exactly one model. An entry whose name is taken
+    by something `may_replace(name)` refuses (a file hwrun did not write) is neither replaced nor removed:
+    the staged entry is dropped and named in `kept`."""
     output_dir = Path(output_dir)
-    for file in staged.rglob("*"):
-        if file.is_file():
+    kept = sorted(entry.name for entry in staged.iterdir()
+                  if (output_dir / entry.name).exists() and not may_replace(entry.name))
+    for name in kept:
+        logger.warning("Not writing %s: %s holds a file of that name that hwrun did not write, and hwrun never "
+                       "replaces those.", name, output_dir)
+    files = {}
+    for file in sorted(staged.rglob("*")):
+        if file.is_file() and file.relative_to(staged).parts[0] not in kept:
             _fsync_path(file)
+            files[file.relative_to(staged).as_posix()] = {"size": file.stat().st_size, "sha256": sha256_of(file)}
     stale = [output_dir / name for name in FINAL_FILES]
     stale += list(output_dir.glob("model-*-of-*.safetensors"))
     if (output_dir / "adapter" / "adapter_config.json").is_file():
         stale.append(output_dir / "adapter")
-    stale = [path for path in stale if path.exists() and not (staged / path.name).exists()]
+    stale = [path for path in stale if path.exists() and not (staged / path.name).exists() and may_replace(path.name)]
     for entry in sorted(staged.iterdir()):  # the new model first, so a crash here leaves one in place
+        if entry.name in kept:
+            continue
         target = output_dir / entry.name
         if entry.is_dir() and target.is_dir():
             shutil.rmtree(target)  # an earlier final save's adapter/ folder
@@ -229,3 +371,4 @@ def publish_final(staged: Path, output_dir: str | Path) -> None:
             path.unlink()
     _fsync_path(output_dir)
     shutil.rmtree(staged, ignore_errors=True)
+    return PublishedFinal(files, tuple(kept))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +33,57 @@ class Document:
     source: str
 
 
-def _read_utf8(path: Path) -> str:
-    raw = path.read_bytes()
+#: Default bound on the bytes read as training data (all files together): `read_documents(max_bytes=...)`,
+#: `train(max_data_bytes=...)`, `hwrun train --max-data-size`. Packing keeps every token id in memory as a
+#: Python int first, so a corpus far beyond this wants a pre-tokenised dataset passed to train() instead.
+DEFAULT_MAX_DATA_BYTES = 4 * 1024**3
+
+
+class _Budget:
+    """What is left of the byte bound while several files are read."""
+
+    def __init__(self, limit: int, root: Path) -> None:
+        self.limit, self.left, self.root = limit, limit, root
+
+    def read(self, path: Path) -> bytes:
+        """`path`'s bytes, refused when it is not a regular file or would pass the bound (read at most
+        bound + 1 bytes, so /proc files that report size 0 and growing files are bounded too)."""
+        try:
+            info = path.stat()
+        except OSError as error:
+            raise TrainingDataError(f"Training data {str(path)!r} cannot be read ({error.strerror or error}). "
+                                    "Fix the path or its permissions.") from None
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else \
+                ("a pipe" if stat.S_ISFIFO(info.st_mode) else "a socket or other special file")
+            raise TrainingDataError(
+                f"Training data {str(path)!r} is {kind}, not a regular file; it could be read without end. "
+                "Fix: save the data to a text or JSONL file and pass that."
+            )
+        if info.st_size > self.left:
+            self._refuse(path, info.st_size)
+        try:
+            with open(path, "rb") as handle:
+                raw = handle.read(self.left + 1)
+        except OSError as error:
+            raise TrainingDataError(f"Training data {str(path)!r} cannot be read ({error.strerror or error}). "
+                                    "Fix the path or its permissions.") from None
+        if len(raw) > self.left:
+            self._refuse(path, len(raw))
+        self.left -= len(raw)
+        return raw
+
+    def _refuse(self, path: Path, size: int) -> None:
+        where = str(path) if path == self.root else f"{path} (in {self.root})"
+        raise TrainingDataError(
+            f"Training data {where!s} takes the data past max_data_bytes={self.limit:,} ({size:,} bytes in this file, "
+            f"{self.limit - self.left:,} read before it); hwrun reads text data whole before packing it. Fix: raise "
+            "the bound (train(max_data_bytes=...), hwrun train --max-data-size 16G) if the memory is there, or "
+            "tokenise it yourself and pass a dataset to train()."
+        )
+
+
+def _decode(raw: bytes, path: Path) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -45,11 +95,16 @@ def _read_utf8(path: Path) -> str:
         ) from None
 
 
-def _read_jsonl(path: Path) -> list[Document]:
+def _read_utf8(path: Path, budget: _Budget | None = None) -> str:
+    budget = budget or _Budget(DEFAULT_MAX_DATA_BYTES, path)
+    return _decode(budget.read(path), path)
+
+
+def _read_jsonl(path: Path, budget: _Budget) -> list[Document]:
     documents = []
     # split on "\n" only: str.splitlines() also splits on U+2028, \x0c, \x1c..., which JSON keeps
     # unescaped inside strings (json.dumps(ensure_ascii=False)), and line numbers would drift
-    for number, line in enumerate(_read_utf8(path).split("\n"), start=1):
+    for number, line in enumerate(_read_utf8(path, budget).split("\n"), start=1):
         line = line.removesuffix("\r")
         if not line.strip():
             continue
@@ -77,13 +132,17 @@ def _read_jsonl(path: Path) -> list[Document]:
     return documents
 
 
-def read_documents(path: str | Path) -> list[Document]:
+def read_documents(path: str | Path, *, max_bytes: int = DEFAULT_MAX_DATA_BYTES) -> list[Document]:
     """Read every document under `path` (text file, JSONL file, or a folder of .txt files).
 
     Raises TrainingDataError naming the file (and line) when the data is missing, empty,
-    not UTF-8, or a JSONL line lacks `text`.
+    not UTF-8, a JSONL line lacks `text`, it is not a regular file (a device such as /dev/zero, a pipe),
+    or all files together pass `max_bytes` (read no further than that, so memory stays bounded).
     """
     path = Path(path)
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise TrainingDataError(f"max_bytes={max_bytes!r} must be an int >= 1 (bytes of training data to read at most).")
+    budget = _Budget(max_bytes, path)
     if not path.exists():
         raise TrainingDataError(
             f"Training data {str(path)!r} does not exist; --data takes a text file, a JSONL file "
@@ -98,11 +157,11 @@ def read_documents(path: str | Path) -> list[Document]:
             )
         documents = []
         for file in files:
-            text = _read_utf8(file)
+            text = _read_utf8(file, budget)
             if text.strip():
                 documents.append(Document(text, str(file)))
     elif path.suffix.lower() in JSONL_SUFFIXES:
-        documents = _read_jsonl(path)
+        documents = _read_jsonl(path, budget)
     elif path.suffix.lower() in STRUCTURED_SUFFIXES:
         raise TrainingDataError(
             f"Training data {str(path)!r} is a {path.suffix} file; hwrun reads plain text, JSONL "
@@ -111,7 +170,7 @@ def read_documents(path: str | Path) -> list[Document]:
             "line); for other formats, load them into a dataset and pass that to train()."
         )
     else:
-        text = _read_utf8(path)
+        text = _read_utf8(path, budget)
         documents = [Document(text, str(path))] if text.strip() else []
     if not documents:
         raise TrainingDataError(

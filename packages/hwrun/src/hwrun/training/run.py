@@ -1,22 +1,31 @@
 """`train(plan, data, ...)`: fine-tune with Transformers' `Trainer` (LoRA via PEFT, 4-bit QLoRA via
 bitsandbytes), atomic resumable checkpoints, a clean stop on SIGTERM/SIGINT, and the final model
-(adapter or merged) saved as safetensors into `output_dir`."""
+(adapter or merged) saved as safetensors into `output_dir`.
+
+`train()` runs its phases one after the other, each a small function: validate the options, prepare the
+output folder (and what to resume from), prepare the data, build the arguments, load the model, patch it,
+train, save. Nothing is read, loaded or written before every option is checked; a run that fails undoes its
+model patches and leaves no folder it created for nothing.
+"""
 
 from __future__ import annotations
 
-import contextlib
+import inspect
 import logging
-import math
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import QLoRAUnsupportedError, TrainingConfigError
-from .checkpoints import resolve_resume, schedule_change
+from ..errors import CheckpointError, NonFiniteLossError, QLoRAUnsupportedError, TrainingConfigError
+from . import output
+from .checkpoints import choose_resume, finished_at, schedule_change, trainer_state
+from .data import DEFAULT_MAX_DATA_BYTES
 from .lora import LoraSettings, lora_config, lora_targets
-from .patches.record import ModelPatch
+from .options import check_all, lora_settings
+from .patching import PatchOptions, PatchStack, patch_base, patch_lora
+from .sharding import fusion_blocker as _fusion_blocker
 
 if TYPE_CHECKING:
     from hwrun.model.plan import RunPlan
@@ -34,7 +43,9 @@ TRAIN_COMPILE_DEFAULT: dict[str, bool] = {
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What a `train()` run did: where the model went, the per-step losses, and how it ended."""
+    """What a `train()` run did: where the model went, the per-step losses, and how it ended.
+    `already_finished`: the run resumed was already at its end, so nothing trained and nothing on disk changed;
+    `skipped_steps`: steps whose non-finite gradients were dropped (`on_nonfinite="skip"`)."""
 
     output_dir: str
     global_step: int
@@ -48,6 +59,8 @@ class TrainResult:
     train_runtime: float | None = None
     metrics: Mapping[str, Any] = field(default_factory=dict)
     reasons: Mapping[str, str] = field(default_factory=dict)
+    already_finished: bool = False
+    skipped_steps: tuple[int, ...] = ()
 
 
 def train_plan(model: str | None = None, device: Any = "auto", dtype: str = "auto", attention: str = "auto",
@@ -71,51 +84,6 @@ def train_plan(model: str | None = None, device: Any = "auto", dtype: str = "aut
     # Same device and dtype rules as `base`, so keep base's reasons for them (not "given").
     reasons = {**compiled.reasons, "device": base.reasons["device"], "dtype": base.reasons["dtype"]}
     return replace(compiled, reasons=reasons)
-
-
-def _lora_settings(lora: Any, qlora: bool) -> LoraSettings | None:
-    if lora is None or lora is False:
-        if qlora:
-            return LoraSettings()
-        return None
-    if lora is True:
-        return LoraSettings()
-    if isinstance(lora, LoraSettings):
-        return lora
-    if isinstance(lora, Mapping):
-        known = {"r", "alpha", "dropout", "target_modules"}
-        extra = {k: v for k, v in lora.items() if k not in known}
-        base = {k: v for k, v in lora.items() if k in known}
-        if "target_modules" in base and base["target_modules"] is not None:
-            base["target_modules"] = tuple(base["target_modules"])
-        return LoraSettings(**base, extra=extra)
-    raise TrainingConfigError(
-        f"lora={lora!r} is not understood; pass True, a LoraSettings, a dict such as "
-        "{'r': 16, 'target_modules': ['q_proj', 'v_proj']}, or None/False for full fine-tuning."
-    )
-
-
-def _check_numbers(epochs: float, max_steps: int, lr: float, batch_size: int, grad_accum: int,
-                   block_size: int, seed: int, save_steps: int) -> None:
-    problems = []
-    if not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**32):
-        problems.append(f"seed={seed!r} (must be an int in 0..2**32-1, numpy's seed range)")
-    if not (isinstance(save_steps, int) and not isinstance(save_steps, bool) and save_steps >= 1):
-        problems.append(f"save_steps={save_steps!r} (must be an int >= 1; checkpoints are what resume needs)")
-    if not (isinstance(batch_size, int) and batch_size >= 1):
-        problems.append(f"batch_size={batch_size!r} (must be an int >= 1)")
-    if not (isinstance(grad_accum, int) and grad_accum >= 1):
-        problems.append(f"grad_accum={grad_accum!r} (must be an int >= 1)")
-    if not (isinstance(block_size, int) and block_size >= 2):
-        problems.append(f"block_size={block_size!r} (must be an int >= 2)")
-    if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
-        problems.append(f"lr={lr!r} (must be a positive finite number)")
-    if not isinstance(max_steps, int) or (max_steps < 1 and max_steps != -1):
-        problems.append(f"max_steps={max_steps!r} (must be >= 1, or -1 to use epochs)")
-    if max_steps == -1 and not (isinstance(epochs, (int, float)) and epochs > 0 and math.isfinite(epochs)):
-        problems.append(f"epochs={epochs!r} (must be a finite number > 0 when max_steps=-1)")
-    if problems:
-        raise TrainingConfigError("Invalid training options: " + "; ".join(problems) + ". Fix those values.")
 
 
 def _check_qlora(plan: RunPlan) -> None:
@@ -174,41 +142,39 @@ def _load_model(plan: RunPlan, *, qlora: bool, full: bool, tokenizer: Any | None
     return model, tokenizer, reason
 
 
-def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlora: bool = False,
-          epochs: float = 1.0, max_steps: int = -1, lr: float = 2e-4, batch_size: int = 8,
-          grad_accum: int = 1, seed: int = 42, output_dir: str | os.PathLike = "hwrun-train",
-          resume: bool | str | None = "auto", block_size: int = 512, merge: bool = False,
-          save_steps: int = 100, fused_loss: bool = True, fused_projections: bool = True,
-          rope_table: bool = True, loss_kernel: str = "auto", swiglu_kernel: str = "auto",
-          plot: bool = True,
-          callbacks: Sequence[Any] = (), echo: Callable[[str], Any] | None = None,
-          **training_overrides: Any) -> TrainResult:
-    """Fine-tune `plan.model` on `data` (text file, JSONL with "text", folder of .txt, or a
-    ready dataset) with Trainer; LoRA when `lora` is given or `qlora=True`, else full fine-tuning.
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything `train()` was asked for, checked: the phases read this, not loose keywords."""
 
-    Checkpoints go to `output_dir/checkpoint-N` (atomic); the final model (adapter, or merged with
-    `merge=True`) to `output_dir` itself, so `hwrun generate --model output_dir` loads it.
-    `training_overrides` are TrainingArguments keywords (e.g. fsdp=..., deepspeed=...).
-    `fused_loss`, `fused_projections` (LoRA on a frozen base, one process or DDP) and `rope_table`
-    (packed blocks) switch hwrun's own training path off one by one; each logs why where it cannot apply.
-    `loss_kernel` is the fused loss's per-chunk softmax/gradient: 'auto' (hwrun's Triton kernel when
-    training on CUDA, else the torch form), 'torch' or 'triton'; `swiglu_kernel` likewise for the
-    fused MLP's SwiGLU backward.
-    """
-    from ..devices import kind_of_device_type
-    from .arguments import training_arguments
-    from .data import PackedDataset, build_dataset, read_documents
-    from .patches.fused_loss import apply_fused_loss, check_kernel, triton_kernel_usable
-    from .patches.fused_projections import apply_fused_projections
-    from .patches.rope_table import apply_rope_table
-    from .patches.swiglu import check_swiglu_kernel, triton_swiglu_usable
-    from .plot import loss_points, write_loss_plot
-    from .trainer import GracefulStop, HwTrainer, LossLog
+    options: Mapping[str, Any]
+    settings: LoraSettings | None
+    qlora: bool
+    record: Mapping[str, str]  # {"kind": "lora" | "qlora" | "full", "model": ...}, stamped into checkpoints
 
-    # -- everything that can be rejected is rejected before the model loads --
-    _check_numbers(epochs, max_steps, lr, batch_size, grad_accum, block_size, seed, save_steps)
-    check_kernel(loss_kernel)
-    check_swiglu_kernel(swiglu_kernel)
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.options[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    """Where the run writes (`found`: what the folder held before) and what it resumes from, with the reasons."""
+
+    found: output.OutputSurvey
+    resume_from: str | None
+    reasons: Mapping[str, str]
+    finished: str | None = None  # the run to resume is already at its end (and why)
+
+
+def _validate(plan: RunPlan, data: Any, options: dict[str, Any], overrides: Mapping[str, Any]) -> RunSettings:
+    """Phase 1: every option's type, range and name, before anything is read, loaded or written."""
+    from .patches.fused_loss import check_kernel
+    from .patches.swiglu import check_swiglu_kernel
+
+    check_all(plan, {**options, "data": data}, overrides, TRAIN_OPTIONS,
+              (lambda: check_kernel(options["loss_kernel"]), lambda: check_swiglu_kernel(options["swiglu_kernel"])))
     if plan.adapter is not None:
         raise TrainingConfigError(
             f"plan.model={plan.model!r} with adapter {plan.adapter!r}: train() fine-tunes a base model "
@@ -216,274 +182,353 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
             "PEFT layer (LoRA). Fix: train from the base model, or merge the adapter first "
             "(hwrun.model.adapters.merge_adapter_folder(adapter, out, plan)) and train the merged model."
         )
-    qlora = bool(qlora) or plan.quantization == "4bit"
+    qlora = options["qlora"] or plan.quantization == "4bit"
     if plan.quantization == "8bit":
         raise TrainingConfigError("plan.quantization='8bit' cannot be fine-tuned by hwrun; train LoRA on a "
                                   "4-bit base (qlora=True) or on an unquantized plan.")
-    settings = _lora_settings(lora, qlora)
-    if merge and settings is None:
+    settings = lora_settings(options["lora"], qlora)
+    if options["merge"] and settings is None:
         raise TrainingConfigError("merge=True needs LoRA (there is no adapter to merge in full fine-tuning); "
                                   "pass lora=True, or drop merge.")
     if qlora:
         _check_qlora(plan)
-    documents = read_documents(data) if isinstance(data, (str, os.PathLike)) else None
-    output_dir = _writable_output_dir(output_dir)
-    resume_from = resolve_resume(resume, output_dir)
-    run_record = {"kind": "qlora" if qlora else ("lora" if settings is not None else "full"),
-                  "model": plan.model}
-    _check_output_dir(output_dir, plan, resume_from, run_record)
-    # tokenise and pack before the weights load, so data problems (block_size beyond the
-    # tokenizer's limit, too little text) surface first; a ready dataset needs no tokenizer here
-    data_tokenizer = _data_tokenizer(plan) if documents is not None else None
-    dataset = data if documents is None else build_dataset(documents, data_tokenizer, block_size)
-    args = training_arguments(
-        plan, output_dir, num_train_epochs=epochs, max_steps=max_steps, learning_rate=lr,
-        per_device_train_batch_size=batch_size, gradient_accumulation_steps=grad_accum, seed=seed,
-        data_seed=seed, save_steps=save_steps, ddp_find_unused_parameters=False, **training_overrides)
+    kind = "qlora" if qlora else ("lora" if settings is not None else "full")
+    return RunSettings(options, settings, qlora, {"kind": kind, "model": plan.model})
 
-    reasons = {}
-    if resume_from is not None:
-        changed = schedule_change(resume_from, args.max_steps, args.num_train_epochs)
-        reasons["resume"] = changed or f"from {resume_from}, same schedule"
-        if changed:
-            logger.warning("%s", changed)
-    zero3 = _deepspeed_zero3(args)
-    if zero3:
-        # ZeRO-3 partitions the weights while from_pretrained loads them (zero.Init), and
-        # Transformers refuses a device_map then; DeepSpeed places each rank's shard itself.
-        plan = replace(plan, device_map=None)
-        _init_deepspeed_comm(args)
-        reasons["sharding"] = "DeepSpeed ZeRO-3: weights partitioned at load (no device_map)"
-    model, tokenizer, load_reason = _load_model(plan, qlora=qlora, full=settings is None, tokenizer=data_tokenizer)
-    reasons["model"] = load_reason
-    if isinstance(dataset, PackedDataset):
-        reasons["data"] = f"{len(dataset)} packed blocks of {dataset.blocks.shape[1]} tokens, no padding"
-    use_cache = getattr(model.config, "use_cache", None)
-    model.config.use_cache = False  # training needs no KV cache; restored before the final save
+
+def _prepare_output(plan: RunPlan, run: RunSettings) -> OutputPlan:
+    """Phase 2: the output folder (write-tested, its files sorted into hwrun's and others'), the checkpoint to
+    resume from (verified), and whether that run is already finished."""
+    path = output.writable_output_dir(run.output_dir)
+    found = output.survey(path)
+    choice = choose_resume(run.resume, path)
+    output.check_output_dir(found, plan.model, choice.folder, dict(run.record), run.overwrite)
+    reasons = {"resume": choice.reason}
+    if choice.folder is None:
+        return OutputPlan(found, None, reasons)
+    changed = schedule_change(choice.folder, run.max_steps, run.epochs)
+    finished = finished_at(choice.folder, run.max_steps, run.epochs)
+    if finished:
+        step = trainer_state(choice.folder).get("global_step")
+        final = output.final_step(path)
+        if final is not None and final in (step, -1):
+            reasons["resume"] = (f"{finished}; its final model is in {path}: nothing to train, nothing changed "
+                                 "(pass a larger max_steps to train on)")
+            logger.warning("%s", reasons["resume"])
+        else:
+            reasons["resume"] = (f"{finished}, but {path} holds no final model from it (the run stopped before its "
+                                 "final save): writing it from the checkpoint, without training")
+            logger.warning("%s", reasons["resume"])
+            return OutputPlan(found, choice.folder, reasons, finished="final-missing")
+        return OutputPlan(found, choice.folder, reasons, finished="done")
+    if changed:
+        reasons["resume"] = f"{choice.reason}; {changed}"
+        logger.warning("%s", changed)
+    elif not choice.skipped:
+        reasons["resume"] = f"from {choice.folder}, same schedule"
+    return OutputPlan(found, choice.folder, reasons)
+
+
+def _finished_result(where: OutputPlan, run: RunSettings) -> TrainResult:
+    """The result of resuming a run that is already finished, read from its checkpoint: nothing trained."""
+    from .plot import loss_points
+
+    state = trainer_state(where.resume_from)
+    final = output.read_record(where.found.path).get("final", {})
+    plot = where.found.path / LOSS_PLOT
+    return TrainResult(
+        output_dir=str(where.found.path), global_step=int(state.get("global_step", 0)),
+        losses=tuple(loss_points(state.get("log_history", []))), lora=run.settings is not None,
+        merged=bool((final.get("run") or {}).get("merged", False)), resumed_from=where.resume_from,
+        loss_plot=str(plot) if plot.is_file() else None, reasons=dict(where.reasons), already_finished=True)
+
+
+def _prepare_data(plan: RunPlan, data: Any, run: RunSettings) -> tuple[Any, Any]:
+    """Phase 3: read (bounded by max_data_bytes), tokenise and pack the data before the weights load, so data
+    problems (block_size beyond the tokenizer's limit, too little text) surface first. Returns (dataset,
+    tokenizer); a ready dataset needs no tokenizer here."""
+    from .data import build_dataset, read_documents
+
+    if not isinstance(data, (str, os.PathLike)):
+        return data, None
+    documents = read_documents(data, max_bytes=run.max_data_bytes)
+    tokenizer = _data_tokenizer(plan)
+    return build_dataset(documents, tokenizer, run.block_size), tokenizer
+
+
+def _arguments(plan: RunPlan, run: RunSettings, path: Path, overrides: Mapping[str, Any]) -> Any:
+    """Phase 4: TrainingArguments for the plan's device; TrainingArguments' own refusals become
+    TrainingConfigError (one line in the CLI), and `on_nonfinite="skip"` is refused under sharding."""
+    from .arguments import training_arguments
+    from .sharding import is_sharded
+
+    try:
+        args = training_arguments(
+            plan, path, num_train_epochs=run.epochs, max_steps=run.max_steps, learning_rate=run.lr,
+            per_device_train_batch_size=run.batch_size, gradient_accumulation_steps=run.grad_accum, seed=run.seed,
+            data_seed=run.seed, save_steps=run.save_steps, ddp_find_unused_parameters=False, **overrides)
+    except TrainingConfigError:
+        raise
+    except (ValueError, TypeError) as error:
+        given = ", ".join(f"{k}={v!r}" for k, v in overrides.items()) or "hwrun's defaults"
+        raise TrainingConfigError(f"transformers.TrainingArguments refused these options ({given}): "
+                                  f"{' '.join(str(error).split())} Fix that value.") from error
+    if run.on_nonfinite == "skip" and is_sharded(args):
+        raise TrainingConfigError(
+            "on_nonfinite='skip' drops a step's gradients where every rank holds whole parameters; under FSDP or "
+            "DeepSpeed each rank holds a shard and the ranks could disagree. Fix: on_nonfinite='stop' (the "
+            "default) or 'ignore' with sharding."
+        )
+    return args
+
+
+def _sharding(plan: RunPlan, args: Any, reasons: dict) -> tuple[RunPlan, bool]:
+    """DeepSpeed ZeRO-3 partitions the weights while from_pretrained loads them (zero.Init), and Transformers
+    refuses a device_map then; DeepSpeed places each rank's shard itself. Returns (plan to load, zero3)."""
+    from .sharding import deepspeed_zero3, init_deepspeed_comm
+
+    if not deepspeed_zero3(args):
+        return plan, False
+    init_deepspeed_comm(args)
+    reasons["sharding"] = "DeepSpeed ZeRO-3: weights partitioned at load (no device_map)"
+    return replace(plan, device_map=None), True
+
+
+def _load(plan: RunPlan, run: RunSettings, tokenizer: Any, reasons: dict) -> tuple[Any, Any]:
+    """Phase 5: the base model through hwrun's own loading decisions; a broken model file becomes a
+    ModelSourceError naming the model (one line in the CLI) instead of a library traceback."""
+    from ..errors import HwrunError, ModelSourceError
+
+    try:
+        model, tokenizer, reasons["model"] = _load_model(plan, qlora=run.qlora, full=run.settings is None,
+                                                         tokenizer=tokenizer)
+    except HwrunError:
+        raise
+    except (OSError, ValueError, KeyError) as error:
+        kind = type(error).__name__
+        raise ModelSourceError(f"model={plan.model!r} could not be loaded for training ({kind}: "
+                               f"{' '.join(str(error).split())[:300]}). Fix: check the model files (a truncated "
+                               "download, a config.json that is not a model config), or pass another model.") from error
+    return model, tokenizer
+
+
+def _patch(model: Any, dataset: Any, plan: RunPlan, args: Any, run: RunSettings, stack: PatchStack,
+           reasons: dict) -> Any:
+    """Phase 6: hwrun's model patches and the LoRA wrapper; every change is recorded on `stack`."""
+    from ..devices import kind_of_device_type
+    from .patches.fused_loss import triton_kernel_usable
+    from .patches.swiglu import triton_swiglu_usable
 
     kind = kind_of_device_type(args.device.type, hint=plan.accelerator.kind)
+    loss_kernel, swiglu_kernel = run.loss_kernel, run.swiglu_kernel
     if loss_kernel == "auto":
         loss_kernel = "triton" if triton_kernel_usable(kind) else "torch"
     if swiglu_kernel == "auto":
         swiglu_kernel = "triton" if triton_swiglu_usable(kind) else "torch"
-    patch = (apply_fused_loss(model, compiled=plan.compile is not None, kernel=loss_kernel)
-             if fused_loss else None)
-    reasons["loss"] = patch.reason if patch is not None else "model's own loss (fused_loss=False)"
-    base_model = model
-    layer_patches = []
-    if rope_table and isinstance(dataset, PackedDataset):
-        layer_patches.append(apply_rope_table(model, int(dataset.blocks.shape[1])))
-        reasons["rope"] = layer_patches[-1].reason
-    restore_attention = _use_causal_sdpa(model, dataset)
-    if restore_attention is not None:
-        reasons["attention"] = ("sdpa, causal kernel with no mask built (packed blocks have no padding; "
-                                "hwattn.causal), also under torch.compile")
-    if settings is not None:
-        from peft import get_peft_model, prepare_model_for_kbit_training
+    options = PatchOptions(run.fused_loss, loss_kernel, run.rope_table, run.fused_projections, swiglu_kernel,
+                           compiled=plan.compile is not None)
+    patch_base(model, dataset, options, stack, reasons)
+    if run.settings is None:
+        return model
+    from peft import get_peft_model, prepare_model_for_kbit_training
+    from transformers import set_seed
 
-        if qlora:
-            model = prepare_model_for_kbit_training(
-                model, use_gradient_checkpointing=True,
-                gradient_checkpointing_kwargs={"use_reentrant": False})
-        from transformers import set_seed
+    if run.qlora:
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True,
+                                                gradient_checkpointing_kwargs={"use_reentrant": False})
+    set_seed(run.seed)  # LoRA A matrices are random: same seed, same adapter init, same run
+    targets = lora_targets(getattr(model.config, "model_type", "") or "", run.settings.target_modules)
+    model = get_peft_model(model, lora_config(model.config, run.settings, targets))
+    reasons["lora"] = f"r={run.settings.r} on {_adapted(model.peft_config['default'])} ({targets.reason})"
+    patch_lora(model, options, _fusion_blocker(args, run.qlora), stack, reasons)
+    return model
 
-        set_seed(seed)  # LoRA A matrices are random: same seed, same adapter init, same run
-        targets = lora_targets(getattr(model.config, "model_type", "") or "", settings.target_modules)
-        model = get_peft_model(model, lora_config(model.config, settings, targets))
-        reasons["lora"] = f"r={settings.r} on {_adapted(model.peft_config['default'])} ({targets.reason})"
-        if fused_projections:
-            why_not = _fusion_blocker(args, qlora)
-            layer_patches.append(apply_fused_projections(model, swiglu_kernel) if why_not is None else ModelPatch(False, why_not))
-            reasons["projections"] = layer_patches[-1].reason
 
+@dataclass
+class Training:
+    """The trainer of a run and its callbacks (what phase 7 reads after training)."""
+
+    trainer: Any
+    stopper: Any
+    guard: Any
+    output: Any = None
+
+
+def _trainer(model: Any, tokenizer: Any, dataset: Any, args: Any, run: RunSettings) -> Training:
+    """HwTrainer with hwrun's callbacks: the caller's, then SIGTERM/SIGINT saving, the non-finite guard
+    (after the saver: it can veto that save), the loss lines."""
     from transformers import default_data_collator
 
+    from .guard import NonFiniteGuard
+    from .sharding import is_sharded
+    from .trainer import GracefulStop, HwTrainer, LossLog
+
     stopper = GracefulStop()
+    guard = NonFiniteGuard(run.on_nonfinite, check_weights=not is_sharded(args))
     trainer = HwTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                         data_collator=default_data_collator,
-                        callbacks=[*callbacks, stopper, LossLog(echo)])
-    trainer.hw_run = run_record
-    if echo is not None:
+                        callbacks=[*run.callbacks, stopper, guard, LossLog(run.echo)])
+    trainer.hw_run = dict(run.record)
+    if run.echo is not None:
         from transformers.trainer_callback import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)  # LossLog's lines replace its raw log dicts
-    installed = stopper.install()
+    return Training(trainer, stopper, guard)
+
+
+def _train(training: Training, where: OutputPlan, run: RunSettings) -> None:
+    """Phase 7: claim the output folder, clear an earlier run when overwriting, then train (or, for a finished
+    run whose final save is missing, load its last checkpoint)."""
+    trainer = training.trainer
+    if trainer.is_world_process_zero():
+        output.claim(where.found.path)
+        if where.resume_from is None and run.overwrite and where.found.earlier:
+            output.clear_earlier(where.found)
+    if where.finished == "final-missing":
+        from transformers import TrainerState
+
+        if getattr(trainer, "is_fsdp_enabled", False) or getattr(trainer, "is_deepspeed_enabled", False):
+            raise CheckpointError(
+                f"{where.resume_from} ends a finished run, but its final model was never saved, and hwrun writes it "
+                "from a sharded (FSDP/DeepSpeed) checkpoint only by training. Fix: resume with a larger max_steps, "
+                "or load the checkpoint folder itself."
+            )
+        trainer._load_from_checkpoint(where.resume_from)
+        trainer.state = TrainerState.load_from_json(os.path.join(where.resume_from, "trainer_state.json"))
+        return
+    installed = training.stopper.install()
     try:
-        output = trainer.train(resume_from_checkpoint=resume_from)
+        training.output = trainer.train(resume_from_checkpoint=where.resume_from)
     finally:
         if installed:
-            stopper.uninstall()
-        if restore_attention is not None:
-            base_model.set_attn_implementation(restore_attention)
-        if use_cache is not None:
-            base_model.config.use_cache = use_cache
-        for layer_patch in reversed(layer_patches):
-            layer_patch.undo()  # separate weights again before the final save or merge
-    if patch is not None:
-        patch.undo()
+            training.stopper.uninstall()
 
+
+def _check_finite(training: Training, where: OutputPlan, run: RunSettings) -> None:
+    """After training: a run the guard stopped raises NonFiniteLossError naming the step and value."""
+    from .checkpoints import latest_complete_checkpoint
+
+    if training.guard.tripped is None:
+        return
+    step, what, value = training.guard.tripped
+    last = latest_complete_checkpoint(where.found.path)
+    kept = f"the last good checkpoint is {last}" if last is not None else "no checkpoint was written"
+    raise NonFiniteLossError(
+        f"Training stopped at step {step}: {what} is {value} (not finite), so the run diverged (lr={run.lr}). "
+        f"Nothing was saved after it: {kept}, and an earlier final model in {where.found.path} is untouched. Fix: "
+        "a lower learning rate (--lr), then --resume from that checkpoint or start over; on_nonfinite='skip' "
+        "(--on-nonfinite skip) drops such steps instead."
+    )
+
+
+def _save(training: Training, tokenizer: Any, plan: RunPlan, run: RunSettings, where: OutputPlan, zero3: bool,
+          dataset: Any, reasons: dict) -> TrainResult:
+    """Phase 8: the final model (unless a signal stopped the run), the loss plot, and the result."""
+    import signal
+
+    from .final import save_final, write_plot
+    from .plot import loss_points
+    from .sharding import release_zero3
+
+    trainer, path = training.trainer, where.found.path
     interrupted = None
-    if stopper.received is not None:
-        import signal
-
-        interrupted = signal.Signals(stopper.received).name
+    if training.stopper.received is not None:
+        interrupted = signal.Signals(training.stopper.received).name
         logger.warning("Training stopped by %s at step %d; checkpoint saved in %s. Run again with "
-                       "resume='auto' (--resume) to continue.", interrupted, trainer.state.global_step,
-                       output_dir)
+                       "resume='auto' (--resume) to continue.", interrupted, trainer.state.global_step, path)
     merged = False
     if interrupted is None:
-        merged = _save_final(trainer, tokenizer, output_dir, settings is not None, merge, qlora, plan, zero3)
+        saved = save_final(trainer, tokenizer, where.found, run.settings is not None, run.merge, run.qlora, plan,
+                           zero3, {**run.record, "merged": run.merge and run.settings is not None})
+        merged = saved.merged
+        if saved.kept:
+            reasons["kept"] = (f"not written, because files of these names in {path} are not hwrun's: "
+                               f"{', '.join(saved.kept)}")
     if zero3:
-        _release_zero3()  # later loads in this process (hwrun.load, generate) get whole weights again
+        release_zero3()  # later loads in this process (hwrun.load, generate) get whole weights again
+    if training.guard.skipped:
+        reasons["nonfinite"] = (f"on_nonfinite='skip': {len(training.guard.skipped)} step(s) with non-finite "
+                                f"gradients changed no weight: {training.guard.skipped}")
     points = loss_points(trainer.state.log_history)
     plot_path = None
-    if plot and trainer.is_world_process_zero():
-        plot_path = str(write_loss_plot(points, output_dir / LOSS_PLOT, title=f"hwrun train: {Path(plan.model).name}"))
-    world = max(1, args.world_size)
+    if run.plot and trainer.is_world_process_zero():
+        plot_path, why_not = write_plot(points, where.found, f"hwrun train: {Path(plan.model).name}")
+        if why_not:
+            reasons["plot"] = why_not
+    world = max(1, training.trainer.args.world_size)
+    metrics = dict(training.output.metrics) if training.output is not None else {}
     return TrainResult(
-        output_dir=str(output_dir), global_step=trainer.state.global_step, losses=tuple(points),
-        lora=settings is not None, merged=merged, interrupted=interrupted, resumed_from=resume_from,
-        loss_plot=plot_path, tokens_per_step=_tokens_per_step(dataset, batch_size, grad_accum, world),
-        train_runtime=output.metrics.get("train_runtime"), metrics=dict(output.metrics), reasons=reasons)
+        output_dir=str(path), global_step=trainer.state.global_step, losses=tuple(points),
+        lora=run.settings is not None, merged=merged, interrupted=interrupted, resumed_from=where.resume_from,
+        loss_plot=plot_path, tokens_per_step=_tokens_per_step(dataset, run.batch_size, run.grad_accum, world),
+        train_runtime=metrics.get("train_runtime"), metrics=metrics, reasons=reasons,
+        skipped_steps=tuple(training.guard.skipped))
 
 
-_KIND_FLAGS = {"lora": "--lora", "qlora": "--qlora", "full": "no --lora/--qlora"}
+def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlora: bool = False,
+          epochs: float = 1.0, max_steps: int = -1, lr: float = 2e-4, batch_size: int = 8,
+          grad_accum: int = 1, seed: int = 42, output_dir: str | os.PathLike = "hwrun-train",
+          resume: bool | str | None = "auto", block_size: int = 512, merge: bool = False,
+          save_steps: int = 100, fused_loss: bool = True, fused_projections: bool = True,
+          rope_table: bool = True, loss_kernel: str = "auto", swiglu_kernel: str = "auto",
+          plot: bool = True, callbacks: Sequence[Any] = (), echo: Callable[[str], Any] | None = None,
+          overwrite: bool = False, on_nonfinite: str = "stop", max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
+          **training_overrides: Any) -> TrainResult:
+    """Fine-tune `plan.model` on `data` (text file, JSONL with "text", folder of .txt, or a
+    ready dataset) with Trainer; LoRA when `lora` is given or `qlora=True`, else full fine-tuning.
 
-
-def _writable_output_dir(output_dir: str | os.PathLike) -> Path:
-    """The output folder, refused before anything loads when it is empty (`''` would train into the
-    current folder, issue 27), an existing file, or not writable; write-tested otherwise (in a single
-    process, folders created for the test are removed again, so a later refusal leaves the disk as it was)."""
-    if not isinstance(output_dir, (str, os.PathLike)) or str(output_dir).strip() == "":
-        raise TrainingConfigError(
-            f"output_dir={output_dir!r} is empty: the run would write its checkpoints, model card and model into "
-            "the current folder, over files that are not hwrun's. Fix: name a folder (e.g. --output my-finetune)."
-        )
-    path = Path(output_dir)
-    if path.exists() and not path.is_dir():
-        raise TrainingConfigError(f"output_dir={str(path)!r} is an existing file, not a folder. Fix: name a folder.")
-    created = [folder for folder in (path, *path.parents) if not folder.exists()]
+    Checkpoints go to `output_dir/checkpoint-N` (atomic, with the sha256 of every file; a resume verifies
+    them and falls back to the newest checkpoint that verifies); the final model (adapter, or merged with
+    `merge=True`) to `output_dir` itself, so `hwrun generate --model output_dir` loads it.
+    `overwrite=True` uses a folder holding files hwrun did not write (they are never replaced or deleted)
+    and lets a fresh start replace an earlier run's files there (hwrun deletes only its own).
+    `on_nonfinite`: "stop" (default: a NaN/inf loss or weight stops the run with NonFiniteLossError before
+    anything is saved), "skip" (drop that step's update), "ignore".
+    `max_data_bytes` bounds the data read from disk (default 4 GiB).
+    `training_overrides` are TrainingArguments keywords (e.g. fsdp=..., deepspeed=...); any other name is a
+    TrainingConfigError naming the closest valid one.
+    `fused_loss`, `fused_projections` (LoRA on a frozen base, one process or DDP) and `rope_table`
+    (packed blocks) switch hwrun's own training path off one by one; each logs why where it cannot apply.
+    `loss_kernel` is the fused loss's per-chunk softmax/gradient: 'auto' (hwrun's Triton kernel when
+    training on CUDA, else the torch form), 'torch' or 'triton'; `swiglu_kernel` likewise for the
+    fused MLP's SwiGLU backward.
+    """
+    options = {name: value for name, value in locals().items()
+               if name not in ("plan", "data", "training_overrides")}
+    run = _validate(plan, data, options, training_overrides)
+    where = _prepare_output(plan, run)
+    if where.finished == "done":
+        return _finished_result(where, run)
+    dataset, data_tokenizer = _prepare_data(plan, data, run)
+    args = _arguments(plan, run, where.found.path, training_overrides)
+    reasons = dict(where.reasons)
+    plan, zero3 = _sharding(plan, args, reasons)
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".hwrun-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-        if os.environ.get("WORLD_SIZE", "1").strip() in ("", "1"):  # one process: leave no trace for a refusal;
-            for folder in created:  # with several ranks another one may be writing its probe there right now
-                folder.rmdir()
-    except OSError as error:
-        raise TrainingConfigError(
-            f"output_dir={str(path)!r} cannot be written ({error.strerror or error}): checkpoints and the final "
-            "model would fail only after training. Fix: choose a folder you can write to."
-        ) from error
-    return path
+        model, tokenizer = _load(plan, run, data_tokenizer, reasons)
+        if hasattr(dataset, "blocks"):
+            reasons["data"] = f"{len(dataset)} packed blocks of {dataset.blocks.shape[1]} tokens, no padding"
+        stack = PatchStack()
+        try:
+            model = _patch(model, dataset, plan, args, run, stack, reasons)
+            training = _trainer(model, tokenizer, dataset, args, run)
+            _train(training, where, run)
+        finally:
+            stack.undo()  # the model as it was loaded again, whether training finished or failed
+        _check_finite(training, where, run)
+    except BaseException:
+        if zero3:
+            from .sharding import release_zero3
+
+            release_zero3()
+        if args.process_index == 0:
+            output.release(where.found.path, where.found.existed)
+        raise
+    return _save(training, tokenizer, plan, run, where, zero3, dataset, reasons)
 
 
-def _check_output_dir(output_dir: Path, plan: RunPlan, resume_from: str | None, run: dict) -> None:
-    """Refuse, before the model loads, an output_dir whose contents the run would destroy or mix:
-    the model's own folder, an earlier run's final model or checkpoints on a fresh start, or a
-    checkpoint of a different kind of run (LoRA vs full) on resume."""
-    from .checkpoints import FINAL_FILES, check_checkpoint, checkpoint_run, list_checkpoints
-
-    source = Path(plan.model)
-    if source.exists() and output_dir.resolve() == source.resolve():
-        raise TrainingConfigError(
-            f"output_dir={str(output_dir)!r} is the folder of the model being trained; the final save "
-            "would overwrite its weights. Fix: pass another output_dir (e.g. --output my-finetune)."
-        )
-    if resume_from is not None:
-        earlier = checkpoint_run(resume_from)
-        if earlier and earlier.get("kind") != run["kind"]:
-            raise TrainingConfigError(
-                f"Cannot resume from {resume_from!r}: it was written by a {earlier.get('kind')} run and this "
-                f"is a {run['kind']} run, whose weights and optimizer state do not match it. Fix: resume "
-                f"with the same kind ({_KIND_FLAGS.get(earlier.get('kind'), earlier.get('kind'))}), "
-                "or start this run in a new output_dir."
-            )
-        return
-    found = [name for name in FINAL_FILES if (output_dir / name).is_file()]
-    # complete checkpoints only: a partial one (a save that crashed) holds nothing to keep, and
-    # resume='auto' skips it and starts fresh, as documented
-    found += [folder.name for _, folder in list_checkpoints(output_dir) if check_checkpoint(folder) is None]
-    if found:
-        raise TrainingConfigError(
-            f"output_dir={str(output_dir)!r} already holds an earlier run ({', '.join(sorted(found)[:6])}"
-            f"{', ...' if len(found) > 6 else ''}) and this run starts fresh: its final save and checkpoint "
-            "rotation would replace or delete those files. Fix: resume='auto' (--resume) to continue that "
-            "run, a new output_dir, or move the old folder away yourself."
-        )
-
-
-def _deepspeed_zero3(args: Any) -> bool:
-    """True when `args` train with DeepSpeed ZeRO-3 (from deepspeed=..., or from `accelerate launch
-    --use_deepspeed`'s plugin); rejects, before the model loads, a ZeRO-3 config that would leave
-    nothing to save at the end as one safetensors model."""
-    plugin = getattr(args, "deepspeed_plugin", None)
-    config = getattr(plugin, "hf_ds_config", None)
-    if config is None or not config.is_zero3():
-        return False
-    if not config.is_true("zero_optimization.stage3_gather_16bit_weights_on_model_save"):
-        source = (f"deepspeed={args.deepspeed!r}" if args.deepspeed else
-                  "accelerate's DeepSpeed plugin (accelerate launch --use_deepspeed)")
-        _release_zero3()  # these arguments are abandoned: leave no ZeRO-3 flag for later loads
-        raise TrainingConfigError(
-            f"{source} uses ZeRO stage 3 without "
-            "zero_optimization.stage3_gather_16bit_weights_on_model_save=true: each rank then holds only "
-            "its shard and neither Trainer's checkpoints nor hwrun's final model could be written as "
-            "safetensors. Fix: set \"stage3_gather_16bit_weights_on_model_save\": true in the "
-            "zero_optimization section (accelerate: --zero3_save_16bit_model true), or use stage 2."
-        )
-    return True
-
-
-def _init_deepspeed_comm(args: Any) -> None:
-    """Start deepspeed.comm on the process group Trainer's arguments started, before zero.Init
-    partitions the weights at load. accelerate does this itself only for accelerator groups; on a
-    CPU (gloo) group deepspeed.comm would still be down and zero.Init would see a world of 1."""
-    if args.world_size <= 1:
-        return
-    from deepspeed import comm
-
-    if not comm.is_initialized():
-        logger.info("ZeRO-3 on a %s group of %d: starting deepspeed.comm on it before the model loads",
-                    args.ddp_backend or "default", args.world_size)
-        comm.init_distributed(dist_backend=args.ddp_backend, auto_mpi_discovery=False)
-
-
-def _release_zero3() -> None:
-    """Clear Transformers' process-wide ZeRO-3 flag (a weak reference to the arguments' DeepSpeed
-    config, set when they were built), which would make every later from_pretrained partition."""
-    from transformers.integrations import deepspeed
-
-    deepspeed.unset_hf_deepspeed_config()
-
-
-@contextlib.contextmanager
-def _zero3_suspended() -> Iterator[None]:
-    """While active, from_pretrained loads whole weights even if Trainer's arguments enabled
-    ZeRO-3: under it zero.Init partitions at load, a collective that hangs when one rank loads
-    alone (the merge after training). Transformers' ZeRO-3 flag is restored on exit."""
-    from transformers.integrations import deepspeed
-
-    saved = deepspeed._hf_deepspeed_config_weak_ref
-    _release_zero3()
-    try:
-        yield
-    finally:
-        deepspeed._hf_deepspeed_config_weak_ref = saved
-
-
-def _use_causal_sdpa(model: Any, dataset: Any) -> str | None:
-    """Switch an sdpa model to hwattn's causal SDPA when every batch is an unpadded packed block
-    (no mask to build); returns the implementation to restore afterwards, or None (unchanged)."""
-    from .data import PackedDataset
-
-    if not isinstance(dataset, PackedDataset) or getattr(model.config, "_attn_implementation", None) != "sdpa":
-        return None
-    import hwattn
-
-    model.set_attn_implementation(hwattn.register_causal_sdpa())
-    return "sdpa"
+#: train()'s own keyword options (for the "did you mean" of a misspelt keyword).
+TRAIN_OPTIONS = tuple(name for name in inspect.signature(train).parameters if name not in ("plan", "data",
+                                                                                          "training_overrides"))
 
 
 def _adapted(config: Any) -> str:
@@ -496,73 +541,7 @@ def _adapted(config: Any) -> str:
     return f"{text} and parameters {','.join(parameters)}" if parameters else text
 
 
-def _fusion_blocker(args: Any, qlora: bool) -> str | None:
-    """Why the projections of this run stay separate, or None: fusing shares one storage between
-    frozen weights, which FSDP and DeepSpeed shard per parameter, and 4-bit layers cannot concatenate."""
-    if qlora:
-        return "not fused: the 4-bit base layers are not plain Linear layers"
-    if getattr(args, "fsdp", None) or os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
-        return "not fused: FSDP shards each weight on its own"
-    if getattr(args, "deepspeed", None) or getattr(args, "deepspeed_plugin", None) is not None:
-        return "not fused: DeepSpeed partitions each weight on its own"
-    return None
-
-
 def _tokens_per_step(dataset: Any, batch_size: int, grad_accum: int, world: int) -> int:
     blocks = getattr(dataset, "blocks", None)
     block = int(blocks.shape[1]) if blocks is not None else 0
     return block * batch_size * grad_accum * world
-
-
-def _retie_gathered(state_dict: dict[str, Any], model: Any) -> None:
-    """Gathering FSDP shards copies every parameter, so weights the model ties (lm_head = embed_tokens)
-    come back as separate tensors; save_pretrained finds ties by shared storage and would then write
-    both. Point each alias at one tensor again, so the saved model is what a single-process run saves."""
-    first: dict[int, str] = {}
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        if name in state_dict:
-            primary = first.setdefault(id(parameter), name)
-            if primary != name:
-                state_dict[name] = state_dict[primary]
-
-
-def _save_final(trainer: Any, tokenizer: Any, output_dir: Path, is_lora: bool, merge: bool, qlora: bool,
-                plan: RunPlan, zero3: bool) -> bool:
-    """Save the final model into `output_dir` (main process only); returns True when merged."""
-    from ..model.adapters import merge_adapter_folder, save_adapter, save_merged
-    from .checkpoints import final_staging, publish_final
-
-    trainer.accelerator.wait_for_everyone()
-    # Under FSDP (DTensors) and DeepSpeed ZeRO-3 (partitioned parameters) every rank holds shards:
-    # gather the full state dict first (a collective, so on all ranks; rank 0 gets it). Merging needs
-    # whole weights, so there it goes through a saved adapter, as for QLoRA.
-    sharded = bool(getattr(trainer, "is_fsdp_enabled", False)) or zero3
-    engine = trainer.deepspeed if getattr(trainer, "is_deepspeed_enabled", False) else trainer.model
-    state_dict = trainer.accelerator.get_state_dict(engine) if sharded else None
-    merged = False
-    if trainer.is_world_process_zero():
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        if state_dict:
-            _retie_gathered(state_dict, model)
-        # written into output_dir/.staging-final first and moved into place only when complete,
-        # so a failure mid-save leaves output_dir (a resumed run's earlier final model) as it was
-        staging = final_staging(output_dir)
-        if not is_lora:
-            model.save_pretrained(staging, safe_serialization=True, state_dict=state_dict)
-            tokenizer.save_pretrained(staging)
-        elif not merge:
-            save_adapter(model, tokenizer, staging, state_dict=state_dict)
-        elif qlora or sharded:
-            adapter_dir = staging / "adapter"
-            save_adapter(model, tokenizer, adapter_dir, state_dict=state_dict)
-            with _zero3_suspended():  # rank 0 alone loads the whole base to merge into
-                merge_adapter_folder(adapter_dir, staging, plan)
-            merged = True
-        else:
-            save_merged(model, tokenizer, staging)
-            merged = True
-        publish_final(staging, output_dir)
-        logger.info("Final %s saved to %s", "merged model" if merged else
-                    ("adapter" if is_lora else "model"), output_dir)
-    trainer.accelerator.wait_for_everyone()
-    return merged or (merge and is_lora)

@@ -1,0 +1,108 @@
+"""The patch phase of `train()`: hwrun's model patches for one run (fused loss, RoPE table, causal SDPA, fused
+projections, no KV cache), each recorded on a `PatchStack` whose `undo()` restores the model, newest change
+first, whether the run finished or failed (idempotent)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .patches.record import ModelPatch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PatchStack:
+    """The undo steps of every change made to a model for training; `undo()` runs them newest first, once."""
+
+    _steps: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
+
+    def push(self, name: str, undo: Callable[[], None]) -> None:
+        """Record how to undo the change `name`."""
+        self._steps.append((name, undo))
+
+    def add(self, name: str, patch: Any) -> Any:
+        """Record a patch record (ModelPatch, FusedLossPatch) whose `.undo()` restores it; returns it."""
+        self.push(name, patch.undo)
+        return patch
+
+    @property
+    def names(self) -> list[str]:
+        """The changes still in place, oldest first."""
+        return [name for name, _ in self._steps]
+
+    def undo(self) -> None:
+        """Undo every change, newest first; a second call does nothing. Every step runs even if one fails
+        (the first failure is raised afterwards)."""
+        failure = None
+        while self._steps:
+            name, step = self._steps.pop()
+            try:
+                step()
+            except Exception as error:  # keep undoing the rest; report the first
+                logger.error("Undoing %s failed: %s", name, error)
+                failure = failure or error
+        if failure is not None:
+            raise failure
+
+
+@dataclass(frozen=True)
+class PatchOptions:
+    """Which of hwrun's own training patches a run asked for, with the kernels already resolved."""
+
+    fused_loss: bool
+    loss_kernel: str
+    rope_table: bool
+    fused_projections: bool
+    swiglu_kernel: str
+    compiled: bool
+
+
+def patch_base(model: Any, dataset: Any, options: PatchOptions, stack: PatchStack, reasons: dict) -> None:
+    """Patch the base model before LoRA wraps it: no KV cache, fused loss, RoPE table, causal SDPA."""
+    from .data import PackedDataset
+    from .patches.fused_loss import apply_fused_loss
+    from .patches.rope_table import apply_rope_table
+
+    use_cache = getattr(model.config, "use_cache", None)
+    if use_cache is not None:
+        model.config.use_cache = False  # training needs no KV cache; restored before the final save
+        stack.push("use_cache", lambda: setattr(model.config, "use_cache", use_cache))
+    if options.fused_loss:
+        patch = stack.add("fused loss", apply_fused_loss(model, compiled=options.compiled, kernel=options.loss_kernel))
+        reasons["loss"] = patch.reason
+    else:
+        reasons["loss"] = "model's own loss (fused_loss=False)"
+    if options.rope_table and isinstance(dataset, PackedDataset):
+        reasons["rope"] = stack.add("rope table", apply_rope_table(model, int(dataset.blocks.shape[1]))).reason
+    restore = _use_causal_sdpa(model, dataset)
+    if restore is not None:
+        stack.push("causal sdpa", lambda: model.set_attn_implementation(restore))
+        reasons["attention"] = ("sdpa, causal kernel with no mask built (packed blocks have no padding; "
+                                "hwattn.causal), also under torch.compile")
+
+
+def patch_lora(model: Any, options: PatchOptions, blocker: str | None, stack: PatchStack, reasons: dict) -> None:
+    """Patch the LoRA-wrapped model: fused q/k/v and gate/up projections, unless `blocker` says why not."""
+    from .patches.fused_projections import apply_fused_projections
+
+    if not options.fused_projections:
+        return
+    patch = apply_fused_projections(model, options.swiglu_kernel) if blocker is None else ModelPatch(False, blocker)
+    reasons["projections"] = stack.add("fused projections", patch).reason
+
+
+def _use_causal_sdpa(model: Any, dataset: Any) -> str | None:
+    """Switch an sdpa model to hwattn's causal SDPA when every batch is an unpadded packed block
+    (no mask to build); returns the implementation to restore afterwards, or None (unchanged)."""
+    from .data import PackedDataset
+
+    if not isinstance(dataset, PackedDataset) or getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return None
+    import hwattn
+
+    model.set_attn_implementation(hwattn.register_causal_sdpa())
+    return "sdpa"
