@@ -6,6 +6,7 @@ Gaudi wrapper, in either order), `training_arguments` gives Trainer's keywords. 
 changes nothing and does not import torch. See README.md.
 """
 
+from .cache import PersistentCache, cache_root, compile_cache_dir, enable_persistent_cache
 from .compiling import (
     TORCH_COMPILE_KEYWORDS,
     compile,
@@ -47,6 +48,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     "CompileArgumentError", "CompileBackendMissingError", "CompileDecision", "CompilePatch", "GAUDI_BACKENDS",
+    "PersistentCache", "cache_root", "compile_cache_dir", "enable_persistent_cache",
     "HPU_BACKEND", "HpuBackendMissingError", "HwcompileError", "LazyModeError", "PatchError",
     "TORCH_COMPILE_KEYWORDS", "check_compile_mode", "check_eager_mode", "compile", "ensure_backend",
     "ensure_hpu_backend", "gaudi_mode", "hpu_backend_registered", "is_patched", "is_transformers_wrapper",

@@ -1,0 +1,106 @@
+"""A compile cache that survives reboots: torch's inductor, FX-graph, AOTAutograd and Triton caches under the
+user's cache folder instead of torch's default in /tmp (`/tmp/torchinductor_<user>`, cleared on reboot).
+
+torch reads `TORCHINDUCTOR_CACHE_DIR` each time it needs the folder (`torch._inductor.runtime.cache_dir_utils.
+cache_dir`), and the FX-graph and AOTAutograd caches are on by default, so pointing that variable at a
+persistent folder before the first compile is all it takes. `enable_persistent_cache()` does that explicitly
+(never at import), leaves a folder the user chose alone, is idempotent, and `undo()` restores the variables.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+#: Variables torch and Triton read for their cache folders.
+INDUCTOR_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+TRITON_VARIABLE = "TRITON_CACHE_DIR"
+#: hwstack's own override of the cache root (else $XDG_CACHE_HOME/hwstack, else ~/.cache/hwstack).
+ROOT_VARIABLE = "HWSTACK_CACHE_DIR"
+
+
+def cache_root(environ: MutableMapping[str, str] | None = None) -> Path:
+    """hwstack's cache folder: $HWSTACK_CACHE_DIR, else $XDG_CACHE_HOME/hwstack, else ~/.cache/hwstack."""
+    env = os.environ if environ is None else environ
+    if env.get(ROOT_VARIABLE):
+        return Path(env[ROOT_VARIABLE]).expanduser()
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hwstack"
+
+
+def compile_cache_dir(torch_version: str, environ: MutableMapping[str, str] | None = None) -> Path:
+    """The compile cache of one torch version (artifacts of another version are never reused)."""
+    safe = "".join(ch if ch.isalnum() or ch in ".-_" else "_" for ch in torch_version)
+    return cache_root(environ) / "compile" / f"torch-{safe}"
+
+
+@dataclass
+class PersistentCache:
+    """What `enable_persistent_cache` decided: the folder, whether it already held compiled graphs, why."""
+
+    folder: Path
+    warm: bool
+    reason: str
+    _previous: dict[str, str | None] = field(default_factory=dict, repr=False)
+    _environ: MutableMapping[str, str] | None = field(default=None, repr=False)
+
+    def undo(self) -> None:
+        """Restore the variables this call set (idempotent: a second call does nothing)."""
+        env = os.environ if self._environ is None else self._environ
+        while self._previous:
+            name, value = self._previous.popitem()
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
+
+
+def _holds_graphs(folder: Path) -> bool:
+    for sub in ("fxgraph", "aotautograd"):
+        path = folder / sub
+        if path.is_dir() and any(path.iterdir()):
+            return True
+    return False
+
+
+def enable_persistent_cache(torch_version: str | None = None,
+                            environ: MutableMapping[str, str] | None = None) -> PersistentCache:
+    """Point torch's inductor and Triton caches at `compile_cache_dir()` unless the user set them already.
+
+    Call it before the first `torch.compile` of the process; `warm` says whether compiled graphs from an
+    earlier run are there (then compiling mostly reads them back). The folder is created (mode 0700).
+    """
+    env = os.environ if environ is None else environ
+    if torch_version is None:
+        import torch
+
+        torch_version = torch.__version__
+    chosen = env.get(INDUCTOR_VARIABLE)
+    if chosen:
+        folder = Path(chosen).expanduser()
+        return PersistentCache(folder, _holds_graphs(folder), f"{INDUCTOR_VARIABLE}={chosen} (yours, kept)",
+                               _environ=environ)
+    folder = compile_cache_dir(torch_version, env)
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        logger.warning("compile cache: cannot create %s (%s); torch keeps its default folder in /tmp", folder, exc)
+        return PersistentCache(folder, False, f"torch's default (could not create {folder}: {exc})",
+                               _environ=environ)
+    previous: dict[str, str | None] = {INDUCTOR_VARIABLE: env.get(INDUCTOR_VARIABLE)}
+    env[INDUCTOR_VARIABLE] = str(folder)
+    if not env.get(TRITON_VARIABLE):
+        previous[TRITON_VARIABLE] = env.get(TRITON_VARIABLE)
+        env[TRITON_VARIABLE] = str(folder / "triton")
+    warm = _holds_graphs(folder)
+    reason = (f"{folder} ({'warm: compiled graphs from an earlier run are reused' if warm else 'cold: first compile of this torch version here'})")
+    return PersistentCache(folder, warm, reason, previous, environ)
+
+
+__all__ = ["INDUCTOR_VARIABLE", "PersistentCache", "ROOT_VARIABLE", "TRITON_VARIABLE", "cache_root",
+           "compile_cache_dir", "enable_persistent_cache"]
