@@ -188,6 +188,7 @@ def generate(
     batching: str = "auto",
     decode: str = "auto",
     stream: bool = False,
+    streamer: Any = None,
     progress: bool = False,
     model: Any = None,
     tokenizer: Any = None,
@@ -196,6 +197,9 @@ def generate(
 
     Pass `model`/`tokenizer` from `load(plan)` to reuse them across calls. Bad input (no prompts,
     an empty prompt, max_new_tokens <= 0) raises `GenerateError` before anything loads.
+    `stream=True` prints the text as it is produced (a `TextStreamer`); `streamer` takes any object
+    with Transformers' streamer protocol (`put(tensor)`, `end()`: `TextIteratorStreamer`, ...) instead.
+    Both stream one prompt, through `model.generate` or the static graph decoder.
     """
     prompts = _check_inputs(prompts, max_new_tokens)
     sampling = _sampling_kwargs(do_sample, temperature, top_p, top_k)
@@ -203,10 +207,15 @@ def generate(
         from ..model.plan import plan as make_plan
 
         plan = make_plan()
+    if streamer is not None and not all(callable(getattr(streamer, name, None)) for name in ("put", "end")):
+        raise GenerateError(f"streamer={streamer!r} has no put()/end(); pass a Transformers streamer "
+                            "(TextStreamer, TextIteratorStreamer) or an object with both methods.")
+    stream = stream or streamer is not None
     choice = choose_batching(plan, len(prompts), batching, stream=stream)
     decode_mode, decode_reason = choose_decode(plan, decode, choice.mode, do_sample)
     if stream and len(prompts) > 1:
-        raise GenerateError(f"stream=True streams one prompt; got {len(prompts)} prompts. Stream them one at a time.")
+        raise GenerateError(f"stream=True (or a streamer) streams one prompt; got {len(prompts)} prompts. "
+                            "Stream them one at a time.")
     if (model is None) != (tokenizer is None):
         raise GenerateError("pass both model= and tokenizer= (from hwrun.load(plan)), or neither.")
     if model is None:
@@ -222,6 +231,10 @@ def generate(
     if seed is not None:
         torch.manual_seed(seed)
     eos = _eos_ids(model, tokenizer)
+    if stream and streamer is None:
+        from transformers import TextStreamer
+
+        streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     logger.info("batching: %s (%s); decode: %s (%s)", choice.mode, choice.reason, decode_mode, decode_reason)
     if choice.mode == "continuous" and decode_mode == "graphs":
         from .decode.fused_step import fused_step_support
@@ -256,13 +269,14 @@ def generate(
                 choice = BatchingChoice("static", f"{choice.reason.split(':')[0]}, but Transformers' {why}: "
                                         "one left-padded batch")
                 decode_mode, decode_reason = choose_decode(plan, decode, choice.mode, do_sample)
-                ids, prompt_lens, seconds = _static(model, tokenizer, prompts, max_new_tokens, sampling, stream,
+                ids, prompt_lens, seconds = _static(model, tokenizer, prompts, max_new_tokens, sampling, streamer,
                                                     progress)
         elif decode_mode == "graphs":
-            ids, prompt_lens, seconds = _graphs(plan, model, tokenizer, prompts, max_new_tokens, stream,
+            ids, prompt_lens, seconds = _graphs(plan, model, tokenizer, prompts, max_new_tokens, streamer,
                                                 _graph_sampling(sampling, seed, model))
         else:
-            ids, prompt_lens, seconds = _static(model, tokenizer, prompts, max_new_tokens, sampling, stream, progress)
+            ids, prompt_lens, seconds = _static(model, tokenizer, prompts, max_new_tokens, sampling, streamer,
+                                                progress)
     ids = [_truncate(row, eos) for row in ids]
     texts = [tokenizer.decode(row, skip_special_tokens=True) for row in ids]
     return GenerationResult(
@@ -272,15 +286,10 @@ def generate(
 
 
 def _static(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int, sampling: dict,
-            stream: bool, progress: bool) -> tuple[list[list[int]], list[int], float]:
+            streamer: Any, progress: bool) -> tuple[list[list[int]], list[int], float]:
     """One left-padded batch through `model.generate` (X10)."""
     tokenizer.padding_side = "left"
     inputs = tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
-    streamer = None
-    if stream:
-        from transformers import TextStreamer
-
-        streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     start = time.perf_counter()
     out = model.generate(
         **inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, streamer=streamer, **sampling
@@ -361,8 +370,9 @@ def _slots(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], max_ne
 
 
 def _graphs(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int,
-            stream: bool, sampling: Any = None) -> tuple[list[list[int]], list[int], float]:
-    """Decode through `hwrun.inference.decode.static` (one prompt at a time unless all have the same length)."""
+            streamer: Any = None, sampling: Any = None) -> tuple[list[list[int]], list[int], float]:
+    """Decode through `hwrun.inference.decode.static` (one prompt at a time unless all have the same length);
+    a `streamer` gets the one prompt's tokens as the decoder reads them (each `check_every` chunk)."""
     import torch
 
     encoded = [tokenizer(p, return_tensors="pt")["input_ids"] for p in prompts]
@@ -370,14 +380,14 @@ def _graphs(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], max_n
     batches = [torch.cat(encoded)] if len(lengths) == 1 else encoded
     use_graphs = graph_api_of(plan) is not None
     compile_backend = plan.compile.backend if plan.compile is not None else None
+    eos = sorted(_eos_ids(model, tokenizer)) or None
     rows: list[list[int]] = []
     start = time.perf_counter()
     for batch in batches:
         decoder = _decoder(model, batch.shape[0], batch.shape[1] + max_new_tokens, use_graphs, compile_backend,
                            platform=plan.accelerator.platform)
-        out = decoder.generate(batch.to(model.device), max_new_tokens, sampling=sampling)
+        out = decoder.generate(batch.to(model.device), max_new_tokens, eos_token_id=eos, sampling=sampling,
+                               streamer=streamer)
         rows.extend(out.tolist())
     seconds = time.perf_counter() - start
-    if stream:
-        print(tokenizer.decode(rows[0], skip_special_tokens=True), flush=True)
     return rows, [e.shape[1] for e in encoded], seconds

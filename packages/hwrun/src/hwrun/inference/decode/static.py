@@ -185,19 +185,24 @@ class GraphDecoder:
         return self.graphs[sample].replay
 
     def generate(self, input_ids: Any, max_new_tokens: int, *, eos_token_id: Any = "model",
-                 sampling: SamplingParams | None = None) -> Any:
+                 sampling: SamplingParams | None = None, streamer: Any = None) -> Any:
         """New tokens after `input_ids` (batch, length): a (batch, <= max_new_tokens) tensor; greedy unless
         `sampling` (one `SamplingParams` for every row) says otherwise.
 
         Stops early (at a `check_every` boundary) once every row has produced an EOS; tokens after a
         row's EOS are whatever decoding continued with, so callers cut at the first EOS.
+        `streamer` (Transformers' protocol: `put(tensor)`, `end()`; batch 1 only) gets the prompt first,
+        as `model.generate` gives it, then the new tokens as they are produced: the first right after
+        the prefill, then each `check_every` chunk (cut after the first EOS), then `end()`.
         """
         import torch
 
         sampling = SamplingParams() if sampling is None else sampling
-
         if input_ids.dim() != 2 or input_ids.shape[0] != self.batch_size:
             raise FastDecodeError(f"input_ids of shape {tuple(input_ids.shape)}: expected ({self.batch_size}, length).")
+        if streamer is not None and self.batch_size != 1:
+            raise FastDecodeError(f"a streamer takes one row; this decoder has batch_size={self.batch_size}. "
+                                  "Stream one prompt at a time.")
         length = input_ids.shape[1]
         if max_new_tokens <= 0:
             raise FastDecodeError(f"max_new_tokens={max_new_tokens} must be positive.")
@@ -208,21 +213,51 @@ class GraphDecoder:
             )
         ids = eos_ids(self.model, eos_token_id)
         eos = torch.tensor(ids, device=self.device) if ids else None
+        stream = _Stream(streamer, self.tokens, length, set(ids)) if streamer is not None else None
+        if stream is not None:
+            streamer.put(input_ids.cpu())
         with torch.inference_mode():
             self.sampling.fill(sampling)
             self._prefill(input_ids.to(self.device))
             run = self._runner(not sampling.greedy) if max_new_tokens > 1 else None
             done = 1
-            while done < max_new_tokens:
+            if stream is not None:
+                stream.flush(done)
+            while done < max_new_tokens and not (stream is not None and stream.stopped):
                 chunk = min(self.check_every, max_new_tokens - done)
                 for _ in range(chunk):
                     run()
                 done += chunk
-                if eos is not None and done < max_new_tokens:
+                if stream is not None:
+                    stream.flush(done)  # the chunk's tokens, read once: also the EOS check of the one row
+                elif eos is not None and done < max_new_tokens:
                     produced = self.tokens[:, length:length + done]
                     if bool(torch.isin(produced, eos).any(dim=1).all()):
                         break
-            return self.tokens[:, length:length + done].clone()
+            out = self.tokens[:, length:length + done].clone()
+        if streamer is not None:
+            streamer.end()
+        return out
+
+
+class _Stream:
+    """Hands one row's new tokens to a streamer as chunks are read, up to and including its first EOS."""
+
+    def __init__(self, streamer: Any, tokens: Any, start: int, eos: set[int]) -> None:
+        self.streamer, self.tokens, self.start, self.eos = streamer, tokens, start, eos
+        self.sent = 0
+        self.stopped = False
+
+    def flush(self, done: int) -> None:
+        """Put tokens `sent..done` (one device read), stopping after an EOS."""
+        if self.stopped or done <= self.sent:
+            return
+        fresh = self.tokens[0, self.start + self.sent:self.start + done].cpu()
+        hit = next((i for i, t in enumerate(fresh.tolist()) if t in self.eos), None)
+        if hit is not None:
+            fresh, self.stopped = fresh[: hit + 1], True
+        self.sent = done
+        self.streamer.put(fresh)
 
 
 def eos_ids(model: Any, eos_token_id: Any) -> list[int]:
