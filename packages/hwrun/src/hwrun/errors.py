@@ -66,8 +66,40 @@ class AdapterFormatError(TrainingConfigError):
     opt in with `allow_pickle=True`; hwrun loads safetensors only."""
 
 
+class ServeError(HwrunError):
+    """Base of every error raised by `hwrun serve` and `hwrun chat` (`hwrun.serve`)."""
+
+
+class ServeConfigError(ServeError, ValueError):
+    """A `hwrun serve` / `hwrun chat` option is invalid (port, concurrency, API key variable, ...); raised before
+    the model loads."""
+
+
+class EngineStartError(ServeError, RuntimeError):
+    """No serving engine can run this model here, or the one asked for cannot (the message says why for each)."""
+
+
+class RequestError(ServeError, ValueError):
+    """An HTTP request to `hwrun serve` is invalid; carries the OpenAI error fields (`status`, `type`, `param`,
+    `code`) the server answers with."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None, status: int = 400,
+                 error_type: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message, self.param, self.code, self.status, self.type = message, param, code, status, error_type
+
+
+class ChatClientError(ServeError, OSError):
+    """`hwrun chat` cannot reach the server, or the server answered with an error (`status` and OpenAI `code` then
+    set)."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
 __all__ = [
     "AdapterFormatError", "CheckpointError", "ContinuousBatchingError", "FastDecodeError", "GenerateError", "HwrunError", "ModelSourceError",
     "NonFiniteLossError", "PlanError", "QLoRAUnsupportedError", "QuantizationError", "TrainingConfigError", "TrainingDataError",
-    "TrainingError",
+    "TrainingError", "ServeError", "ServeConfigError", "EngineStartError", "RequestError", "ChatClientError",
 ]

@@ -1,0 +1,105 @@
+"""`hwrun serve`: an OpenAI-compatible HTTP server for MODEL, with every plan decision applied.
+
+Every option is checked before the model loads (a bad one is one line on stderr, exit 2). Importing
+this module imports neither torch, starlette nor uvicorn.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..serve.config import (
+    DEFAULT_MODEL_ID,
+    ENGINES,
+    ServeConfig,
+    check_config,
+    context_limit,
+    read_api_key,
+)
+from .main import _add_plan_options, _plan_from
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the `serve` subcommand on `hwrun`'s subparsers (called by hwrun.cli)."""
+    p = subparsers.add_parser(
+        "serve", help="serve MODEL over an OpenAI-compatible HTTP API (continuous batching, SSE streaming)",
+        description="Load MODEL once with hwrun's plan, warm the engine, and serve POST /v1/completions, "
+                    "POST /v1/chat/completions, GET /v1/models, GET /health and GET /metrics. Binds 127.0.0.1 "
+                    "unless --host says otherwise. SIGTERM or Ctrl-C finishes in-flight requests (up to "
+                    "--grace-seconds) and exits 0.")
+    p.add_argument("model", nargs="?", default=None, help="local folder or Hub id (default: the shipped tiny model)")
+    _add_plan_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", default="8000", help="TCP port (default 8000; 0: any free port, printed at start)")
+    p.add_argument("--max-concurrency", default="32", metavar="N",
+                   help="requests decoded at once (slots; default 32)")
+    p.add_argument("--max-queue", default=None, metavar="N",
+                   help="requests waiting for a slot before 429 (default: 2 x --max-concurrency)")
+    p.add_argument("--api-key-env", default=None, metavar="VAR",
+                   help="require `Authorization: Bearer <key>`, the key read from environment variable VAR")
+    p.add_argument("--grace-seconds", default="30", metavar="S",
+                   help="after SIGTERM, time to finish in-flight requests before they are cancelled (default 30)")
+    p.add_argument("--engine", default="auto", choices=ENGINES,
+                   help="auto (hwrun's slot decoder with CUDA/XPU graphs, else Transformers' continuous batching), "
+                        "slots or transformers")
+    p.add_argument("--max-model-len", default=None, metavar="N",
+                   help="tokens a request may span, prompt and answer (default: the model's context, at most 4096)")
+    p.add_argument("--served-model-name", default=None, metavar="ID",
+                   help="the model id clients send (default: MODEL as given, or hwrun/tiny-llama)")
+    p.set_defaults(func=run_serve)
+    return p
+
+
+def config_from(args: argparse.Namespace, environ: dict[str, str] | None = None) -> ServeConfig:
+    """The checked `ServeConfig` of parsed `args` (`ServeConfigError` for any bad value)."""
+    concurrency = _integer(args.max_concurrency, "--max-concurrency")
+    queue = _integer(args.max_queue, "--max-queue") if args.max_queue is not None else (
+        2 * concurrency if isinstance(concurrency, int) else 0)
+    config = ServeConfig(
+        host=args.host, port=_integer(args.port, "--port"), max_concurrency=concurrency, max_queue=queue,
+        grace_seconds=_number(args.grace_seconds, "--grace-seconds"), engine=args.engine,
+        max_model_len=_integer(args.max_model_len, "--max-model-len") if args.max_model_len is not None else None,
+        model_id=args.served_model_name or args.model or DEFAULT_MODEL_ID,
+    )
+    check_config(config)
+    key = read_api_key(args.api_key_env, environ)
+    return ServeConfig(**{**config.__dict__, "api_key_env": args.api_key_env, "api_key": key})
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Carry out `hwrun serve` for parsed `args`; returns the exit status."""
+    from ..errors import ServeConfigError
+    from ..model.source import model_config, resolve_source
+
+    config = config_from(args)
+    run_plan = _plan_from(args, args.model)  # checks the model source, device, dtype, ... (nothing loads)
+    declared = (model_config(resolve_source(run_plan.model)) or {}).get("max_position_embeddings")
+    context_limit(config.max_model_len, declared if isinstance(declared, int) else None)
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise ServeConfigError(f"hwrun serve needs Starlette and uvicorn ({exc.name} is missing): "
+                               "pip install 'hwrun[serve]'.") from None
+    from ..serve.server import serve
+
+    return serve(config, run_plan)
+
+
+def _integer(text: Any, option: str) -> int:
+    from ..errors import ServeConfigError
+
+    try:
+        return int(str(text), 10)
+    except ValueError:
+        raise ServeConfigError(f"{option} {text!r} is not an integer; pass a whole number.") from None
+
+
+def _number(text: Any, option: str) -> float:
+    from ..errors import ServeConfigError
+
+    try:
+        return float(str(text))
+    except ValueError:
+        raise ServeConfigError(f"{option} {text!r} is not a number; pass seconds, e.g. 30.") from None

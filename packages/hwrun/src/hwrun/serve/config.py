@@ -1,0 +1,118 @@
+"""`ServeConfig`: every `hwrun serve` setting, checked before the model loads (no torch, no starlette here)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from dataclasses import dataclass, field
+
+from ..errors import ServeConfigError
+
+#: Engines `hwrun serve --engine` accepts: `auto` picks (see `hwrun.serve.engine.choose_engine`).
+ENGINES = ("auto", "slots", "transformers")
+#: Model id served when no MODEL is given (the shipped tiny model).
+DEFAULT_MODEL_ID = "hwrun/tiny-llama"
+#: Longest context the server serves by default when the model's is longer (`--max-model-len` raises it).
+DEFAULT_MAX_MODEL_LEN = 4096
+#: Largest request body, in bytes (a larger one is answered 413 before it is parsed).
+MAX_BODY_BYTES = 4 * 2**20
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Where and how `hwrun serve` listens and schedules. `api_key` is read from the variable named by
+    `api_key_env` (never given on the command line); `None` means no key is asked for."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_concurrency: int = 32
+    max_queue: int = 64
+    grace_seconds: float = 30.0
+    engine: str = "auto"
+    max_model_len: int | None = None
+    model_id: str = DEFAULT_MODEL_ID
+    api_key_env: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def loopback(self) -> bool:
+        """Whether `host` only accepts connections from this machine."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+def read_api_key(variable: str | None, environ: dict[str, str] | None = None) -> str | None:
+    """The API key held by environment variable `variable` (None when no variable is named).
+
+    A named variable that is unset or empty is a `ServeConfigError`: a server started to require a key
+    must not start open."""
+    if variable is None:
+        return None
+    environ = os.environ if environ is None else environ
+    if not _ENV_NAME.match(variable):
+        raise ServeConfigError(f"--api-key-env {variable!r} is not an environment variable name (letters, digits, "
+                               "_; not starting with a digit). Name the variable, not the key: "
+                               "export HWRUN_API_KEY=... and pass --api-key-env HWRUN_API_KEY.")
+    value = environ.get(variable)
+    if not value:
+        state = "unset" if value is None else "empty"
+        raise ServeConfigError(f"--api-key-env {variable}: the variable is {state}, so no key could be read. "
+                               f"Export it first (export {variable}=<key>) or leave out --api-key-env to serve "
+                               "without a key.")
+    return value
+
+
+def check_config(config: ServeConfig) -> ServeConfig:
+    """`config` when every field is valid, else a `ServeConfigError` naming the value, the rule and the fix."""
+    checks = [
+        (_is_int(config.port) and 0 <= config.port <= 65535,
+         f"--port {config.port!r} is outside 0-65535; pass a TCP port such as 8000 (0: any free port, printed at start)."),
+        (_is_int(config.max_concurrency) and config.max_concurrency >= 1,
+         f"--max-concurrency {config.max_concurrency!r} must be an integer >= 1 (requests decoded at once)."),
+        (_is_int(config.max_queue) and config.max_queue >= 0,
+         f"--max-queue {config.max_queue!r} must be an integer >= 0 (requests waiting for a slot; more get 429)."),
+        (isinstance(config.grace_seconds, (int, float)) and not isinstance(config.grace_seconds, bool)
+         and 0 <= config.grace_seconds <= 3600,
+         f"--grace-seconds {config.grace_seconds!r} must be between 0 and 3600 (time to finish in-flight requests "
+         "after SIGTERM)."),
+        (config.engine in ENGINES, f"--engine {config.engine!r} is not one of {', '.join(ENGINES)}."),
+        (config.max_model_len is None or (_is_int(config.max_model_len) and config.max_model_len >= 2),
+         f"--max-model-len {config.max_model_len!r} must be an integer >= 2 (prompt plus answer tokens)."),
+        (bool(config.host) and not any(c.isspace() for c in config.host),
+         f"--host {config.host!r} is not a host name or address; use 127.0.0.1 (this machine only) or 0.0.0.0."),
+        (bool(config.model_id.strip()), "--served-model-name is empty; give the id clients send as `model`."),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ServeConfigError(message)
+    if (config.api_key_env is None) != (config.api_key is None):
+        raise ServeConfigError("api_key and api_key_env go together: read the key with read_api_key(api_key_env).")
+    return config
+
+
+def context_limit(max_model_len: int | None, model_context: int | None) -> tuple[int, str]:
+    """(tokens a request may span, why): `--max-model-len` when given (never past the model's context), else the
+    model's context capped at `DEFAULT_MAX_MODEL_LEN` (the static cache of the slot engine is that long)."""
+    if max_model_len is not None:
+        if model_context is not None and max_model_len > model_context:
+            raise ServeConfigError(f"--max-model-len {max_model_len} exceeds the model's context of {model_context} "
+                                   f"tokens (max_position_embeddings); past it the model's answers are wrong. "
+                                   f"Pass at most {model_context}.")
+        return max_model_len, "given (--max-model-len)"
+    if model_context is None:
+        return DEFAULT_MAX_MODEL_LEN, (f"the model's config gives no context length; {DEFAULT_MAX_MODEL_LEN} assumed "
+                                       "(set --max-model-len)")
+    if model_context > DEFAULT_MAX_MODEL_LEN:
+        return DEFAULT_MAX_MODEL_LEN, (f"the model's context ({model_context}) capped at {DEFAULT_MAX_MODEL_LEN}: "
+                                       "each slot holds a cache this long (raise it with --max-model-len)")
+    return model_context, "the model's context (max_position_embeddings)"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

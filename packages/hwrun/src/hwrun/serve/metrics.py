@@ -1,0 +1,96 @@
+"""`/metrics`: counters, gauges and histograms in Prometheus' text exposition format (version 0.0.4), by hand.
+
+Updated only on the server's event loop (one thread), so no locks. Names follow Prometheus' conventions
+(`_total` counters, `_seconds` histograms with cumulative `le` buckets, `_sum` and `_count`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+
+#: Time-to-first-token buckets (seconds): a warm GPU answers in milliseconds, a loaded CPU in seconds.
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: Inter-token latency buckets (seconds).
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.25, 0.5, 1.0, 2.5)
+#: Whole-request duration buckets (seconds).
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Histogram:
+    """A cumulative histogram over fixed `buckets` (upper bounds, seconds)."""
+
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self.buckets = tuple(buckets)
+        self.counts = [0] * (len(self.buckets) + 1)  # the last one is +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        """Record `value` `times` times."""
+        self.counts[bisect.bisect_left(self.buckets, value)] += times
+        self.sum += value * times
+        self.count += times
+
+    def lines(self, name: str) -> list[str]:
+        """Its `_bucket`, `_sum` and `_count` samples."""
+        out, running = [], 0
+        for bound, count in zip((*self.buckets, float("inf")), self.counts, strict=True):
+            running += count
+            out.append(f'{name}_bucket{{le="{_bound(bound)}"}} {running}')
+        out += [f"{name}_sum {self.sum:.6f}", f"{name}_count {self.count}"]
+        return out
+
+
+class Metrics:
+    """What `/metrics` reports. `queue_depth` and `running` are read from the engine when rendered."""
+
+    def __init__(self, queue_depth: Callable[[], int] = lambda: 0, running: Callable[[], int] = lambda: 0) -> None:
+        self.requests: dict[tuple[str, str], int] = {}  # (endpoint, outcome) -> count
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.duration = Histogram(DURATION_BUCKETS)
+        self.queue_depth = queue_depth
+        self.running = running
+        self.info: dict[str, str] = {}
+
+    def count_request(self, endpoint: str, outcome: str) -> None:
+        """One finished request of `endpoint` ("completions", "chat") by `outcome` (a status class or reason)."""
+        key = (endpoint, outcome)
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+    def render(self) -> str:
+        """The text exposition of every metric."""
+        lines = ["# HELP hwrun_requests_total Requests answered, by endpoint and outcome.",
+                 "# TYPE hwrun_requests_total counter"]
+        lines += [f'hwrun_requests_total{{endpoint="{e}",outcome="{o}"}} {n}' for (e, o), n in sorted(self.requests.items())]
+        lines += ["# HELP hwrun_prompt_tokens_total Prompt tokens of admitted requests.",
+                  "# TYPE hwrun_prompt_tokens_total counter", f"hwrun_prompt_tokens_total {self.prompt_tokens}",
+                  "# HELP hwrun_generation_tokens_total Tokens generated (sent or not).",
+                  "# TYPE hwrun_generation_tokens_total counter",
+                  f"hwrun_generation_tokens_total {self.generation_tokens}",
+                  "# HELP hwrun_queue_depth Requests waiting for a decode slot.", "# TYPE hwrun_queue_depth gauge",
+                  f"hwrun_queue_depth {self.queue_depth()}",
+                  "# HELP hwrun_running_requests Requests being decoded.", "# TYPE hwrun_running_requests gauge",
+                  f"hwrun_running_requests {self.running()}"]
+        for name, hist, text in (
+                ("hwrun_time_to_first_token_seconds", self.ttft, "Request arrival to its first token."),
+                ("hwrun_inter_token_latency_seconds", self.itl, "Time between a request's consecutive tokens."),
+                ("hwrun_request_duration_seconds", self.duration, "Request arrival to its last token.")):
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} histogram", *hist.lines(name)]
+        if self.info:
+            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(self.info.items()))
+            lines += ["# HELP hwrun_engine_info The serving engine and device (value 1).",
+                      "# TYPE hwrun_engine_info gauge", f"hwrun_engine_info{{{labels}}} 1"]
+        return "\n".join(lines) + "\n"
+
+
+def _bound(value: float) -> str:
+    return "+Inf" if value == float("inf") else repr(float(value))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')

@@ -1,0 +1,171 @@
+"""Run the app under uvicorn: start the engine with the app, drain on SIGTERM, exit 0.
+
+SIGTERM (or Ctrl-C): uvicorn stops accepting connections; the engine takes no new requests (503
+`shutting_down`) and finishes the ones queued or running; uvicorn waits up to `--grace-seconds` for
+their responses, then cancels what is left (the engine cancels those requests); the app's shutdown
+stops the engine, and `serve()` returns 0. uvicorn re-raises a caught signal after its own shutdown
+(`Server.capture_signals`), which for SIGTERM would end the process with -15 instead of 0: `_Server`
+catches the signals without re-raising them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..errors import EngineStartError, HwrunError
+from .state import ServeState
+
+if TYPE_CHECKING:
+    from ..model.plan import RunPlan
+    from .config import ServeConfig
+
+#: Signals that start the drain.
+DRAIN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        """uvicorn's server: the engine drains when a signal arrives, and the signal is not re-raised after."""
+
+        state: ServeState
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            self.state.engine.drain()
+            super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            originals = {sig: signal.signal(sig, self.handle_exit) for sig in DRAIN_SIGNALS}
+            try:
+                yield
+            finally:
+                for sig, handler in originals.items():
+                    signal.signal(sig, handler)
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started and self.servers:
+                host, port = self.servers[0].sockets[0].getsockname()[:2]
+                self.state.port = port
+                self.state.say(f"listening on http://{_url_host(host)}:{port} (GET /health is 503 until the "
+                               "model is loaded and warm)")
+
+    return _Server
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def make_server(state: ServeState) -> Any:
+    """A uvicorn server for `state`'s app; its lifespan starts and stops the engine."""
+    import uvicorn
+
+    from .app import build_app
+
+    server_box: dict[str, Any] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+
+        def ready() -> None:
+            state.say(f"ready: {state.config.model_id} on {state.plan.device} ({state.plan.dtype}), engine "
+                      f"{state.engine_name}, up to {state.config.max_concurrency} requests at once")
+
+        def failed(exc: BaseException) -> None:
+            state.say(f"the engine failed to start: {exc}")
+            server_box["server"].should_exit = True
+
+        state.engine.on_ready, state.engine.on_failed = ready, failed
+        state.engine.start(loop)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(state.engine.stop)
+
+    config = state.config
+    app = build_app(state, lifespan=lifespan)
+    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", access_log=False,
+                               timeout_graceful_shutdown=int(round(config.grace_seconds)), lifespan="on",
+                               server_header=False)
+    server = _server_class()(uv_config)
+    server.state = state
+    server_box["server"] = server
+    return server
+
+
+def serve(config: ServeConfig, plan: RunPlan, **state_options: Any) -> int:
+    """Serve `plan`'s model until SIGTERM or Ctrl-C; 0 after a clean drain. A model that cannot start raises
+    its error (an `HwrunError`, else `EngineStartError`) once the server has closed."""
+    state = ServeState(config, plan, **state_options)
+    if not config.loopback and config.api_key is None:
+        state.say(f"warning: listening on {config.host} without an API key: anyone who can reach this port can "
+                  "use the model (set --api-key-env)")
+    server = make_server(state)
+    server.run()
+    error = state.engine.error
+    if error is not None:
+        if isinstance(error, HwrunError):
+            raise error
+        raise EngineStartError(f"the engine failed: {type(error).__name__}: {error}") from error
+    state.say("stopped")
+    return 0
+
+
+class ServerThread:
+    """`hwrun serve` in a background thread of this process (for `hwrun chat --local` and tests):
+    `start()` returns once the engine is ready (or raises), `stop()` drains and joins."""
+
+    def __init__(self, config: ServeConfig, plan: RunPlan, **state_options: Any) -> None:
+        self.state = ServeState(config, plan, **state_options)
+        self.server = make_server(self.state)
+        self.thread = threading.Thread(target=self.server.run, name="hwrun-serve", daemon=True)
+
+    @property
+    def url(self) -> str:
+        """The base URL (`http://host:port`) once listening."""
+        return f"http://{_url_host(self.state.config.host)}:{self.state.port}"
+
+    def start(self, timeout: float = 300.0) -> ServerThread:
+        """Start and wait until the engine is ready; `EngineStartError` if it fails or times out."""
+        import time
+
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.state.engine.error is not None:
+                self.stop()
+                raise EngineStartError(f"the engine failed: {self.state.engine.error}") from self.state.engine.error
+            if self.state.engine.ready and self.state.port:
+                return self
+            if not self.thread.is_alive():
+                raise EngineStartError("the server thread ended before it was ready (port in use?)")
+            time.sleep(0.02)
+        self.stop()
+        raise EngineStartError(f"the server was not ready within {timeout:.0f} s")
+
+    def drain(self) -> None:
+        """What SIGTERM does: stop accepting, finish in-flight requests, then stop."""
+        self.server.handle_exit(signal.SIGTERM, None)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Drain and wait for the server thread to end."""
+        self.drain()
+        self.thread.join(timeout)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,200 @@
+"""Load the plan's model once, choose the engine (and say why), build and warm its backend.
+
+Runs in the engine's worker thread, so the server answers `/health` (503) while the model loads.
+`choose_engine` is the decision: hwrun's slot decoder where the platform has CUDA or XPU graphs and
+the fused step runs the model; Transformers' continuous batching everywhere else it runs; the slot
+decoder eagerly where only it runs (Gaudi, MPS); otherwise an `EngineStartError` with every reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import devices
+from ..errors import EngineStartError, FastDecodeError
+from .engine import Backend, EngineChoice, EngineEvent, EngineRequest
+
+if TYPE_CHECKING:
+    from ..model.plan import RunPlan
+    from .config import ServeConfig
+
+logger = logging.getLogger(__name__)
+
+#: Seconds the warm-up request may take before the start is called failed.
+WARMUP_TIMEOUT = 600.0
+#: New tokens of the warm-up request (it runs the prefill, the decode step and the sampling path once).
+WARMUP_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What the server needs from the load: the tokenizer, the engine choice, the context and the backend."""
+
+    tokenizer: Any
+    choice: EngineChoice
+    max_model_len: int
+    max_model_len_reason: str
+    eos_ids: tuple[int, ...]
+    backend: Backend
+    load_seconds: float
+    warm_seconds: float
+
+
+def slots_blockers(plan: RunPlan, model: Any) -> list[str]:
+    """Why hwrun's slot decoder cannot serve `model` (empty when it can)."""
+    from ..inference.decode.fused_step import fused_step_support
+    from ..inference.decode.slots import SlotDecoder
+    from .backend_slots import step_api_missing
+
+    blockers = []
+    missing = step_api_missing(SlotDecoder)
+    if missing:
+        blockers.append(f"this hwrun's SlotDecoder has no step API ({', '.join(missing)} missing)")
+    if plan.quantization:
+        blockers.append(f"{plan.quantization} bitsandbytes weights")
+    if plan.device_map == "auto":
+        blockers.append("the model is split across devices (device_map='auto')")
+    unsupported = fused_step_support(model)
+    if unsupported is not None:
+        blockers.append(f"the fused step cannot run it ({unsupported})")
+    return blockers
+
+
+def transformers_blockers(plan: RunPlan, model: Any) -> list[str]:
+    """Why Transformers' continuous batching cannot serve `model` on the plan's device (empty when it can)."""
+    from ..inference.batching import CONTINUOUS_BATCHING, continuous_model_blocker
+
+    blockers = []
+    row = devices.row(CONTINUOUS_BATCHING, plan.accelerator.kind, None)
+    if row is None or not row.supported:
+        why = row.reason if row is not None else "hwrun has no continuous-batching row for this kind"
+        blockers.append(f"{plan.accelerator.kind}: {why}")
+    if plan.quantization:
+        blockers.append(f"{plan.quantization} bitsandbytes weights are not supported by the paged cache")
+    if plan.device_map == "auto":
+        blockers.append("the model is split across devices (device_map='auto'); the paged cache needs one device")
+    blocker = continuous_model_blocker(model)
+    if blocker is not None:
+        blockers.append(blocker)
+    return blockers
+
+
+def choose_engine(plan: RunPlan, requested: str, model: Any) -> EngineChoice:
+    """The backend for `model` ("slots" | "transformers") and why; `requested` is auto, slots or transformers."""
+    from ..inference.generate import graph_api_of
+
+    slots = slots_blockers(plan, model)
+    theirs = transformers_blockers(plan, model)
+    graphs = graph_api_of(plan)
+    kind = plan.accelerator.kind
+    if requested == "slots":
+        if slots:
+            raise EngineStartError(f"--engine slots cannot serve this model here: {'; '.join(slots)}. "
+                                   "Use --engine transformers or auto.")
+        how = f"one {graphs[1]} replay per step" if graphs else f"eager steps ({kind} has no CUDA or XPU graphs)"
+        return EngineChoice("slots", f"given: hwrun's slot decoder over a static cache, {how}")
+    if requested == "transformers":
+        if theirs:
+            raise EngineStartError(f"--engine transformers cannot serve this model here: {'; '.join(theirs)}. "
+                                   "Use --engine slots or auto.")
+        return EngineChoice("transformers", "given: Transformers' continuous batching (init_continuous_batching)")
+    if graphs is not None and not slots:
+        return EngineChoice("slots", f"{graphs[0]}: hwrun's slot decoder, one {graphs[1]} replay per step over "
+                                     "a static cache (requests join and leave between steps)")
+    if not theirs:
+        why = (f"hwrun's slot decoder cannot: {'; '.join(slots)}" if slots else
+               f"{kind} has no CUDA or XPU graphs for hwrun's slot decoder (graph API "
+               f"{plan.accelerator.platform.graph_api})")
+        return EngineChoice("transformers", f"Transformers' continuous batching (paged cache); {why}")
+    if not slots:
+        return EngineChoice("slots", f"hwrun's slot decoder, eager steps: Transformers' continuous batching cannot "
+                                     f"run here ({'; '.join(theirs)})")
+    raise EngineStartError(f"no engine can serve this model on {kind}: hwrun's slot decoder: {'; '.join(slots)}; "
+                           f"Transformers' continuous batching: {'; '.join(theirs)}. Use `hwrun generate` instead.")
+
+
+def model_context(model: Any, tokenizer: Any) -> int | None:
+    """The model's context length (`max_position_embeddings`), or None when its config has none."""
+    config = model.config.get_text_config()
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def load_backend(plan: RunPlan, config: ServeConfig) -> Loaded:
+    """Load the model, choose the engine, build its backend and warm it with one short request."""
+    from ..model.load import load
+    from .config import context_limit
+
+    start = time.perf_counter()
+    model, tokenizer = load(plan)
+    max_len, len_reason = context_limit(config.max_model_len, model_context(model, tokenizer))
+    eos = tuple(sorted(_eos_ids(model, tokenizer)))
+    choice = choose_engine(plan, config.engine, model)
+    backend: Backend | None = None
+    if choice.name == "slots":
+        try:
+            backend = _slots_backend(plan, model, config, max_len)
+        except FastDecodeError as exc:
+            if config.engine == "slots":
+                raise EngineStartError(f"--engine slots: the slot decoder refused this model: {exc}") from exc
+            if transformers_blockers(plan, model):
+                raise EngineStartError(f"the slot decoder refused this model ({exc}) and Transformers' continuous "
+                                       f"batching cannot run it ({'; '.join(transformers_blockers(plan, model))})"
+                                       ) from exc
+            choice = EngineChoice("transformers", f"Transformers' continuous batching; hwrun's slot decoder "
+                                                  f"refused the model: {exc}")
+    if backend is None:
+        from ..inference.batching import continuous_warmup
+        from .backend_transformers import TransformersBackend
+
+        backend = TransformersBackend(model, kind=plan.accelerator.kind, eos_ids=list(eos),
+                                      max_concurrency=config.max_concurrency, max_model_len=max_len,
+                                      pad_token_id=tokenizer.pad_token_id,
+                                      warmup=continuous_warmup(plan.accelerator.kind))
+    loaded_at = time.perf_counter()
+    warm(backend, tokenizer)
+    return Loaded(tokenizer=tokenizer, choice=choice, max_model_len=max_len, max_model_len_reason=len_reason,
+                  eos_ids=eos, backend=backend, load_seconds=loaded_at - start,
+                  warm_seconds=time.perf_counter() - loaded_at)
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    from ..inference.generate import _eos_ids as eos_of
+
+    return eos_of(model, tokenizer)
+
+
+def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, max_len: int) -> Backend:
+    from ..inference.decode import SamplingParams
+    from ..inference.decode.slots import SlotDecoder
+    from ..inference.generate import graph_api_of
+    from .backend_slots import SlotsBackend
+
+    compile_backend = plan.compile.backend if plan.compile is not None else None
+    decoder = SlotDecoder(model, slots=config.max_concurrency, max_cache_len=max_len,
+                          use_graphs=graph_api_of(plan) is not None, compile_backend=compile_backend,
+                          platform=plan.accelerator.platform)
+    backend = SlotsBackend(decoder, sampling_class=SamplingParams)
+    backend.start()
+    return backend
+
+
+def warm(backend: Backend, tokenizer: Any, timeout: float = WARMUP_TIMEOUT) -> list[int]:
+    """Run one short greedy request through `backend` (prefill, decode steps, output path); its tokens."""
+    ids = tokenizer("Hello", add_special_tokens=True)["input_ids"] or [0]
+    backend.add(EngineRequest("hwrun-warmup", tuple(ids), WARMUP_TOKENS))
+    tokens: list[int] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events: list[EngineEvent] = backend.step()
+        for event in events:
+            tokens += event.token_ids
+            if event.finished:
+                if event.finish_reason == "error":
+                    raise EngineStartError(f"the {backend.name} engine failed its warm-up request: {event.error}")
+                return tokens
+    backend.cancel("hwrun-warmup")
+    raise EngineStartError(f"the {backend.name} engine's warm-up request did not finish within {timeout:.0f} s.")

@@ -1,0 +1,90 @@
+"""`ServeState`: what one server holds (settings, plan, engine, metrics) and the model card it shows."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .engine import Backend, Engine
+from .metrics import Metrics
+
+if TYPE_CHECKING:
+    from ..model.plan import RunPlan
+    from .config import ServeConfig
+    from .startup import Loaded
+
+logger = logging.getLogger(__name__)
+
+
+def _say(line: str) -> None:
+    print(f"hwrun serve: {line}", file=sys.stderr, flush=True)
+
+
+class ServeState:
+    """One server's state. `loader(plan, config) -> Loaded` runs in the engine's worker thread (default:
+    `hwrun.serve.startup.load_backend`: load, choose the engine, warm); `say` prints the start-up lines."""
+
+    def __init__(self, config: ServeConfig, plan: RunPlan, *,
+                 loader: Callable[[RunPlan, ServeConfig], Loaded] | None = None,
+                 say: Callable[[str], None] = _say) -> None:
+        self.config = config
+        self.plan = plan
+        self.loader = loader
+        self.say = say
+        self.loaded: Loaded | None = None
+        self.port: int | None = None  # the bound port, once listening
+        self.created = int(time.time())
+        self.engine = Engine(self._build, max_concurrency=config.max_concurrency, max_queue=config.max_queue)
+        self.metrics = Metrics(queue_depth=lambda: self.engine.queue_depth, running=lambda: self.engine.running)
+
+    def _build(self) -> Backend:
+        loader = self.loader
+        if loader is None:
+            from .startup import load_backend as loader
+        loaded = loader(self.plan, self.config)
+        self.loaded = loaded
+        self.metrics.info = {"engine": loaded.choice.name, "device": self.plan.device, "dtype": self.plan.dtype,
+                             "model": self.config.model_id}
+        self.say(f"engine: {loaded.choice.name} ({loaded.choice.reason})")
+        self.say(f"context: {loaded.max_model_len} tokens ({loaded.max_model_len_reason}); loaded in "
+                 f"{loaded.load_seconds:.1f} s, warmed in {loaded.warm_seconds:.1f} s")
+        return loaded.backend
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer (set once the engine is ready)."""
+        assert self.loaded is not None, "the engine is not ready"
+        return self.loaded.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        """Tokens one request may span, prompt and answer."""
+        assert self.loaded is not None, "the engine is not ready"
+        return self.loaded.max_model_len
+
+    @property
+    def engine_name(self) -> str | None:
+        """The engine's name once chosen ("slots" | "transformers"), else None."""
+        return self.loaded.choice.name if self.loaded is not None else None
+
+    def model_card(self) -> dict[str, Any]:
+        """`/v1/models`' entry: OpenAI's fields plus `hwrun` (engine and why, device, dtype, context, limits, plan)."""
+        loaded = self.loaded
+        plan = self.plan
+        meta: dict[str, Any] = {
+            "state": self.engine.state,
+            "engine": loaded.choice.name if loaded else None,
+            "engine_reason": loaded.choice.reason if loaded else "the model is loading",
+            "model": plan.model, "device": plan.device, "dtype": plan.dtype,
+            "attention": plan.attention.implementation,
+            "compile": None if plan.compile is None else str(plan.compile.backend),
+            "max_model_len": loaded.max_model_len if loaded else None,
+            "max_model_len_reason": loaded.max_model_len_reason if loaded else None,
+            "max_concurrency": self.config.max_concurrency, "max_queue": self.config.max_queue,
+            "reasons": dict(plan.reasons),
+        }
+        return {"id": self.config.model_id, "object": "model", "created": self.created, "owned_by": "hwrun",
+                "max_model_len": meta["max_model_len"], "hwrun": meta}

@@ -1,0 +1,113 @@
+"""Token ids to streamed text: incremental detokenization and OpenAI `stop` strings (backend-neutral).
+
+`Detokenizer` decodes a window of the newest tokens and sends only text that is complete: a token that
+ends inside a multi-byte character (the decode ends in U+FFFD) waits for the next one, and the window
+starts at the previous piece's tokens so tokenizers that drop a leading space at a sequence's start (SentencePiece)
+still give the right spaces (the method of TGI's and vLLM's detokenizers). `StopMatcher` holds back the
+tail of the text that could be the start of a stop string, so a stop string never reaches the client.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Detokenizer:
+    """Feed token ids with `push(ids)`; it returns the new, complete text (possibly '')."""
+
+    def __init__(self, tokenizer: Any, *, skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip = skip_special_tokens
+        self.ids: list[int] = []
+        self.prefix_offset = 0  # where the decode window starts
+        self.read_offset = 0  # tokens whose text has been sent
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip) if ids else ""
+
+    def push(self, ids: list[int] | tuple[int, ...]) -> str:
+        """Text the new `ids` complete (held back while it ends in an incomplete character)."""
+        self.ids.extend(int(i) for i in ids)
+        before = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        after = self._decode(self.ids[self.prefix_offset:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return after[len(before):]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever text is still held (the end of the output, even an incomplete character)."""
+        before = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        after = self._decode(self.ids[self.prefix_offset:])
+        self.read_offset = len(self.ids)
+        return after[len(before):] if len(after) > len(before) else ""
+
+
+class StopMatcher:
+    """Cuts the text at the first of `stops` (the stop string itself is never sent), holding back a tail that
+    could still become one."""
+
+    def __init__(self, stops: tuple[str, ...] | list[str]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self.pending = ""
+        self.stopped = False
+
+    def push(self, text: str) -> str:
+        """Text that is safe to send now; sets `stopped` when a stop string appeared."""
+        if self.stopped:
+            return ""
+        if not self.stops:
+            return text
+        self.pending += text
+        hits = [(index, stop) for stop in self.stops if (index := self.pending.find(stop)) >= 0]
+        if hits:
+            index = min(hits)[0]
+            out, self.pending, self.stopped = self.pending[:index], "", True
+            return out
+        keep = self._held_tail()
+        out = self.pending[: len(self.pending) - keep]
+        self.pending = self.pending[len(self.pending) - keep:]
+        return out
+
+    def flush(self) -> str:
+        """The held tail at the end of the output (it never became a stop string)."""
+        out, self.pending = ("" if self.stopped else self.pending), ""
+        return out
+
+    def _held_tail(self) -> int:
+        """Length of the longest end of `pending` that is the start of a stop string."""
+        longest = 0
+        for stop in self.stops:
+            for size in range(min(len(stop) - 1, len(self.pending)), longest, -1):
+                if self.pending.endswith(stop[:size]):
+                    longest = size
+                    break
+        return longest
+
+
+class TextStream:
+    """Detokenizer plus stop matcher for one request: `push(ids)` -> text to send; `stopped` once a stop string
+    was seen (the caller then cancels the request and finishes with `finish_reason="stop"`)."""
+
+    def __init__(self, tokenizer: Any, stops: tuple[str, ...] | list[str] = ()) -> None:
+        self.detokenizer = Detokenizer(tokenizer)
+        self.matcher = StopMatcher(stops)
+        self.text = ""
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a stop string ended the text."""
+        return self.matcher.stopped
+
+    def push(self, ids: list[int] | tuple[int, ...]) -> str:
+        """New text to send for `ids` (stop strings cut and held back)."""
+        out = self.matcher.push(self.detokenizer.push(ids))
+        self.text += out
+        return out
+
+    def finish(self) -> str:
+        """The last text at the end of the output."""
+        out = self.matcher.push(self.detokenizer.flush()) if not self.stopped else ""
+        out += self.matcher.flush()
+        self.text += out
+        return out

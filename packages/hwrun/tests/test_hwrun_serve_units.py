@@ -1,0 +1,510 @@
+"""hwrun serve's parts without a server: settings, OpenAI bodies, streamed text, metrics, the engine's
+scheduling over a scripted backend, the slot backend over the decoder's step API, the engine choice,
+and `hwrun serve` / `hwrun chat` option checks (one line, exit 2, before the model loads)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import hwrun
+import pytest
+from hwrun.errors import EngineStartError, RequestError, ServeConfigError
+from hwrun.serve import protocol
+from hwrun.serve.config import ServeConfig, check_config, context_limit, read_api_key
+from hwrun.serve.engine import Engine, EngineEvent, EngineNotReady, EngineRequest, QueueFullError
+from hwrun.serve.metrics import Histogram, Metrics
+from hwrun.serve.text import Detokenizer, StopMatcher, TextStream
+
+MODEL_ID = "hwrun/tiny-llama"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(hwrun.DEFAULT_MODEL)
+
+
+# ------------------------------------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("port", 70000, "outside 0-65535"), ("port", -1, "outside 0-65535"), ("max_concurrency", 0, ">= 1"),
+    ("max_queue", -2, ">= 0"), ("grace_seconds", -1.0, "between 0 and 3600"), ("engine", "vllm", "not one of"),
+    ("max_model_len", 1, ">= 2"), ("host", "", "not a host"),
+])
+def test_check_config_refuses_each_bad_value_naming_it(field, value, words):
+    with pytest.raises(ServeConfigError, match=words) as info:
+        check_config(ServeConfig(**{field: value}))
+    assert repr(value) in str(info.value) or str(value) in str(info.value)
+
+
+def test_config_defaults_bind_loopback_only():
+    config = check_config(ServeConfig())
+    assert config.host == "127.0.0.1" and config.loopback and config.api_key is None
+    assert not ServeConfig(host="0.0.0.0").loopback and ServeConfig(host="::1").loopback
+
+
+def test_api_key_comes_from_the_named_variable_and_never_starts_open():
+    assert read_api_key(None, {}) is None
+    assert read_api_key("MY_KEY", {"MY_KEY": "s3cret"}) == "s3cret"
+    with pytest.raises(ServeConfigError, match="MY_KEY: the variable is unset"):
+        read_api_key("MY_KEY", {})
+    with pytest.raises(ServeConfigError, match="is empty"):
+        read_api_key("MY_KEY", {"MY_KEY": ""})
+    with pytest.raises(ServeConfigError, match="not an environment variable name"):
+        read_api_key("sk-live-123", {})  # a key pasted where the variable's name belongs
+
+
+def test_context_limit_caps_long_models_and_refuses_more_than_the_model_has():
+    assert context_limit(None, 512) == (512, "the model's context (max_position_embeddings)")
+    assert context_limit(None, 131072)[0] == 4096
+    assert context_limit(256, 512)[0] == 256
+    with pytest.raises(ServeConfigError, match="exceeds the model's context of 512"):
+        context_limit(1024, 512)
+
+
+# --------------------------------------------------------------------------------------------- protocol
+
+
+def _completion(**body):
+    return protocol.parse_request({"model": MODEL_ID, "prompt": "hi", **body}, "completion", MODEL_ID)
+
+
+def test_parse_completion_defaults_follow_openai():
+    parsed = _completion()
+    assert parsed.max_tokens == protocol.DEFAULT_COMPLETION_TOKENS and parsed.sampling.temperature == 1.0
+    assert not parsed.stream and parsed.stop == ()
+    chat = protocol.parse_request({"model": MODEL_ID, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], "max_completion_tokens": 5,
+        "stop": "x", "stream": True, "stream_options": {"include_usage": True}}, "chat", MODEL_ID)
+    assert chat.messages == ({"role": "user", "content": "ab"},) and chat.max_tokens == 5
+    assert chat.stop == ("x",) and chat.stream and chat.include_usage and chat.max_tokens == 5
+
+
+@pytest.mark.parametrize("body, param, code", [
+    ({"model": "other"}, "model", "model_not_found"),
+    ({"model": 3}, "model", "invalid_type"),
+    ({"prompt": 5}, "prompt", "invalid_type"),
+    ({"prompt": ["a", "b"]}, "prompt", "invalid_type"),
+    ({"prompt": ""}, "prompt", "invalid_value"),
+    ({"max_tokens": 0}, "max_tokens", "invalid_value"),
+    ({"max_tokens": -3}, "max_tokens", "invalid_value"),
+    ({"max_tokens": "10"}, "max_tokens", "invalid_value"),
+    ({"max_tokens": True}, "max_tokens", "invalid_value"),
+    ({"temperature": "hot"}, "temperature", "invalid_type"),
+    ({"temperature": 3}, "temperature", "invalid_value"),
+    ({"top_p": 0}, "top_p", "invalid_value"),
+    ({"top_k": -1}, "top_k", "invalid_value"),
+    ({"top_k": 1.5}, "top_k", "invalid_type"),
+    ({"seed": "x"}, "seed", "invalid_value"),
+    ({"stop": 5}, "stop", "invalid_value"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
+    ({"stream": "yes"}, "stream", "invalid_type"),
+    ({"n": 2}, "n", "unsupported_parameter"),
+    ({"logprobs": 3}, "logprobs", "unsupported_parameter"),
+    ({"presence_penalty": 0.5}, "presence_penalty", "unsupported_parameter"),
+])
+def test_every_bad_field_is_a_400_naming_the_field(body, param, code):
+    with pytest.raises(RequestError) as info:
+        _completion(**body)
+    error = info.value
+    assert (error.status, error.param, error.code, error.type) == (400, param, code, "invalid_request_error")
+
+
+def test_no_op_values_of_unsupported_fields_pass():
+    parsed = _completion(n=1, logprobs=None, echo=False, presence_penalty=0, frequency_penalty=0.0, best_of=1)
+    assert parsed.prompt == "hi"
+
+
+@pytest.mark.parametrize("messages", [[], "hi", [{"role": "robot", "content": "x"}], [{"role": "user"}],
+                                      [{"role": "user", "content": [{"type": "image_url"}]}], ["hi"]])
+def test_bad_messages_are_400(messages):
+    with pytest.raises(RequestError) as info:
+        protocol.parse_request({"model": MODEL_ID, "messages": messages}, "chat", MODEL_ID)
+    assert info.value.status == 400 and info.value.param.startswith("messages")
+
+
+def test_parse_json_refuses_bad_json_and_non_objects():
+    with pytest.raises(RequestError, match="not valid JSON") as info:
+        protocol.parse_json(b"{nope")
+    assert info.value.code == "invalid_json"
+    with pytest.raises(RequestError, match="not an object"):
+        protocol.parse_json(b"[1, 2]")
+
+
+def test_sse_and_chunk_shapes():
+    assert protocol.sse("[DONE]") == b"data: [DONE]\n\n"
+    chunk = protocol.chunk_body("chat", "id", MODEL_ID, 1, text="é")
+    assert chunk["object"] == "chat.completion.chunk" and chunk["choices"][0]["delta"] == {"content": "é"}
+    assert protocol.sse(chunk).decode().startswith('data: {"id":"id"') and "é" in protocol.sse(chunk).decode()
+    body = protocol.response_body("completion", "id", MODEL_ID, "t", "stop", 3, 4, 1)
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+
+
+# ------------------------------------------------------------------------------------------------- text
+
+
+def test_detokenizer_pieces_join_to_the_full_decode_even_across_split_characters(tokenizer):
+    text = "The king said, é 中文 😀 and the Lord spake: 'amen'."
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    detok = Detokenizer(tokenizer)
+    pieces = [detok.push([i]) for i in ids] + [detok.flush()]
+    assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert not any("\ufffd" in p for p in pieces), "a piece ended inside a multi-byte character"
+    assert sum(1 for p in pieces if p) > 5  # it streams, not one lump at the end
+
+
+def test_stop_strings_are_cut_and_never_sent_even_split_across_tokens():
+    matcher = StopMatcher(["END", "\n\n"])
+    sent = [matcher.push(t) for t in ["abc E", "N", "xyz", " E", "ND tail"]]
+    assert sent == ["abc ", "", "ENxyz", " ", ""] and matcher.stopped  # "E", "EN" held until they could not stop
+    assert matcher.push("more") == "" and matcher.flush() == ""
+    plain = StopMatcher(["END"])
+    assert plain.push("the E") == "the " and plain.flush() == "E" and not plain.stopped
+
+
+def test_text_stream_with_a_stop_string(tokenizer):
+    ids = tokenizer("one two three four", add_special_tokens=False)["input_ids"]
+    stream = TextStream(tokenizer, ["three"])
+    out = "".join(stream.push([i]) for i in ids) + stream.finish()
+    assert out == "one two " and stream.stopped
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+
+def test_metrics_render_prometheus_text():
+    metrics = Metrics(queue_depth=lambda: 3, running=lambda: 2)
+    metrics.count_request("completions", "ok")
+    metrics.count_request("completions", "ok")
+    metrics.ttft.observe(0.03)
+    metrics.itl.observe(0.002, 4)
+    text = metrics.render()
+    assert 'hwrun_requests_total{endpoint="completions",outcome="ok"} 2' in text
+    assert "hwrun_queue_depth 3" in text and "hwrun_running_requests 2" in text
+    assert 'hwrun_time_to_first_token_seconds_bucket{le="0.025"} 0' in text
+    assert 'hwrun_time_to_first_token_seconds_bucket{le="0.05"} 1' in text
+    assert 'hwrun_inter_token_latency_seconds_bucket{le="+Inf"} 4' in text
+    assert "hwrun_inter_token_latency_seconds_count 4" in text
+    for line in text.splitlines():  # every sample line is `name{labels} value`
+        assert line.startswith("#") or len(line.rsplit(" ", 1)) == 2 and float(line.rsplit(" ", 1)[1]) >= 0
+
+
+def test_histogram_buckets_are_cumulative():
+    hist = Histogram((0.1, 1.0))
+    for value in (0.05, 0.5, 0.5, 5.0):
+        hist.observe(value)
+    assert hist.lines("h")[:3] == ['h_bucket{le="0.1"} 1', 'h_bucket{le="1.0"} 3', 'h_bucket{le="+Inf"} 4']
+
+
+# ----------------------------------------------------------------------------------------------- engine
+
+
+class ScriptedBackend:
+    """A backend whose request i yields tokens 100+i, 101+i, ... one per step, `slots` at a time."""
+
+    name = "scripted"
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.active: dict[str, list] = {}
+        self.added: list[str] = []
+        self.cancelled: list[str] = []
+        self.max_active = 0
+        self.closed = False
+
+    def free_slots(self) -> int:
+        return self.slots - len(self.active)
+
+    def add(self, request: EngineRequest) -> None:
+        assert len(self.active) < self.slots, "the engine admitted past the free slots"
+        self.active[request.request_id] = [0, request.max_new_tokens]
+        self.added.append(request.request_id)
+        self.max_active = max(self.max_active, len(self.active))
+
+    def cancel(self, request_id: str) -> None:
+        self.active.pop(request_id)
+        self.cancelled.append(request_id)
+
+    def step(self) -> list[EngineEvent]:
+        time.sleep(0.002)
+        events = []
+        for request_id, state in list(self.active.items()):
+            state[0] += 1
+            done = state[0] >= state[1]
+            if done:
+                del self.active[request_id]
+            events.append(EngineEvent(request_id, (100 + state[0],), done, "length" if done else None))
+        return events
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _run_engine(engine: Engine, work) -> None:
+    async def main():
+        engine.start(asyncio.get_running_loop())
+        for _ in range(500):
+            if engine.ready:
+                break
+            await asyncio.sleep(0.01)
+        await work()
+        await asyncio.to_thread(engine.stop)
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def _collector():
+    events: dict[str, list[EngineEvent]] = {}
+    done: dict[str, asyncio.Event] = {}
+
+    def sink_for(request_id):
+        events[request_id], done[request_id] = [], asyncio.Event()
+
+        def sink(event):
+            events[request_id].append(event)
+            if event.finished:
+                done[request_id].set()
+        return sink
+    return events, done, sink_for
+
+
+def test_engine_admits_between_steps_up_to_the_free_slots_and_queues_the_rest():
+    backend = ScriptedBackend(slots=2)
+    engine = Engine(lambda: backend, max_concurrency=2, max_queue=3)
+    events, done, sink_for = _collector()
+
+    async def work():
+        for i in range(5):
+            engine.submit(EngineRequest(f"r{i}", (1,), 3 + i), sink_for(f"r{i}"))
+        with pytest.raises(QueueFullError):
+            engine.submit(EngineRequest("r5", (1,), 3), sink_for("r5"))
+        await asyncio.gather(*(done[f"r{i}"].wait() for i in range(5)))
+
+    _run_engine(engine, work)
+    assert backend.max_active == 2 and backend.added == [f"r{i}" for i in range(5)]
+    for i in range(5):
+        tokens = [t for e in events[f"r{i}"] for t in e.token_ids]
+        assert tokens == list(range(101, 101 + 3 + i)) and events[f"r{i}"][-1].finish_reason == "length"
+    assert backend.closed and engine.state == "stopped"
+
+
+def test_engine_cancel_frees_the_slot_for_the_next_request_and_drain_refuses_new_ones():
+    backend = ScriptedBackend(slots=1)
+    engine = Engine(lambda: backend, max_concurrency=1, max_queue=1)
+    events, done, sink_for = _collector()
+
+    async def work():
+        engine.submit(EngineRequest("long", (1,), 10_000), sink_for("long"))
+        engine.submit(EngineRequest("next", (1,), 3), sink_for("next"))  # waits: the one slot is taken
+        while not events["long"]:
+            await asyncio.sleep(0.005)
+        engine.cancel("long")
+        await asyncio.wait_for(done["next"].wait(), 10)
+        engine.drain()
+        with pytest.raises(EngineNotReady):
+            engine.submit(EngineRequest("late", (1,), 3), sink_for("late"))
+
+    _run_engine(engine, work)
+    assert backend.cancelled == ["long"] and events["long"][-1].finish_reason == "cancelled"
+    assert len(events["long"]) < 1000  # stopped long before its budget
+    assert [t for e in events["next"] for t in e.token_ids] == [101, 102, 103]
+
+
+def test_engine_failure_is_reported_to_every_waiting_request():
+    def broken():
+        raise RuntimeError("no model here")
+
+    engine = Engine(broken, max_concurrency=1, max_queue=1)
+
+    async def work():
+        for _ in range(100):
+            if engine.state == "failed":
+                break
+            await asyncio.sleep(0.01)
+
+    _run_engine(engine, work)
+    assert engine.state == "failed" and "no model here" in str(engine.error)
+    with pytest.raises(EngineNotReady):
+        engine.submit(EngineRequest("x", (1,), 1), lambda e: None)
+
+
+# ------------------------------------------------------------------------------------- slots backend
+
+
+class FakeStepDecoder:
+    """The slot decoder's step API as its contract states it: one TokenEvent per active request per step."""
+
+    def __init__(self, slots: int) -> None:
+        from types import SimpleNamespace
+
+        self.slots, self.requests, self.Event = slots, {}, SimpleNamespace
+        self.started = False
+
+    def start(self):
+        self.started = True
+
+    @property
+    def free_slots(self):
+        return self.slots - len(self.requests)
+
+    def add(self, request_id, input_ids, *, max_new_tokens, sampling=None, eos_token_id="model"):
+        self.requests[request_id] = [input_ids[-1], max_new_tokens, sampling]
+
+    def cancel(self, request_id):
+        del self.requests[request_id]
+
+    def step(self):
+        events = []
+        for request_id, state in list(self.requests.items()):
+            state[0] += 1
+            state[1] -= 1
+            eos = state[0] == 7
+            reason = "stop" if eos else "length" if state[1] == 0 else None
+            if reason:
+                del self.requests[request_id]
+            events.append(self.Event(request_id=request_id, token_id=state[0], finished=reason is not None,
+                                     finish_reason=reason))
+        return events
+
+
+def test_slots_backend_drives_the_step_api_and_maps_finish_reasons():
+    from hwrun.serve.backend_slots import SlotsBackend
+    from hwrun.serve.protocol import Sampling
+
+    decoder = FakeStepDecoder(slots=2)
+    seen = []
+    backend = SlotsBackend(decoder, sampling_class=lambda **kw: seen.append(kw) or kw)
+    backend.start()
+    backend.add(EngineRequest("a", (1, 2), 3, Sampling(temperature=0.5, top_p=0.9, top_k=4, seed=3)))
+    backend.add(EngineRequest("b", (4,), 10))
+    assert decoder.started and backend.free_slots() == 0
+    assert seen[0] == {"temperature": 0.5, "top_p": 0.9, "top_k": 4, "seed": 3}
+    events = [backend.step() for _ in range(3)]
+    flat = {(e.request_id, e.token_ids, e.finished, e.finish_reason) for step in events for e in step}
+    assert ("a", (5,), True, "length") in flat and ("b", (7,), True, "stop") in flat
+    assert backend.free_slots() == 2 and backend.step() == []
+    backend.add(EngineRequest("c", (1,), 50))
+    backend.cancel("c")
+    assert backend.free_slots() == 2 and backend.step() == []
+
+
+def _step_api_ready() -> bool:
+    from hwrun.inference.decode.slots import SlotDecoder
+    from hwrun.serve.backend_slots import step_api_missing
+
+    return not step_api_missing(SlotDecoder)
+
+
+@pytest.mark.skipif(not _step_api_ready(), reason="hwrun's SlotDecoder has no step API yet (issue 28's engine work)")
+def test_slots_backend_over_the_real_slot_decoder_equals_generate_greedy():
+    from hwrun.inference.decode import SamplingParams
+    from hwrun.inference.decode.slots import SlotDecoder
+    from hwrun.serve.backend_slots import SlotsBackend
+    from hwrun.serve.protocol import Sampling
+
+    plan = hwrun.plan()
+    model, tok = hwrun.load(plan)
+    prompts = ["The king said", "Once upon a time", "And the LORD"]
+    budgets = [12, 5, 9]
+    want = [hwrun.generate(plan, p, n, model=model, tokenizer=tok, batching="static").token_ids[0]
+            for p, n in zip(prompts, budgets, strict=True)]
+    backend = SlotsBackend(SlotDecoder(model, slots=2, max_cache_len=64, use_graphs=False),
+                           sampling_class=SamplingParams)
+    backend.start()
+    engine = Engine(lambda: backend, max_concurrency=2, max_queue=4)
+    events, done, sink_for = _collector()
+
+    async def work():
+        for i, (p, n) in enumerate(zip(prompts, budgets, strict=True)):
+            ids = tuple(tok(p)["input_ids"])
+            engine.submit(EngineRequest(f"r{i}", ids, n, Sampling(temperature=0.0)), sink_for(f"r{i}"))
+        await asyncio.gather(*(done[f"r{i}"].wait() for i in range(3)))
+
+    _run_engine(engine, work)
+    got = [[t for e in events[f"r{i}"] for t in e.token_ids] for i in range(3)]
+    assert got == want
+
+
+# ------------------------------------------------------------------------------------------ engine choice
+
+
+def test_choose_engine_on_cpu_is_transformers_and_says_why():
+    from hwrun.serve.startup import choose_engine
+
+    plan = hwrun.plan()
+    model, _ = hwrun.load(plan)
+    choice = choose_engine(plan, "auto", model)
+    assert choice.name == "transformers" and "no CUDA or XPU graphs" in choice.reason
+    assert choose_engine(plan, "transformers", model).reason.startswith("given")
+
+
+def test_choose_engine_prefers_slots_where_graphs_exist_and_refuses_what_cannot_run():
+    import hwenv
+    from hwrun.serve.startup import choose_engine
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    plan = hwrun.plan(device=hwenv.Accelerator("cuda", 1, memory=(80 * 2**30,)))
+    model, _ = hwrun.load(hwrun.plan())
+    if _step_api_ready():
+        choice = choose_engine(plan, "auto", model)
+        assert choice.name == "slots" and "CUDA graph" in choice.reason
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64))
+    choice = choose_engine(plan, "auto", gpt2)
+    assert choice.name == "transformers" and "fused step cannot run it" in choice.reason
+    with pytest.raises(EngineStartError, match="--engine slots cannot serve this model"):
+        choose_engine(plan, "slots", gpt2)
+    gaudi = hwrun.plan(device=hwenv.Accelerator("hpu", 1, memory=(96 * 2**30,)))
+    with pytest.raises(EngineStartError, match="no engine can serve this model on hpu"):
+        choose_engine(gaudi, "auto", gpt2)
+
+
+# ------------------------------------------------------------------------------------------------ CLIs
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--port", "70000"], "--port 70000 is outside 0-65535"),
+    (["--port", "http"], "--port 'http' is not an integer"),
+    (["--max-concurrency", "0"], "--max-concurrency 0 must be an integer >= 1"),
+    (["--max-queue", "-1"], "--max-queue -1 must be an integer >= 0"),
+    (["--grace-seconds", "-5"], "--grace-seconds -5.0 must be between 0 and 3600"),
+    (["--api-key-env", "HWRUN_TEST_UNSET_KEY"], "--api-key-env HWRUN_TEST_UNSET_KEY: the variable is unset"),
+    (["--max-model-len", "100000"], "--max-model-len 100000 exceeds the model's context of 512"),
+])
+def test_hwrun_serve_refuses_bad_options_in_one_line_before_loading(argv, words, capsys, monkeypatch):
+    from hwrun.cli import main
+
+    monkeypatch.delenv("HWRUN_TEST_UNSET_KEY", raising=False)
+    monkeypatch.setattr("hwrun.model.load.load", lambda *a, **k: pytest.fail("the model loaded"))
+    assert main.main(["serve", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("hwrun: error: ") and words in err
+
+
+def test_hwrun_chat_refuses_bad_options_in_one_line(capsys):
+    from hwrun.cli import main
+
+    assert main.main(["chat", "--max-tokens", "0"]) == 2
+    assert "--max-tokens 0 must be a positive integer" in capsys.readouterr().err
+    assert main.main(["chat", "--base-url", "http://127.0.0.1:1"]) == 2  # nothing listens on port 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hwrun: error: cannot reach http://127.0.0.1:1") and "\n" not in err
+
+
+def test_cli_modules_import_no_torch_starlette_or_uvicorn():
+    code = ("import sys, hwrun.cli.serve, hwrun.cli.chat, hwrun.serve, hwrun.cli.main as m; m.build_parser();"
+            "print(sorted(k for k in ('torch', 'starlette', 'uvicorn', 'transformers') if k in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_serve_parser_has_the_plan_options_and_safe_defaults():
+    from hwrun.cli import main
+
+    args = main.build_parser().parse_args(["serve", "--device", "cpu"])
+    assert (args.host, args.port, args.api_key_env, args.device, args.engine) == ("127.0.0.1", "8000", None, "cpu",
+                                                                                   "auto")
