@@ -174,3 +174,51 @@ def test_hub_id_is_planned_without_network(tiny):
     assert not source.local and source.path is None
     plan = hwrun.plan("someorg/some-model", device="cpu")
     assert plan.model == "someorg/some-model" and plan.weight_bytes is None
+
+
+# --- issue 27 point 6: the plan validates this machine's device selection with hwdist's/doctor's parser ---
+
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    ("HABANA_VISIBLE_MODULES", "9", r"module ID\(s\) \[9\] do not exist"),
+    ("PT_HPU_LAZY_MODE", "yes", r"PT_HPU_LAZY_MODE='yes'"),
+    ("PT_ENABLE_INT64_SUPPORT", "maybe", r"PT_ENABLE_INT64_SUPPORT='maybe'"),
+])
+def test_invalid_gaudi_environment_is_a_plan_error(fake_gaudi, tiny, monkeypatch, variable, value, message):
+    fake_gaudi(8)
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(hwrun.PlanError, match=rf"invalid device selection \(planning for hpu\): .*{message}"):
+        hwrun.plan(tiny)
+
+
+def test_invalid_xpu_affinity_mask_is_a_plan_error(fake_xpu, tiny, monkeypatch):
+    fake_xpu(2)
+    monkeypatch.setenv("ZE_AFFINITY_MASK", "abc")
+    with pytest.raises(hwrun.PlanError, match=r"invalid device selection \(planning for (xpu|cpu)\): .*ZE_AFFINITY_MASK='abc'"):
+        hwrun.plan(tiny)
+
+
+def test_plan_env_shows_the_value_loading_uses(fake_gaudi, tiny, monkeypatch):
+    fake_gaudi(8)
+    plan = hwrun.plan(tiny)
+    assert plan.env == {"PT_ENABLE_INT64_SUPPORT": "1"} and "mode (" in plan.reasons["device"]
+    monkeypatch.setenv("PT_ENABLE_INT64_SUPPORT", "0")
+    plan = hwrun.plan(tiny)
+    assert plan.env == {"PT_ENABLE_INT64_SUPPORT": "0"}
+    assert "PT_ENABLE_INT64_SUPPORT=0 is set by you and kept (hwrun would set 1)" in plan.reasons["env"]
+    from hwrun.model.load import apply_env
+
+    assert apply_env(plan) == {} and __import__("os").environ["PT_ENABLE_INT64_SUPPORT"] == "0"
+
+
+def test_a_plan_for_a_given_accelerator_does_not_read_this_machines_selection(tiny, monkeypatch):
+    monkeypatch.setenv("HABANA_VISIBLE_MODULES", "9")
+    plan = hwrun.plan(tiny, device=hwenv.Accelerator("hpu", 8, memory=(96 * GiB,) * 8))
+    assert "selection variables were not read" in plan.reasons["device"]
+
+
+def test_hiding_every_gpu_on_purpose_still_plans_the_cpu(tiny, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert hwrun.plan(tiny).device == "cpu"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,,1")
+    with pytest.raises(hwrun.PlanError, match=r"CUDA_VISIBLE_DEVICES='0,,1'"):
+        hwrun.plan(tiny)

@@ -202,6 +202,47 @@ def resolve_accelerator(device: Any) -> hwenv.Accelerator:
     )
 
 
+def check_environment(accel: hwenv.Accelerator, *, planned_elsewhere: bool) -> str:
+    """Refuse an invalid device selection or Gaudi flag in this process's environment (the parser
+    `hwdist launch` and `hwenv doctor` use), before anything loads; returns a note for the device reason."""
+    import hwenv
+
+    if planned_elsewhere:
+        return "planned for the given accelerator; this machine's selection variables were not read"
+    try:
+        hwenv.validate_selection(accel.kind, device_count=accel.count or None)
+        for platform in hwenv.platforms():
+            # a selection that hides every device of its kind makes detection fall back (an invalid
+            # ZE_AFFINITY_MASK plans the CPU): a set variable of any kind is checked, not only the detected one's
+            # ('-1' is the usual way to hide every GPU on purpose, and is kept)
+            values = [os.environ.get(name, "").strip() for name in platform.visible_devices]
+            if platform.kind != accel.kind and any(value not in ("", "-1") for value in values):
+                hwenv.validate_selection(platform.kind)
+        if accel.platform.lazy_mode_variable:
+            mode = hwenv.validate_gaudi_flags()
+            return f"{mode.name} mode ({mode.reason})"
+    except hwenv.HwenvError as exc:
+        raise PlanError(f"invalid device selection (planning for {accel.kind}): {exc}") from exc
+    return ""
+
+
+def environment_as_loaded(needed: dict[str, str], reason: str, environ: Any) -> tuple[dict[str, str], str]:
+    """The variables loading will run with: hwrun's where unset, the user's own value where set (load()
+    keeps it and warns), so the plan never shows a value other than the one the run uses."""
+    env = {}
+    kept = []
+    for name, value in needed.items():
+        have = environ.get(name)
+        if have is not None and have != value:
+            env[name] = have
+            kept.append(f"{name}={have} is set by you and kept (hwrun would set {value})")
+        else:
+            env[name] = value
+    if kept:
+        reason = f"{'; '.join(kept)}; {reason}"
+    return env, reason
+
+
 def check_compile_backend(name: str, accel: hwenv.Accelerator) -> None:
     """A backend name must be one torch.compile knows here (or the platform's own, e.g. Gaudi's `hpu_backend`,
     which its plugin registers on import); a misspelt one is a PlanError naming the closest, before loading."""
@@ -314,6 +355,7 @@ def plan(
         raise PlanError(f"compile={compile!r} must be True, False, or a torch.compile backend name such as 'inductor'.")
     reference = DEFAULT_MODEL if model is None else model
     accel = resolve_accelerator(device)
+    selection_note = check_environment(accel, planned_elsewhere=not isinstance(device, str))
     adapter = None
     if isinstance(reference, (str, os.PathLike)) and is_adapter_folder(reference):
         # `hwrun train` without --merge saves only the LoRA adapter: plan its base, load both.
@@ -357,7 +399,9 @@ def plan(
     dist = hwdist.backend_for(accel)
     reasons["dist_backend"] = dist.reason
     needed_env, reasons["env"] = devices.row(PLAN_ENV, accel.kind, ({}, "no variables hwrun knows for this device"))
-    env = dict(needed_env)
+    env, reasons["env"] = environment_as_loaded(needed_env, reasons["env"], os.environ)
+    if selection_note:
+        reasons["device"] += f"; {selection_note}"
     reasons["trust_remote_code"] = ("given: the model's own Python code will run" if trust_remote_code
                                     else "off: only Transformers' built-in model code runs")
     return RunPlan(
