@@ -80,4 +80,13 @@ CASES: tuple[Case, ...] = (
          "kept and never used", "one-line error naming the closest backend", "'inductor'"),
     Case("hwrun-device-unknown", M, ("plan", "--device", "tpu"), "unclear-error",
          "one-line error (kept)", "one-line error naming the kinds", "'tpu'"),
+    Case("hwrun-plan-invalid-affinity-mask", M, ("plan",), "silently-accepted",
+         "planned the CPU (the invalid mask hid every XPU)", "one-line error naming the mask", "ZE_AFFINITY_MASK='abc'",
+         env={"ZE_AFFINITY_MASK": "abc"}),
+    Case("hwrun-plan-gaudi-module-out-of-range", M, ("plan",), "silently-accepted",
+         "planned as if the selection were valid", "one-line error: module IDs 0..7", "[9]",
+         env={"HABANA_VISIBLE_MODULES": "9"}),
+    Case("hwrun-plan-gaudi-selections-disagree", M, ("plan",), "silently-accepted",
+         "planned; the two variables were never compared", "one-line error: set only HABANA_VISIBLE_MODULES",
+         "HABANA_VISIBLE_DEVICES='2,3'", env={"HABANA_VISIBLE_MODULES": "0,1", "HABANA_VISIBLE_DEVICES": "2,3"}),
 )
