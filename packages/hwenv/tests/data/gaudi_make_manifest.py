@@ -25,7 +25,9 @@ SURFACE: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
         "synchronize", "is_bf16_supported", "get_device_properties", "set_device")),
     *(("habana_frameworks.torch.hpu", name, "hpu/memory.py", ()) for name in (
         "memory_stats", "mem_get_info", "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats")),
-    ("habana_frameworks.torch.hpu", "Stream", "hpu/streams.py", ()),
+    ("habana_frameworks.torch.hpu", "Stream", "hpu/streams.py", ("wait_stream",)),
+    ("habana_frameworks.torch.hpu", "current_stream", "hpu/streams.py", ()),
+    ("habana_frameworks.torch.hpu", "stream", "hpu/streams.py", ()),
     ("habana_frameworks.torch.hpu", "Event", "hpu/events.py", ()),
     ("habana_frameworks.torch.hpu.graphs", "HPUGraph", "hpu/graphs.py", ("capture_begin", "capture_end", "replay", "reset")),
     ("habana_frameworks.torch.hpu.graphs", "graph", "hpu/graphs.py", ()),

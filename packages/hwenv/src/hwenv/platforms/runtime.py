@@ -75,14 +75,44 @@ class GraphTools:
     use_stream: Any
 
 
-def graph_tools(platform: Platform) -> GraphTools | None:
-    """CUDA graphs (`torch.cuda.CUDAGraph`, also HIP on ROCm) or XPU graphs (`torch.xpu.XPUGraph`).
+#: Where the Gaudi bridge keeps its graph API and its lazy/eager answer (gaudi-pytorch-bridge 1.19.0,
+#: python_packages/habana_frameworks/torch/hpu/graphs.py and utils/internal.py `is_lazy`).
+HPU_GRAPHS_MODULE = "habana_frameworks.torch.hpu.graphs"
+HPU_INTERNAL_MODULE = "habana_frameworks.torch.utils.internal"
 
-    None where the platform has no graph API that captures with this shape (CPU, MPS); Gaudi's
-    HPU graphs (`habana_frameworks.torch.hpu.graphs`) wrap modules instead and are not returned here.
+
+def graph_tools(platform: Platform) -> GraphTools | None:
+    """The platform's graph-capture API in one shape, or None where it has none that captures here.
+
+    - `cuda_graphs`: `torch.cuda.CUDAGraph` / `torch.cuda.graph` (also HIP on ROCm).
+    - `xpu_graphs`: `torch.xpu.XPUGraph` / `torch.xpu.graph` (torch/xpu/graphs.py).
+    - `hpu_graphs`: the Gaudi bridge's `habana_frameworks.torch.hpu.graphs.HPUGraph` (`capture_begin(dry_run=False)`,
+      `capture_end()`, `replay(asynchronous=False)`) and its context `graph(hpu_graph, stream=None,
+      dry_run=False)`, with `torch.hpu.Stream`, `current_stream(device=None)` and `stream(stream)`
+      (hpu/streams.py), read from gaudi-pytorch-bridge 1.19.0 (commit 5a56187). Only in lazy mode:
+      `HPUGraph::capture_begin` (backend/habana_device/HPUGraph.cpp) records into the lazy execution
+      context, and `hpu/__init__.py` re-exports the graph API only `if is_lazy()`. In eager mode, or
+      without the bridge, None (compile with `hpu_backend` instead).
+    - anything else (CPU, MPS): None.
     """
+    if platform.graph_api == "hpu_graphs":
+        return _hpu_graph_tools(platform)
     if platform.graph_api not in ("cuda_graphs", "xpu_graphs"):
         return None
     module = device_module(platform)
     graph_class = getattr(module, "CUDAGraph" if platform.graph_api == "cuda_graphs" else "XPUGraph")
     return GraphTools(platform.graph_api, graph_class, module.graph, module.Stream, module.current_stream, module.stream)
+
+
+def _hpu_graph_tools(platform: Platform) -> GraphTools | None:
+    """HPU graphs from the bridge (see `graph_tools`): None without the bridge or in eager mode."""
+    try:
+        module = device_module(platform)
+        internal = importlib.import_module(HPU_INTERNAL_MODULE)
+        graphs = importlib.import_module(HPU_GRAPHS_MODULE)
+    except ImportError:
+        return None
+    if not internal.is_lazy():
+        return None
+    return GraphTools(platform.graph_api, graphs.HPUGraph, graphs.graph, module.Stream, module.current_stream,
+                      module.stream)

@@ -13,11 +13,22 @@ checked against `tests/data/gaudi_bridge_1.19_manifest.json` by `tests/test_hwen
   pinned); otherwise it sets `HLS_MODULE_ID` to the index's module.
 - `hpu/memory.py`: `memory_stats()` (`Limit`, `InUse`, `MaxInUse`, ...), `mem_get_info(device=None)`
   = `(Limit - InUse, Limit)`, `memory_allocated`, `max_memory_allocated`, `reset_peak_memory_stats`.
-- `hpu/streams.py`, `hpu/events.py`: `Stream(device=None, priority=0, **kwargs)`, `Event(enable_timing=False)`.
-- `hpu/graphs.py`: `HPUGraph` (`capture_begin`, `capture_end`, `replay`, `reset`), `graph(hpu_graph,
-  stream=None, dry_run=False)`, `wrap_in_hpu_graph(module, ...)` (replaces `forward` with a
-  wrapper that calls it, adds `clear_cache`/`clear_inputs`; no graph is captured). Re-exported
-  into `habana_frameworks.torch.hpu` only in lazy mode, as `hpu/__init__.py` does.
+- `hpu/streams.py`, `hpu/events.py`: `Stream(device=None, priority=0, **kwargs)` with `wait_stream(stream)`,
+  `current_stream(device=None)` (one cached stream per process), `stream(stream)` (a context that makes
+  it current), `Event(enable_timing=False)`.
+- `hpu/graphs.py`: `HPUGraph` (`capture_begin(dry_run=False)`, `capture_end()`, `replay(asynchronous=False)`,
+  `reset()`) records the aten ops run between capture_begin and capture_end and replays them on the
+  same tensors (`hwenv.testing.graphs.OpTape`: a graph's semantics on host tensors; a host read
+  during capture raises). `graph(hpu_graph, stream=None, dry_run=False)` is the bridge's context
+  statement for statement: `synchronize()`, `gc.collect()`, enter `stream(capture_stream)` (its own
+  default capture stream when none is given), `is_capture = True`, `capture_begin(dry_run)`; on exit
+  `capture_end()` and back. The bridge records HPU graphs in its lazy execution context
+  (`backend/habana_device/HPUGraph.cpp` `HPUGraph::capture_begin`) and exports them from
+  `habana_frameworks.torch.hpu` only in lazy mode, so the fake's `capture_begin` raises in eager mode
+  (inferred from the source; not observed on a Gaudi). Every graph call is appended to the yielded
+  namespace's `graph_events`. `wrap_in_hpu_graph(module, ...)` (replaces `forward` with a wrapper
+  that calls it, adds `clear_cache`/`clear_inputs`; no graph is captured). Re-exported into
+  `habana_frameworks.torch.hpu` only in lazy mode, as `hpu/__init__.py` does.
 - `utils/internal.py` `is_lazy()`: fixed when the fake is entered ("imported"), as the bridge
   reads `PT_HPU_LAZY_MODE` once; unset follows the plugin version (`hwenv.gaudi.execution_mode`:
   lazy up to 1.19, eager after). A later change of the variable does not switch it.
@@ -51,6 +62,7 @@ from .common import (
     clear_library_caches,
     override_versions,
 )
+from .graphs import OpTape
 
 #: Canned `hl-smi -Q index,module_id -f csv` output for an 8-Gaudi server, in the format of
 #: Intel's multi-tenant guide (header `index, module_id`, a space after the comma, rows not
@@ -256,6 +268,45 @@ class Stream:
 
     def __init__(self, device=None, priority=0, **kwargs):
         self.device, self.priority = device, priority
+        self.is_capture = False
+
+    def wait_stream(self, stream):
+        """`Stream.wait_stream`: later work on this stream waits for `stream`'s (nothing is queued here)."""
+        _GRAPH_STATE["events"].append("wait_stream")
+
+
+#: The fake's graph and stream state, reset on each `fake_gaudi` entry: the current stream, whether the
+#: bridge runs lazy (HPU graphs capture only then), and the log of graph calls (`graph_events`).
+_GRAPH_STATE: dict[str, Any] = {"events": [], "lazy": True, "current": None}
+
+
+class _StreamContext:
+    """`hpu/streams.py` `StreamContext`: makes `stream` current inside the `with` (None: no-op)."""
+
+    def __init__(self, stream):
+        self.stream, self.previous = stream, None
+
+    def __enter__(self):
+        if self.stream is not None:
+            self.previous = current_stream()
+            _GRAPH_STATE["current"] = self.stream
+            _GRAPH_STATE["events"].append("use_stream")
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        if self.stream is not None:
+            _GRAPH_STATE["current"] = self.previous
+
+
+def current_stream(device=None):
+    """`hpu/streams.py` `current_stream(device=None)`: the current stream (cached, as in lazy mode)."""
+    if _GRAPH_STATE["current"] is None:
+        _GRAPH_STATE["current"] = Stream()
+    return _GRAPH_STATE["current"]
+
+
+def stream(stream):
+    """`hpu/streams.py` `stream(stream)`: a context that makes `stream` the current stream."""
+    return _StreamContext(stream)
 
 
 class Event:
@@ -266,37 +317,63 @@ class Event:
 
 
 class HPUGraph:
-    """`hpu/graphs.py` `HPUGraph`: capture/replay calls are accepted; nothing is captured."""
+    """`hpu/graphs.py` `HPUGraph`: records the ops run during capture and replays them (`OpTape`)."""
 
     def __init__(self):
         self.captured = False
+        self.tape = OpTape("fake HPUGraph")
 
     def capture_begin(self, dry_run=False):
+        _GRAPH_STATE["events"].append("capture_begin")
+        if not _GRAPH_STATE["lazy"]:
+            raise RuntimeError("fake HPUGraph: HPU graphs are recorded by the bridge's lazy execution context "
+                               "(HPUGraph.cpp capture_begin); this process runs eager (PT_HPU_LAZY_MODE=0)")
         self.captured = False
+        self.tape.begin()
 
     def capture_end(self):
+        _GRAPH_STATE["events"].append("capture_end")
+        self.tape.end()
         self.captured = True
 
     def replay(self, asynchronous=False):
+        _GRAPH_STATE["events"].append("replay")
         if not self.captured:
             raise RuntimeError("fake HPUGraph: replay() before capture_end()")
+        self.tape.replay()
 
     def reset(self):
         self.captured = False
+        self.tape = OpTape("fake HPUGraph")
 
 
 class graph:  # noqa: N801 - the bridge's name
-    """`hpu/graphs.py` `graph(hpu_graph, stream=None, dry_run=False)`: capture context around an `HPUGraph`."""
+    """`hpu/graphs.py` `graph(hpu_graph, stream=None, dry_run=False)`: the bridge's capture context."""
+
+    default_capture_stream = None
 
     def __init__(self, hpu_graph, stream=None, dry_run=False):
-        self.hpu_graph, self.stream, self.dry_run = hpu_graph, stream, dry_run
+        if self.__class__.default_capture_stream is None:
+            self.__class__.default_capture_stream = Stream()
+        self.capture_stream = stream if stream is not None else self.__class__.default_capture_stream
+        self.stream_ctx = _StreamContext(self.capture_stream)
+        self.hpu_graph, self.dry_run = hpu_graph, dry_run
 
     def __enter__(self):
-        self.hpu_graph.capture_begin(dry_run=self.dry_run)
+        import gc
+
+        import habana_frameworks.torch as htorch  # the fake's, as the bridge imports its own
+
+        htorch.hpu.synchronize()
+        gc.collect()
+        self.stream_ctx.__enter__()
+        self.capture_stream.is_capture = True
+        self.hpu_graph.capture_begin(self.dry_run)
 
     def __exit__(self, exc_type, exc_value, traceback):
         self.hpu_graph.capture_end()
-        return False
+        self.capture_stream.is_capture = False
+        self.stream_ctx.__exit__(exc_type, exc_value, traceback)
 
 
 def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dry_run=False, max_graphs=None):
@@ -346,7 +423,7 @@ def fake_gaudi(count: int = 8, *, name: str = "GAUDI2", memory: int = 96 * GiB, 
     (None: unset; `LOCAL_RANK`/`WORLD_SIZE` in the environment may then pin one, as the bridge does);
     `visible_modules` sets `HABANA_VISIBLE_MODULES` before that (the fake clears selection variables).
     `accelerate_version` overrides the version hwenv reads (G5 tests). The namespace it yields
-    has `count`, `names`, `memory`, `hpu`, `modules`, `hl_smi`, `functions`, `lazy`, `mode`.
+    has `count`, `names`, `memory`, `hpu`, `modules`, `hl_smi`, `functions`, `lazy`, `mode`, `graph_events`.
     """
     import torch
 
@@ -371,8 +448,10 @@ def fake_gaudi(count: int = 8, *, name: str = "GAUDI2", memory: int = 96 * GiB, 
                               wrap_in_hpu_graph=wrap_in_hpu_graph)
             lazy_names = {key: getattr(graphs, key) for key in LAZY_ONLY_HPU_NAMES} if mode.lazy else {}
             # Stream/Event: torch._dynamo reads them from torch.hpu while tracing (_in_graph_classes).
+            _GRAPH_STATE.update(events=[], lazy=mode.lazy, current=None)
+            graph.default_capture_stream = None
             hpu = _package("habana_frameworks.torch.hpu", **functions, Stream=Stream, Event=Event, graphs=graphs,
-                           **lazy_names)
+                           current_stream=current_stream, stream=stream, **lazy_names)
             internal = _package("habana_frameworks.torch.utils.internal", is_lazy=lambda: mode.lazy)
             utils = _package("habana_frameworks.torch.utils", internal=internal)
             core = _package("habana_frameworks.torch.core", mark_step=mark_step)
@@ -393,7 +472,8 @@ def fake_gaudi(count: int = 8, *, name: str = "GAUDI2", memory: int = 96 * GiB, 
             initialize_distributed_hpu()  # importing habana_frameworks.torch imports hccl, which runs it
             clear_library_caches()
             yield types.SimpleNamespace(count=count, names=[name] * count, memory=memory, hpu=hpu, modules=root,
-                                        hl_smi=hl_smi_path, functions=functions, lazy=mode.lazy, mode=mode)
+                                        hl_smi=hl_smi_path, functions=functions, lazy=mode.lazy, mode=mode,
+                                        graph_events=_GRAPH_STATE["events"])
         finally:
             patches.undo()
             clear_library_caches()

@@ -15,6 +15,13 @@ What it models, and from which source (read 2026-12; INTEL.md S1, S5, S6):
 - `torch.accelerator` answers `xpu` (`current_accelerator`, `device_count`, `is_available`,
   `current_device_index`, `set_device_index`, `synchronize`, `get_memory_info`), which is what
   Accelerate 1.16's `get_torch_accelerator_backend` (`utils/imports.py`) and `PartialState` read.
+- Graphs (`torch/xpu/graphs.py`, `torch/xpu/streams.py`): `torch.xpu.XPUGraph(keep_graph=False)` with
+  torch's methods (`capture_begin(pool=None)`, `capture_end()`, `replay()`, `instantiate()`, `reset()`,
+  `pool()`, ...) records the aten ops run between capture_begin and capture_end and replays them on
+  the same tensors (`hwenv.testing.graphs.OpTape`; a host read during capture raises);
+  `torch.xpu.Stream(device=None, priority=0, **kwargs)` (a context manager, as torch's),
+  `current_stream(device=None)` and `stream(stream)`. torch's own `torch.xpu.graph` context (pure
+  Python) is left as it is and drives them. Every graph call is appended to `graph_events`.
 Everything is undone on exit.
 """
 
@@ -29,6 +36,7 @@ from typing import Any
 from ..errors import DeviceHierarchyError
 from ..hierarchy import HIERARCHY_VARIABLE, exposed_devices, parse_hierarchy
 from .common import DEVICE_VARIABLES, GiB, _device_index, _Patches, clear_library_caches
+from .graphs import OpTape
 
 MASK_VARIABLE = "ZE_AFFINITY_MASK"
 
@@ -119,6 +127,122 @@ def _xpu_functions(cards: int, tiles: int, name: str, memory: int, *, native_bf1
                                       set_device, synchronize)}
 
 
+class _XPUStream:
+    """`torch.xpu.Stream`'s methods and signatures (torch/xpu/streams.py); nothing is queued."""
+
+    def __init__(self, device=None, priority=0, **kwargs):
+        self.device, self.priority = device, priority
+        self._previous = None
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        _XPU_GRAPH_STATE["events"].append("wait_stream")
+
+    def record_event(self, event=None):
+        return event
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def __enter__(self):
+        self._previous = _XPU_GRAPH_STATE["current"]
+        _XPU_GRAPH_STATE["current"] = self
+        _XPU_GRAPH_STATE["events"].append("use_stream")
+        return self
+
+    def __exit__(self, exc_type, exc_val, exc_tb) -> None:
+        _XPU_GRAPH_STATE["current"] = self._previous
+
+
+class _XPUGraph:
+    """`torch.xpu.XPUGraph`'s methods and signatures; capture records aten ops, replay reruns them (`OpTape`)."""
+
+    def __init__(self, keep_graph: bool = False) -> None:
+        self.keep_graph = keep_graph
+        self.tape = OpTape("fake XPUGraph")
+        self.captured = False
+
+    def capture_begin(self, pool=None) -> None:
+        _XPU_GRAPH_STATE["events"].append("capture_begin")
+        self.captured = False
+        self.tape.begin()
+
+    def capture_end(self) -> None:
+        _XPU_GRAPH_STATE["events"].append("capture_end")
+        self.tape.end()
+        self.captured = True
+
+    def instantiate(self) -> None:
+        pass
+
+    def replay(self) -> None:
+        _XPU_GRAPH_STATE["events"].append("replay")
+        if not self.captured:
+            raise RuntimeError("fake XPUGraph: replay() before capture_end()")
+        self.tape.replay()
+
+    def reset(self) -> None:
+        self.tape = OpTape("fake XPUGraph")
+        self.captured = False
+
+    def pool(self):
+        return (0, id(self))
+
+    def enable_debug_mode(self) -> None:
+        pass
+
+    def debug_dump(self, debug_path: str) -> None:
+        pass
+
+    def raw_xpu_graph(self) -> int:
+        return 0
+
+    def raw_xpu_graph_exec(self) -> int:
+        return 0
+
+
+#: The fake's stream and graph-call state, reset on each `fake_xpu` entry (`graph_events` in the namespace).
+_XPU_GRAPH_STATE: dict[str, Any] = {"events": [], "current": None}
+
+
+class _StreamContext:
+    """`torch.xpu.StreamContext`: makes `stream` current inside the `with` (None: no-op)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __enter__(self):
+        if self.stream is not None:
+            self.stream.__enter__()
+
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        if self.stream is not None:
+            self.stream.__exit__(exc_type, exc_val, exc_tb)
+
+
+def _graph_functions() -> dict[str, Any]:
+    """`torch.xpu.current_stream` and `torch.xpu.stream` with torch's signatures."""
+
+    def current_stream(device=None):
+        if _XPU_GRAPH_STATE["current"] is None:
+            _XPU_GRAPH_STATE["current"] = _XPUStream(device)
+        return _XPU_GRAPH_STATE["current"]
+
+    def stream(stream):
+        return _StreamContext(stream)
+
+    return {"current_stream": current_stream, "stream": stream}
+
+
+#: What the XPU fake puts on `torch.xpu` for graphs (checked against the installed torch's names).
+XPU_GRAPH_NAMES = {"XPUGraph": _XPUGraph, "Stream": _XPUStream}
+
+
 def _accelerator_functions(torch: Any, xpu: dict[str, Any]) -> dict[str, Any]:
     """`torch.accelerator` functions answering for the fake XPU (signatures as torch's, positional-only)."""
 
@@ -187,12 +311,18 @@ def fake_xpu(count: int = 1, *, bf16: bool | None = None, name: str = "Intel(R) 
             patches.setattr(torch.xpu, fname, function)
         for fname, function in accelerator.items():
             patches.setattr(torch.accelerator, fname, function)
+        _XPU_GRAPH_STATE.update(events=[], current=None)
+        graph_functions = _graph_functions()
+        for fname, value in {**XPU_GRAPH_NAMES, **graph_functions}.items():
+            patches.setattr(torch.xpu, fname, value)
+        patches.setattr(torch.xpu.graph, "default_capture_stream", None)  # torch caches its capture stream here
         patches.setattr(torch.accelerator, "set_device_idx", accelerator["set_device_index"])  # deprecated alias
         patches.setattr(torch.accelerator, "current_device_idx", accelerator["current_device_index"])
         clear_library_caches()
         names = [name] * functions["device_count"]()
         yield types.SimpleNamespace(count=count, tiles=tiles, bf16=native, native_bf16=native, integrated=integrated,
-                                    names=names, memory=memory, functions=functions, accelerator=accelerator)
+                                    names=names, memory=memory, functions=functions, accelerator=accelerator,
+                                    graph_functions=graph_functions, graph_events=_XPU_GRAPH_STATE["events"])
     finally:
         patches.undo()
         clear_library_caches()
