@@ -44,6 +44,16 @@ def test_a_folder_the_user_chose_is_kept(tmp_path):
     assert env == {INDUCTOR_VARIABLE: str(tmp_path / "mine")}
 
 
+def test_torchs_own_default_in_the_variable_is_replaced(tmp_path):
+    from hwcompile.cache import torch_default_dir
+
+    env = {INDUCTOR_VARIABLE: str(torch_default_dir()), "HWSTACK_CACHE_DIR": str(tmp_path)}
+    cache = enable_persistent_cache("2.15.0", env)
+    assert env[INDUCTOR_VARIABLE] == str(tmp_path / "compile" / "torch-2.15.0")
+    cache.undo()
+    assert env[INDUCTOR_VARIABLE] == str(torch_default_dir())
+
+
 def test_an_uncreatable_folder_keeps_torchs_default(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")

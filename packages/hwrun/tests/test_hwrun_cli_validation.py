@@ -113,3 +113,30 @@ def test_batch_files_must_be_bounded_utf8_text(tmp_path):
     assert read_batch_file(str(big)) == ["a prompt"] * 20
     with pytest.raises(GenerateError, match=r"not a regular file"):
         read_batch_file("/dev/zero")
+
+
+def test_compile_cache_is_announced_cold_then_warm(tmp_path, monkeypatch, capsys):
+    """`hwrun generate --compile` where graph decode compiles: the persistent cache folder and its state on stderr."""
+    import os
+
+    import hwenv
+    from hwrun.cli.main import announce_compile_cache
+
+    monkeypatch.setenv("HWSTACK_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    plan = hwrun.plan(device=hwenv.Accelerator("cuda", 1, memory=(80 * 2**30,)), compile=True)
+    announce_compile_cache(plan)
+    first = capsys.readouterr().err
+    folder = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    assert folder.startswith(str(tmp_path)) and "(cold: the first call compiles the decode step)" in first
+    (tmp_path / folder / "fxgraph" / "ab").mkdir(parents=True)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    announce_compile_cache(plan)
+    assert "(warm: reusing compiled graphs)" in capsys.readouterr().err
+
+
+def test_compile_on_a_device_without_graphs_announces_nothing(monkeypatch, capsys):
+    monkeypatch.setattr("hwrun.cli.main.announce_compile_cache", lambda plan: pytest.fail("nothing compiles on CPU"))
+    assert main(["generate", "The king said", "--compile", "--max-new-tokens", "2"]) == 0
+    assert "decode: generate" in capsys.readouterr().err

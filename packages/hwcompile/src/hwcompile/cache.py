@@ -60,6 +60,19 @@ class PersistentCache:
                 env[name] = value
 
 
+def torch_default_dir() -> Path:
+    """torch's own default inductor folder (`<tmp>/torchinductor_<user>`), computed as torch computes it."""
+    import getpass
+    import re
+    import tempfile
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    return Path(tempfile.gettempdir()) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
 def _holds_graphs(folder: Path) -> bool:
     for sub in ("fxgraph", "aotautograd"):
         path = folder / sub
@@ -81,6 +94,8 @@ def enable_persistent_cache(torch_version: str | None = None,
 
         torch_version = torch.__version__
     chosen = env.get(INDUCTOR_VARIABLE)
+    if chosen and Path(chosen) == torch_default_dir():
+        chosen = None  # torch writes its /tmp default into the variable on first use: not the user's choice
     if chosen:
         folder = Path(chosen).expanduser()
         return PersistentCache(folder, _holds_graphs(folder), f"{INDUCTOR_VARIABLE}={chosen} (yours, kept)",

@@ -125,6 +125,16 @@ def read_batch_file(path: str, limit: int = BATCH_FILE_LIMIT) -> list[str]:
     return prompts
 
 
+def announce_compile_cache(run_plan) -> None:
+    """Point torch's compile caches at the persistent folder (hwcompile) and say on stderr whether this run
+    compiles cold or reads graphs an earlier run compiled."""
+    import hwcompile
+
+    cache = hwcompile.enable_persistent_cache()
+    state = "warm: reusing compiled graphs" if cache.warm else "cold: the first call compiles the decode step"
+    print(f"hwrun: compile on ({run_plan.compile.backend}); compile cache {cache.folder} ({state})", file=sys.stderr)
+
+
 def sampling_options(args: argparse.Namespace) -> dict:
     """generate()'s sampling keywords from the flags, refusing flags that would do nothing or are out of range."""
     from ..errors import GenerateError
@@ -159,6 +169,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     sampling = sampling_options(args)
     _check_inputs(prompts, args.max_new_tokens)
     run_plan = _plan_from(args, args.model)
+    if run_plan.compile is not None and run_plan.accelerator.platform.has_graphs:  # graph decode compiles its step
+        announce_compile_cache(run_plan)
     model, tokenizer = load(run_plan)
     options = dict(**sampling, decode=args.decode, model=model, tokenizer=tokenizer)
     single = len(prompts) == 1
