@@ -1,0 +1,505 @@
+"""`hwrun serve` end to end: a server on a free loopback port (the shipped tiny model, CPU) talked to with the
+official `openai` client and with raw HTTP. Greedy answers are compared with `hwrun.generate`'s for the
+same prompts; every loop is bounded by a timeout."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import hwrun
+import openai
+import pytest
+from hwrun.serve.config import ServeConfig
+from hwrun.serve.server import ServerThread
+
+MODEL_ID = "hwrun/tiny-llama-chat"
+KEY = "test-key-5f2c"
+KEY_ENV = "HWRUN_SERVE_TEST_KEY"
+#: A chat template for the test copy of the tiny model (it ships without one).
+TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def _wait(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("model") / "tiny-llama-chat"
+    shutil.copytree(hwrun.DEFAULT_MODEL, folder)
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = TEMPLATE
+    config_path.write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(chat_model):
+    plan = hwrun.plan(str(chat_model))
+    config = ServeConfig(port=0, max_concurrency=2, max_queue=2, grace_seconds=5, model_id=MODEL_ID,
+                         api_key_env=KEY_ENV, api_key=KEY)
+    lines: list[str] = []
+    srv = ServerThread(config, plan, say=lines.append).start(timeout=180)
+    srv.lines = lines
+    yield srv
+    srv.stop()
+    assert not srv.thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def reference(server):
+    """Greedy answers of `hwrun.generate` (and `model.generate` for chat prompts) from a second load."""
+    model, tokenizer = hwrun.load(server.state.plan)
+    cache: dict = {}
+
+    def completion(prompt: str, n: int):
+        if (prompt, n) not in cache:
+            cache[prompt, n] = hwrun.generate(server.state.plan, prompt, n, model=model, tokenizer=tokenizer,
+                                              batching="static")
+        return cache[prompt, n]
+
+    def chat(messages: list[dict], n: int) -> tuple[str, int]:
+        import torch
+
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id)
+        new = out[0, len(ids):].tolist()
+        eos = tokenizer.eos_token_id
+        new = new[: new.index(eos) + 1] if eos in new else new
+        return tokenizer.decode(new, skip_special_tokens=True), len(ids)
+
+    return completion, chat
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def _http(server, method: str, path: str, body=None, key: str | None = KEY, timeout: float = 60):
+    """(status, headers, text) of one raw request; `body` bytes are sent as they are."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.state.port, timeout=timeout)
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    connection.request(method, path, body=data, headers=headers)
+    response = connection.getresponse()
+    text = response.read().decode()
+    connection.close()
+    return response.status, dict(response.getheaders()), text
+
+
+def _metric(server, name: str) -> float:
+    status, _, text = _http(server, "GET", "/metrics")
+    assert status == 200
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.rsplit(" ", 1)[0] == name)
+
+
+def _count(server, endpoint: str, outcome: str) -> float:
+    return _metric(server, f'hwrun_requests_total{{endpoint="{endpoint}",outcome="{outcome}"}}')
+
+
+# ------------------------------------------------------------------------------------------------ answers
+
+
+def test_startup_says_which_engine_and_why_and_health_is_200(server):
+    assert any(line.startswith("engine: transformers (") and "no CUDA or XPU graphs" in line for line in server.lines)
+    status, _, text = _http(server, "GET", "/health", key=None)  # open for probes
+    assert status == 200 and json.loads(text) == {"status": "ok", "engine": "transformers"}
+
+
+def test_completion_plain_and_streamed_equal_generate_with_usage(server, client, reference):
+    completion, _ = reference
+    want = completion("The king said", 20)
+    answer = client.completions.create(model=MODEL_ID, prompt="The king said", max_tokens=20, temperature=0)
+    assert answer.choices[0].text == want.text
+    assert answer.choices[0].finish_reason == ("stop" if want.token_ids[0][-1] == 2 else "length")
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (want.prompt_tokens[0], want.new_tokens[0])
+    assert answer.usage.total_tokens == want.prompt_tokens[0] + want.new_tokens[0]
+    chunks = list(client.completions.create(model=MODEL_ID, prompt="The king said", max_tokens=20, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    pieces = [c.choices[0].text for c in chunks if c.choices]
+    assert "".join(pieces) == want.text and len([p for p in pieces if p]) > 5  # streamed, not one lump
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == want.new_tokens[0]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == answer.choices[0].finish_reason
+
+
+def test_stream_is_server_sent_events_ending_with_done(server):
+    connection = http.client.HTTPConnection("127.0.0.1", server.state.port, timeout=60)
+    connection.request("POST", "/v1/completions", body=json.dumps(
+        {"model": MODEL_ID, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "stream": True}),
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200 and response.getheader("content-type").startswith("text/event-stream")
+    raw = response.read().decode()
+    connection.close()
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    for event in events[:-2]:
+        assert event.startswith("data: {") and "\n" not in event
+        assert json.loads(event[len("data: "):])["object"] == "text_completion"
+
+
+def test_chat_plain_and_streamed_use_the_chat_template(server, client, reference):
+    _, chat = reference
+    messages = [{"role": "system", "content": "Speak plainly."}, {"role": "user", "content": "Who is the king?"}]
+    want, prompt_tokens = chat(messages, 15)
+    answer = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=15, temperature=0)
+    assert answer.choices[0].message.content == want and answer.choices[0].message.role == "assistant"
+    assert answer.object == "chat.completion" and answer.usage.prompt_tokens == prompt_tokens
+    chunks = list(client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=15, temperature=0,
+                                                 stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_concurrent_requests_equal_generate_for_each_prompt(server, client, reference):
+    completion, _ = reference
+    jobs = [("The king said", 24), ("Once upon a time", 8), ("And the LORD spake", 16), ("In the beginning", 30)]
+
+    def ask(job):
+        prompt, n = job
+        return client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=n, temperature=0).choices[0].text
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        answers = list(pool.map(ask, jobs))
+    assert answers == [completion(p, n).text for p, n in jobs]
+
+
+def test_per_request_sampling_reaches_the_engine(server, client, reference):
+    completion, _ = reference
+    first = client.completions.create(model=MODEL_ID, prompt="The king said", max_tokens=12, temperature=1.0, seed=11)
+    again = client.completions.create(model=MODEL_ID, prompt="The king said", max_tokens=12, temperature=1.0, seed=11)
+    assert first.choices[0].text == again.choices[0].text  # one request at a time: the seed reproduces it
+    top1 = client.completions.create(model=MODEL_ID, prompt="The king said", max_tokens=12, temperature=1.0,
+                                     extra_body={"top_k": 1})
+    assert top1.choices[0].text == completion("The king said", 12).text  # top_k=1 is greedy
+
+
+def test_stop_strings_end_the_answer_before_them(server, client, reference):
+    completion, _ = reference
+    full = completion("The king said", 30).text
+    stop = full.split()[4]
+    want = full[: full.index(stop)]
+    answer = client.completions.create(model=MODEL_ID, prompt="The king said", max_tokens=30, temperature=0,
+                                       stop=[stop, "zzzz"])
+    assert answer.choices[0].text == want and answer.choices[0].finish_reason == "stop"
+    assert answer.usage.completion_tokens < 30
+    streamed = list(client.completions.create(model=MODEL_ID, prompt="The king said", max_tokens=30, temperature=0,
+                                              stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == want
+    assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+# ---------------------------------------------------------------------------------------------- cancelling
+
+
+def test_closing_a_stream_cancels_it_and_frees_its_slot(server, client, reference):
+    cancelled = _count(server, "completions", "cancelled")
+    tokens_before = _metric(server, "hwrun_generation_tokens_total")
+    with client.completions.create(model=MODEL_ID, prompt="The king said", max_tokens=400, temperature=0,
+                                   stream=True) as stream:
+        for index, _ in enumerate(stream):
+            if index == 2:
+                break
+    _wait(lambda: _count(server, "completions", "cancelled") == cancelled + 1, 20, "the cancel in /metrics")
+    _wait(lambda: _metric(server, "hwrun_running_requests") == 0, 20, "the slot to be free")
+    backend = server.state.engine.backend
+    assert backend is not None and backend.free_slots() == server.state.config.max_concurrency
+    assert _metric(server, "hwrun_generation_tokens_total") - tokens_before < 400  # it did not run to the end
+    completion, _ = reference
+    answer = client.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=6, temperature=0)
+    assert answer.choices[0].text == completion("Once upon a time", 6).text
+
+
+def test_a_client_that_disconnects_before_a_whole_answer_cancels_it(server):
+    cancelled = _count(server, "completions", "cancelled")
+    body = json.dumps({"model": MODEL_ID, "prompt": "The king said", "max_tokens": 450, "temperature": 0}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.state.port), timeout=30)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    _wait(lambda: server.state.engine.running == 1, 20, "the request to run")
+    sock.close()
+    _wait(lambda: _count(server, "completions", "cancelled") == cancelled + 1, 20, "the cancel in /metrics")
+    _wait(lambda: server.state.engine.running == 0, 20, "the slot to be free")
+
+
+# ------------------------------------------------------------------------------------------- bad requests
+
+
+BAD = [
+    ("/v1/completions", b"{not json", "invalid_json", None),
+    ("/v1/completions", b'["a list"]', "invalid_json", None),
+    ("/v1/completions", {"model": "gpt-4", "prompt": "x"}, "model_not_found", "model"),
+    ("/v1/completions", {"prompt": "x"}, "missing", "model"),
+    ("/v1/completions", {"model": MODEL_ID, "prompt": "x", "temperature": "hot"}, "invalid_type", "temperature"),
+    ("/v1/completions", {"model": MODEL_ID, "prompt": 12}, "invalid_type", "prompt"),
+    ("/v1/completions", {"model": MODEL_ID, "prompt": "x", "max_tokens": 0}, "invalid_value", "max_tokens"),
+    ("/v1/completions", {"model": MODEL_ID, "prompt": "x", "max_tokens": -4}, "invalid_value", "max_tokens"),
+    ("/v1/completions", {"model": MODEL_ID, "prompt": "x", "max_tokens": 1000}, "context_length_exceeded",
+     "max_tokens"),
+    ("/v1/completions", {"model": MODEL_ID, "prompt": "the king " * 400}, "context_length_exceeded", "prompt"),
+    ("/v1/completions", {"model": MODEL_ID, "prompt": "x", "n": 2}, "unsupported_parameter", "n"),
+    ("/v1/completions", {"model": MODEL_ID, "prompt": "x", "stop": [1]}, "invalid_value", "stop"),
+    ("/v1/chat/completions", {"model": MODEL_ID, "messages": "hello"}, "invalid_type", "messages"),
+    ("/v1/chat/completions", {"model": MODEL_ID, "messages": [{"role": "bot", "content": "x"}]}, "invalid_value",
+     "messages[0].role"),
+    ("/v1/chat/completions", {"model": MODEL_ID, "messages": [{"role": "user", "content": "x"}], "n": 3},
+     "unsupported_parameter", "n"),
+]
+
+
+@pytest.mark.parametrize("path, body, code, param", BAD)
+def test_bad_requests_are_openai_400_errors_never_tracebacks(server, path, body, code, param):
+    status, headers, text = _http(server, "POST", path, body)
+    assert status == 400, text
+    error = json.loads(text)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", code, param)
+    assert "Traceback" not in text and error["message"]
+
+
+def test_the_openai_client_sees_bad_requests_as_bad_request_errors(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL_ID, prompt="x", max_tokens=0)
+    assert info.value.code == "invalid_value" and info.value.param == "max_tokens"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+    listed = client.models.list().data
+    assert [m.id for m in listed] == [MODEL_ID] and listed[0].model_extra["hwrun"]["engine"] == "transformers"
+    assert "no CUDA or XPU graphs" in listed[0].model_extra["hwrun"]["engine_reason"]
+
+
+def test_unknown_routes_and_methods_answer_openai_errors(server):
+    status, _, text = _http(server, "GET", "/v1/nothing")
+    assert status == 404 and json.loads(text)["error"]["code"] == "not_found"
+    status, _, text = _http(server, "GET", "/v1/completions")
+    assert status == 405 and json.loads(text)["error"]["code"] == "method_not_allowed"
+
+
+def test_the_api_key_is_required_on_the_api_and_metrics(server):
+    before = _count(server, "completions", "unauthorized")
+    body = {"model": MODEL_ID, "prompt": "x", "max_tokens": 1}
+    for key in (None, "wrong-key", KEY + "x", ""):
+        status, headers, text = _http(server, "POST", "/v1/completions", body, key=key)
+        assert status == 401 and headers.get("www-authenticate") == "Bearer"
+        assert json.loads(text)["error"]["code"] == "invalid_api_key" and KEY not in text
+    assert _http(server, "GET", "/metrics", key=None)[0] == 401
+    assert _http(server, "GET", "/v1/models", key="nope")[0] == 401
+    assert _http(server, "GET", "/health", key=None)[0] == 200
+    assert _http(server, "POST", "/v1/completions", body)[0] == 200
+    assert _count(server, "completions", "unauthorized") == before + 4
+
+
+def test_a_flood_beyond_slots_and_queue_gets_429_with_retry_after(server):
+    body = {"model": MODEL_ID, "prompt": "The king said", "max_tokens": 120, "temperature": 0, "stream": True}
+    capacity = server.state.config.max_concurrency + server.state.config.max_queue
+    barrier = threading.Barrier(10)
+
+    def shoot(_):
+        barrier.wait(10)
+        return _http(server, "POST", "/v1/completions", body)
+
+    with ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(shoot, range(10)))
+    refused = [r for r in results if r[0] == 429]
+    served = [r for r in results if r[0] == 200]
+    assert len(refused) + len(served) == 10 and refused and len(served) >= capacity
+    for _, headers, text in refused:
+        assert headers.get("retry-after") == "1" and json.loads(text)["error"]["code"] == "queue_full"
+    for _, _, text in served:
+        assert text.endswith("data: [DONE]\n\n")
+    _wait(lambda: server.state.engine.running == 0 and server.state.engine.queue_depth == 0, 20, "an idle engine")
+    assert _count(server, "completions", "rate_limited") >= len(refused)
+
+
+def test_metrics_count_tokens_and_latencies(server):
+    status, headers, text = _http(server, "GET", "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
+    for name in ("hwrun_time_to_first_token_seconds", "hwrun_inter_token_latency_seconds"):
+        assert f"# TYPE {name} histogram" in text and _metric(server, f"{name}_count") > 0
+    assert _metric(server, "hwrun_generation_tokens_total") > 0 and _metric(server, "hwrun_prompt_tokens_total") > 0
+    assert re.search(r'hwrun_engine_info\{.*engine="transformers".*\} 1', text)
+
+
+# ---------------------------------------------------------------------------------------------- start, stop
+
+
+def test_health_is_503_until_the_engine_is_warm(chat_model):
+    from hwrun.serve.engine import EngineChoice
+    from hwrun.serve.startup import Loaded
+
+    class IdleBackend:
+        name = "idle"
+
+        def free_slots(self):
+            return 1
+
+        def add(self, request):
+            raise AssertionError("no request reaches the engine before it is ready")
+
+        cancel = add
+
+        def step(self):
+            return []
+
+        def close(self):
+            pass
+
+    release = threading.Event()
+
+    def slow_loader(plan, config):
+        release.wait(30)
+        return Loaded(tokenizer=None, choice=EngineChoice("idle", "test"), max_model_len=64,
+                      max_model_len_reason="test", eos_ids=(), backend=IdleBackend(), load_seconds=0,
+                      warm_seconds=0)
+
+    plan = hwrun.plan(str(chat_model))
+    srv = ServerThread(ServeConfig(port=0, model_id=MODEL_ID), plan, loader=slow_loader, say=lambda line: None)
+    srv.thread.start()
+    try:
+        _wait(lambda: srv.state.port is not None, 30, "the server to listen")
+        status, _, text = _http(srv, "GET", "/health", key=None)
+        assert status == 503 and json.loads(text)["status"] == "loading"
+        status, headers, text = _http(srv, "POST", "/v1/completions", {"model": MODEL_ID, "prompt": "x"})
+        assert status == 503 and headers.get("retry-after") == "5"
+        assert json.loads(text)["error"]["code"] == "not_ready"
+        release.set()
+        _wait(lambda: _http(srv, "GET", "/health", key=None)[0] == 200, 30, "/health to turn 200")
+    finally:
+        release.set()
+        srv.stop()
+
+
+def test_sigterm_finishes_the_request_in_flight_and_exits_0(tmp_path):
+    command = [sys.executable, "-c", "import sys; from hwrun.cli.main import main; sys.exit(main())", "serve",
+               "--port", "0", "--max-concurrency", "2", "--grace-seconds", "30"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=tmp_path)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        _wait(lambda: any("ready:" in line for line in lines) or process.poll() is not None, 120, "the server")
+        port = int(next(re.search(r"listening on http://127\.0\.0\.1:(\d+)", line).group(1)
+                        for line in lines if "listening on" in line))
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        connection.request("POST", "/v1/completions", body=json.dumps(
+            {"model": "hwrun/tiny-llama", "prompt": "The king said", "max_tokens": 200, "temperature": 0,
+             "stream": True}), headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200
+        first = response.readline()
+        assert first.startswith(b"data: {")
+        process.send_signal(signal.SIGTERM)
+        rest = response.read().decode()
+        connection.close()
+        assert rest.endswith("data: [DONE]\n\n") and '"error"' not in rest
+        finish = [json.loads(e[6:])["choices"][0]["finish_reason"] for e in rest.split("\n\n")
+                  if e.startswith("data: {")][-1]
+        assert finish in ("length", "stop")  # it ran to its end, not cut by the shutdown
+        try:  # no new requests: the listening socket is closed, or (just before) the engine refuses with 503
+            late = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            late.request("GET", "/health")
+            assert late.getresponse().status == 503
+        except OSError:
+            pass
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    reader.join(5)
+    assert any(line.strip() == "hwrun serve: stopped" for line in lines), lines
+
+
+# ------------------------------------------------------------------------------------------------- chat
+
+
+def test_hwrun_chat_streams_the_answer_from_the_server(server, reference, monkeypatch):
+    from hwrun.cli.chat import run_chat
+    from hwrun.cli.main import build_parser
+
+    _, chat = reference
+    monkeypatch.setenv(KEY_ENV, KEY)
+    args = build_parser().parse_args(["chat", "--base-url", server.url, "--api-key-env", KEY_ENV,
+                                      "--temperature", "0", "--max-tokens", "12"])
+    inputs = iter(["Who is the king?", "/reset", "  ", "/exit"])
+    out: list[str] = []
+    assert run_chat(args, read=lambda prompt: next(inputs), write=out.append) == 0
+    want, _ = chat([{"role": "user", "content": "Who is the king?"}], 12)
+    text = "".join(out)
+    assert want and f"\n{want}\n" in text and "(conversation cleared)" in text
+    assert len(out) > 4  # the answer arrived in pieces
+
+
+def test_hwrun_chat_local_continues_plain_text_when_the_model_has_no_template():
+    from hwrun.cli.chat import run_chat
+    from hwrun.cli.main import build_parser
+
+    args = build_parser().parse_args(["chat", "--local", "--temperature", "0", "--max-tokens", "10"])
+    inputs = iter(["The king said"])
+
+    def read(prompt):
+        try:
+            return next(inputs)
+        except StopIteration:
+            raise EOFError from None
+
+    out: list[str] = []
+    assert run_chat(args, read=read, write=out.append) == 0
+    want = hwrun.generate(hwrun.plan(), "The king said", 10, batching="static").text
+    text = "".join(out)
+    assert "(this model has no chat template: each message is continued as plain text)" in text
+    assert f"\n{want}\n" in text
+
+
+# ------------------------------------------------------------------------------------------ slots engine
+
+
+def test_slots_engine_serves_greedy_answers_equal_to_generate_and_frees_cancelled_slots(chat_model, reference):
+    completion, _ = reference
+    plan = hwrun.plan(str(chat_model))
+    config = ServeConfig(port=0, max_concurrency=2, max_queue=4, grace_seconds=5, model_id=MODEL_ID,
+                         engine="slots", max_model_len=256)
+    lines: list[str] = []
+    with ServerThread(config, plan, say=lines.append) as srv:
+        assert any(line.startswith("engine: slots (given: hwrun's slot decoder") for line in lines), lines
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        jobs = [("The king said", 20), ("Once upon a time", 7), ("In the beginning", 12)]
+
+        def ask(job):
+            return client.completions.create(model=MODEL_ID, prompt=job[0], max_tokens=job[1],
+                                             temperature=0).choices[0].text
+
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            assert list(pool.map(ask, jobs)) == [completion(p, n).text for p, n in jobs]
+        with client.completions.create(model=MODEL_ID, prompt="The king said", max_tokens=200, temperature=0,
+                                       stream=True) as stream:
+            next(iter(stream))
+        decoder = srv.state.engine.backend.decoder
+        _wait(lambda: decoder.free_slots == 2 and not decoder.active, 20, "the cancelled request's slot")
+        card = client.models.list().data[0].model_extra["hwrun"]
+        assert card["engine"] == "slots" and card["max_model_len"] == 256
