@@ -59,7 +59,13 @@ def check_overrides(overrides: Mapping[str, Any], train_options: Sequence[str]) 
             )
         if name not in valid:
             close = difflib.get_close_matches(name, [*train_options, *sorted(valid)], n=1, cutoff=0.6)
-            hint = f" Did you mean {close[0]}=?" if close else ""
+            hint = ""
+            if close and close[0] in SET_BY_TRAIN and close[0] not in train_options:
+                own = SET_BY_TRAIN[close[0]]
+                hint = f" Did you mean {own}= (TrainingArguments' {close[0]}, which train() sets from it)?" if own \
+                    else ""
+            elif close:
+                hint = f" Did you mean {close[0]}=?"
             raise TrainingConfigError(
                 f"train() got an unknown keyword {name}=: it is neither one of train()'s options nor a "
                 f"transformers.TrainingArguments keyword.{hint} Fix the name (train()'s options are listed in "
