@@ -140,3 +140,16 @@ def test_compile_on_a_device_without_graphs_announces_nothing(monkeypatch, capsy
     monkeypatch.setattr("hwrun.cli.main.announce_compile_cache", lambda plan: pytest.fail("nothing compiles on CPU"))
     assert main(["generate", "The king said", "--compile", "--max-new-tokens", "2"]) == 0
     assert "decode: generate" in capsys.readouterr().err
+
+
+def test_streamed_generation_times_the_first_token_apart(capsys):
+    """issue 29 point 4: the first call's one-time set-up is shown apart from the decode rate."""
+    assert main(["generate", "The king said", "--max-new-tokens", "6"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("The king said") and len(captured.out.strip()) > len("The king said")
+    found = re.search(r"\(first token after (\d+\.\d+)s, then (\d+\.\d)+ tokens/s\)", captured.err)
+    assert found, captured.err
+    from hwrun.cli.streaming import timed_text_streamer
+
+    streamer = timed_text_streamer(hwrun.load(hwrun.plan())[1])
+    assert streamer.summary(3) == "no token streamed"

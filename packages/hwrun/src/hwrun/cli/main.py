@@ -175,10 +175,15 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     options = dict(**sampling, decode=args.decode, model=model, tokenizer=tokenizer)
     single = len(prompts) == 1
     stream = single and not args.no_stream and not args.json and args.decode != "graphs"
+    timing = ""
     if stream:
+        from .streaming import timed_text_streamer
+
+        streamer = timed_text_streamer(tokenizer)
         print(prompts[0], end="", flush=True)
-        result = generate(run_plan, prompts, args.max_new_tokens, batching=args.batching, stream=True, **options)
+        result = generate(run_plan, prompts, args.max_new_tokens, batching=args.batching, streamer=streamer, **options)
         print()
+        timing = f" ({streamer.summary(result.total_new_tokens)})"
     else:
         result = _generate_with_progress(run_plan, prompts, args, options, generate, GenerationResult)
         if not args.json:
@@ -191,7 +196,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                           "seconds": result.seconds, "tokens_per_second": result.tokens_per_second,
                           "batching": result.batching, "batching_reason": result.batching_reason,
                           "decode": result.decode, "decode_reason": result.decode_reason}, indent=2))
-    print(f"[{result.total_new_tokens} new tokens in {result.seconds:.2f}s: {result.tokens_per_second:.1f} tokens/s; "
+    print(f"[{result.total_new_tokens} new tokens in {result.seconds:.2f}s: {result.tokens_per_second:.1f} tokens/s{timing}; "
           f"{run_plan.device} {run_plan.dtype} {run_plan.attention.implementation}; batching: {result.batching} "
           f"({result.batching_reason}); decode: {result.decode}]", file=sys.stderr)
     return 0
