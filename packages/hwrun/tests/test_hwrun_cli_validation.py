@@ -153,3 +153,11 @@ def test_streamed_generation_times_the_first_token_apart(capsys):
 
     streamer = timed_text_streamer(hwrun.load(hwrun.plan())[1])
     assert streamer.summary(3) == "no token streamed"
+
+
+def test_the_cli_streams_from_the_graph_decoder_too(capsys):
+    """issue 26 point 3: `--decode graphs` (what `--compile` picks on CUDA/XPU) streams instead of printing at the end."""
+    assert main(["generate", "The king said", "--decode", "graphs", "--max-new-tokens", "5"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("The king said") and "first token after" in captured.err
+    assert "decode: graphs" in captured.err

@@ -174,7 +174,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     model, tokenizer = load(run_plan)
     options = dict(**sampling, decode=args.decode, model=model, tokenizer=tokenizer)
     single = len(prompts) == 1
-    stream = single and not args.no_stream and not args.json and args.decode != "graphs"
+    stream = single and not args.no_stream and not args.json  # graph decode streams too (each check_every chunk)
     timing = ""
     if stream:
         from .streaming import timed_text_streamer
