@@ -34,8 +34,13 @@ logger = logging.getLogger(__name__)
 
 DECODE = ("auto", "generate", "graphs")
 #: The platform graph APIs hwrun's graph decoders capture with (`hwenv.platforms.runtime.graph_tools`),
-#: and how the plan names them. Gaudi's HPU graphs wrap modules instead and are not driven here.
-GRAPH_DECODE_APIS = {"cuda_graphs": ("CUDA", "CUDA graph"), "xpu_graphs": ("XPU", "XPU graph")}
+#: and how the plan names them.
+GRAPH_DECODE_APIS = {"cuda_graphs": ("CUDA", "CUDA graph"), "xpu_graphs": ("XPU", "XPU graph"),
+                     "hpu_graphs": ("Gaudi", "HPU graph")}
+#: The graph APIs `decode="auto"` picks (with compile on). Not Gaudi's: the bridge records HPU graphs in
+#: lazy mode only, where torch.compile is refused (G2), and hwrun's HPU-graph decode is tested against
+#: the fake only; `decode="graphs"` uses them.
+AUTO_GRAPH_APIS = frozenset({"cuda_graphs", "xpu_graphs"})
 
 
 def graph_api_of(plan: RunPlan) -> tuple[str, str] | None:
@@ -163,10 +168,17 @@ def choose_decode(plan: RunPlan, requested: str, batching: str, do_sample: bool 
         if graphs is None:
             kind, api = plan.accelerator.kind, plan.accelerator.platform.graph_api
             name = "hwrun's slot decoder (inference/decode/slots.py)" if batching == "continuous" else "the static-cache step loop"
-            logger.warning("decode='graphs' on %s: no CUDA or XPU graphs there (graph API: %s), %s runs eagerly",
+            logger.warning("decode='graphs' on %s: no CUDA, XPU or HPU graphs there (graph API: %s), %s runs eagerly",
                            kind, api, name)
-            return "graphs", f"given; {kind} has no CUDA or XPU graphs (graph API: {api}), so {name} runs eagerly"
+            return "graphs", f"given; {kind} has no CUDA, XPU or HPU graphs (graph API: {api}), so {name} runs eagerly"
+        if plan.accelerator.platform.graph_api not in AUTO_GRAPH_APIS:
+            compiled = ", compiled with the plan's backend" if plan.compile is not None else ""
+            return "graphs", (f"given: {loop} where the bridge runs lazy (hpu_graphs); in eager mode it records no "
+                              f"HPU graphs and the step runs eagerly{compiled}")
         return "graphs", f"given: {loop}"
+    if graphs is not None and plan.accelerator.platform.graph_api not in AUTO_GRAPH_APIS:
+        return "generate", (f"{theirs} (graph decode needs CUDA or XPU graphs and compile=True for decode='auto'; "
+                            f"{label}'s HPU graphs record in lazy mode only, where compile is off: pass decode='graphs')")
     if graphs is not None and plan.compile is not None and not blockers:
         return "graphs", f"{label} with compile on: {loop}, no host work per token"
     if graphs is not None and plan.compile is not None:
@@ -250,6 +262,11 @@ def generate(
     # Transformers' continuous batching runs its loop in a thread of its own, which is not in inference mode:
     # tensors its warm-up creates here under inference_mode() are then updated in place there, and CUDA raises
     # "Inplace update to inference tensor outside InferenceMode" (issue 26). no_grad() is enough for it.
+    if decode_mode == "graphs":
+        note = graph_compile_backend(plan)[1]
+        if note:
+            logger.info("graph decode: %s", note)
+            decode_reason = f"{decode_reason}; {note}"
     theirs_continuous = choice.mode == "continuous" and decode_mode != "graphs"
     with torch.no_grad() if theirs_continuous else torch.inference_mode():
         if choice.mode == "continuous" and decode_mode == "graphs":
@@ -339,7 +356,26 @@ CACHE_BUCKET = 256
 MAX_SLOTS = 64
 
 
-def _decoder(model: Any, batch: int, needed: int, use_graphs: bool, backend: Any, *, slots: bool = False,
+def graph_compile_backend(plan: RunPlan) -> tuple[Any, str]:
+    """(backend, note): what the graph decoders compile their step with. The plan's backend, except where
+    the platform runs a lazy mode that refuses torch.compile (Gaudi lazy, G2: hwcompile decides), where
+    the step is not compiled (HPU graphs capture it) and the note says why."""
+    if plan.compile is None:
+        return None, ""
+    platform = plan.accelerator.platform
+    if platform.lazy_mode_variable is None:
+        return plan.compile.backend, ""
+    import hwcompile
+
+    try:
+        hwcompile.check_compile_mode(platform)
+    except hwcompile.LazyModeError:
+        return None, (f"the step is not compiled: {platform.display_name} runs in lazy mode, where torch.compile "
+                      f"is refused (G2; {platform.lazy_mode_variable}=0 for eager mode)")
+    return plan.compile.backend, ""
+
+
+def _decoder(model: Any, batch: int, needed: int, use_graphs: bool | None, backend: Any, *, slots: bool = False,
              platform: Any = None) -> Any:
     from .decode.slots import SlotDecoder
     from .decode.static import GraphDecoder
@@ -360,9 +396,9 @@ def _slots(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], max_ne
            sampling: Any = None) -> tuple[list[list[int]], list[int], float]:
     """Continuous batching through `hwrun.inference.decode.slots` (EOS and budgets checked on the host)."""
     encoded = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
-    compile_backend = plan.compile.backend if plan.compile is not None else None
+    compile_backend, _ = graph_compile_backend(plan)
     decoder = _decoder(model, min(len(encoded), MAX_SLOTS), max(map(len, encoded)) + max_new_tokens,
-                       graph_api_of(plan) is not None, compile_backend, slots=True, platform=plan.accelerator.platform)
+                       None, compile_backend, slots=True, platform=plan.accelerator.platform)
     start = time.perf_counter()
     rows = decoder.generate(encoded, max_new_tokens, eos_token_id=sorted(_eos_ids(model, tokenizer)) or None,
                             sampling=sampling)
@@ -378,8 +414,8 @@ def _graphs(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], max_n
     encoded = [tokenizer(p, return_tensors="pt")["input_ids"] for p in prompts]
     lengths = {e.shape[1] for e in encoded}
     batches = [torch.cat(encoded)] if len(lengths) == 1 else encoded
-    use_graphs = graph_api_of(plan) is not None
-    compile_backend = plan.compile.backend if plan.compile is not None else None
+    use_graphs = None  # the decoders capture where the platform's graph tools do (hwenv: graph_tools)
+    compile_backend, _ = graph_compile_backend(plan)
     eos = sorted(_eos_ids(model, tokenizer)) or None
     rows: list[list[int]] = []
     start = time.perf_counter()

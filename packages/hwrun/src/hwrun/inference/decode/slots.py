@@ -7,8 +7,8 @@ prompts it reached 2,617 tokens/s against 20,386 for a static CUDA-graph batch
 hwrun.inference.decode.fused_step with per-row positions). Every decode step runs all slots at once with fixed
 shapes, so it is captured once and replayed; a row attends only to its own keys. Idle slots step
 too (their rows are ignored); that costs nothing extra, as a step reads the weights once for all rows.
-The graph is a CUDA graph on NVIDIA/ROCm and an XPU graph on Intel GPUs (the platform's
-`graph_tools`); elsewhere the same loop runs eagerly, which is how CPU tests prove that its greedy
+The graph is a CUDA graph on NVIDIA/ROCm, an XPU graph on Intel GPUs and an HPU graph on Gaudi in
+lazy mode (the platform's `graph_tools`); elsewhere the same loop runs eagerly, which is how CPU tests prove that its greedy
 tokens equal `model.generate`'s for each prompt. Sampling (temperature, top-p, top-k, seed per
 request) runs inside the step (hwrun.inference.decode.sampling); a second graph is captured for it
 the first time a sampled request is active, so greedy batches keep the plain argmax step.
@@ -51,6 +51,7 @@ from ...errors import FastDecodeError
 from .sampling import SamplingParams, SamplingRows, next_tokens
 from .static import (
     capture_graph,
+    check_compile_allowed,
     check_decoder_args,
     compile_step,
     decoder_graph_tools,
@@ -101,6 +102,7 @@ class SlotDecoder:
         from .fused_step import FusedLlamaStep, fused_step_support
 
         self.platform = model_platform(model, platform)
+        check_compile_allowed(self.platform, compile_backend)
         self.graph_tools = decoder_graph_tools(self.platform) if use_graphs is not False else None
         check_decoder_args(model, slots, max_cache_len, use_graphs, self.graph_tools, self.platform)
         unsupported = fused_step_support(model)

@@ -1,5 +1,6 @@
 """Decoding with no host work per token: a static KV cache, one decode step captured as a
-device graph (CUDA graphs on NVIDIA and ROCm, XPU graphs on Intel GPUs), replayed once per token.
+device graph (CUDA graphs on NVIDIA and ROCm, XPU graphs on Intel GPUs, HPU graphs on Gaudi in lazy
+mode), replayed once per token.
 
 Why: at batch 1 `model.generate` is bound by Python and kernel-launch overhead, not by memory
 bandwidth (the baseline in docs/benchmarks/decode.md: 4% of roofline). Here every per-token
@@ -10,9 +11,11 @@ addresses and is captured once. Sampling (temperature, top-p, top-k, a seed per 
 the step from per-row tensors and counter-based noise (hwrun.inference.decode.sampling), captured
 as a second graph the first time a call samples. The host only calls `graph.replay()` N times (and checks for EOS
 every `check_every` tokens). Graphs, streams and synchronisation come from the model's platform
-(`hwenv.platforms.runtime.graph_tools` / `synchronize`); where it has none hwrun drives (Gaudi's
-HPU graphs wrap modules; CPU, MPS) the same step runs eagerly, which is how CPU tests prove that
-its tokens equal `model.generate(do_sample=False)`'s.
+(`hwenv.platforms.runtime.graph_tools` / `synchronize`); where it has none (CPU, MPS, Gaudi in
+eager mode, where the step may be compiled with `hpu_backend` instead; never compiled in lazy mode)
+the same step runs eagerly, which is how CPU tests prove that its tokens equal
+`model.generate(do_sample=False)`'s. The Gaudi and XPU fakes of hwenv.testing record and replay
+captured ops, so the capture path is tested on CPU too (tests/test_hwrun_decode_graph_fakes.py).
 """
 
 from __future__ import annotations
@@ -25,8 +28,11 @@ from .sampling import SamplingParams, SamplingRows, next_tokens
 
 logger = logging.getLogger(__name__)
 
-#: The platform graph APIs the decoders capture with (`runtime.graph_tools` returns tools for them).
-CAPTURE_APIS = ("cuda_graphs", "xpu_graphs")
+#: The platform graph APIs the decoders capture with (`runtime.graph_tools` returns tools for them):
+#: CUDA graphs (NVIDIA, ROCm), XPU graphs, and Gaudi's HPU graphs, which the bridge records in lazy
+#: mode only (hwenv returns no tools in eager mode, where the step runs eagerly, compiled with
+#: `hpu_backend` when the plan compiles).
+CAPTURE_APIS = ("cuda_graphs", "xpu_graphs", "hpu_graphs")
 
 
 def model_platform(model: Any, platform: Any = None) -> Any:
@@ -43,16 +49,34 @@ def model_platform(model: Any, platform: Any = None) -> Any:
 
 def decoder_graph_tools(platform: Any) -> Any:
     """The platform's `GraphTools` (graph class, capture, streams) when the decoders can capture with
-    them, else None (no graph API hwrun drives, or this torch lacks its classes; logged)."""
+    them, else None (no graph API hwrun drives, this torch lacks its classes, Gaudi without the bridge
+    or in eager mode; logged)."""
     if platform.graph_api not in CAPTURE_APIS:
         return None
     from hwenv.platforms import runtime
 
     try:
-        return runtime.graph_tools(platform)
+        tools = runtime.graph_tools(platform)
     except (AttributeError, ImportError) as error:
         logger.info("no %s in this torch (%s): decoding eagerly", platform.graph_api, error)
         return None
+    if tools is None:
+        logger.info("%s: no %s that capture here (Gaudi: the bridge records HPU graphs in lazy mode only): "
+                    "decoding eagerly", platform.kind, platform.graph_api)
+    return tools
+
+
+def check_compile_allowed(platform: Any, backend: Any) -> None:
+    """Refuse (FastDecodeError) to compile the step where the platform runs a lazy mode that forbids it:
+    Gaudi compiles only in eager mode (`hwcompile.check_compile_mode`, G2); HPU graphs serve lazy mode."""
+    if backend is None or platform.lazy_mode_variable is None:
+        return
+    import hwcompile
+
+    try:
+        hwcompile.check_compile_mode(platform)
+    except hwcompile.HwcompileError as error:
+        raise FastDecodeError(f"compile_backend={backend!r}: {error}") from error
 
 
 #: "fused": hwrun.inference.decode.fused_step (llama/mistral/qwen2); "model": the model's own forward over a StaticCache;
@@ -72,7 +96,7 @@ class GraphDecoder:
     """Static-cache decoder (greedy, or sampled per row) for `model` at a fixed batch size and cache length.
 
     `use_graphs=None` captures a graph where the model's platform (`platform`, default: the one of
-    `model.device`) has graph tools the decoder drives (CUDA or XPU graphs); `compile_backend`
+    `model.device`) has graph tools the decoder drives (CUDA, XPU, or HPU graphs in Gaudi's lazy mode); `compile_backend`
     compiles the step with torch.compile first (fuses the small ops; the graph is then captured over
     the compiled code). One decoder serves many prompts as long as `prompt + new tokens <= max_cache_len`.
     """
@@ -86,6 +110,7 @@ class GraphDecoder:
         from .fused_step import FusedLlamaStep, fused_step_support
 
         self.platform = model_platform(model, platform)
+        check_compile_allowed(self.platform, compile_backend)
         self.graph_tools = decoder_graph_tools(self.platform) if use_graphs is not False else None
         check_decoder_args(model, batch_size, max_cache_len, use_graphs, self.graph_tools, self.platform)
         self.model = model
@@ -279,7 +304,8 @@ def check_decoder_args(model: Any, batch_size: int, max_cache_len: int, use_grap
         raise FastDecodeError(f"batch_size={batch_size} must be positive.")
     if use_graphs and (tools is None or platform is None or platform.device_type != model.device.type):
         api = "none" if platform is None else f"{platform.kind}: {platform.graph_api}"
-        raise FastDecodeError(f"use_graphs=True needs a model on a device with CUDA or XPU graphs; this one is on "
+        raise FastDecodeError(f"use_graphs=True needs a model on a device with CUDA or XPU graphs (or Gaudi's HPU "
+                              f"graphs in lazy mode); this one is on "
                               f"{model.device} (graph API {api}). Pass use_graphs=None or False.")
     config = model.config.get_text_config(decoder=True)
     if getattr(config, "sliding_window", None) or getattr(config, "layer_types", None) and any(
@@ -326,7 +352,7 @@ def capture_graph(step: Any, device: Any, buffers: list[Any], *, tools: Any = No
         platform = hwenv.get_platform(kind_of_device_type(getattr(device, "type", str(device).split(":")[0])))
     tools = tools if tools is not None else decoder_graph_tools(platform)
     if tools is None:
-        raise FastDecodeError(f"cannot capture a graph on {device}: {platform.kind} has no CUDA or XPU graphs "
+        raise FastDecodeError(f"cannot capture a graph on {device}: {platform.kind} has no CUDA, XPU or HPU graphs "
                               f"(graph API {platform.graph_api}); decode eagerly (use_graphs=False).")
     start = time.perf_counter()
     saved = [b.clone() for b in buffers]
