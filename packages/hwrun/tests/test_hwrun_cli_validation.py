@@ -161,3 +161,16 @@ def test_the_cli_streams_from_the_graph_decoder_too(capsys):
     captured = capsys.readouterr()
     assert captured.out.startswith("The king said") and "first token after" in captured.err
     assert "decode: graphs" in captured.err
+
+
+def test_hwrun_plan_shows_the_decode_path_with_its_reason(capsys, fake_cuda):
+    """issue 26: `hwrun plan` says which decode loop runs for one prompt and for many, and why."""
+    assert main(["plan"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^decode \(1 prompt\)\s+generate, static batching\s+model\.generate", out, re.M), out
+    assert re.search(r"^decode \(64 prompts\)\s+generate, continuous batching", out, re.M), out
+    fake_cuda(1)
+    assert main(["plan", "--compile", "--json"]) == 0
+    decode = json.loads(capsys.readouterr().out)["decode"]
+    assert decode["decode (1 prompt)"]["value"] == "graphs, static batching"
+    assert "replay" in decode["decode (1 prompt)"]["reason"]

@@ -89,12 +89,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def decode_rows(run_plan) -> list[tuple[str, str, str]]:
+    """(field, value, reason) of the decode path `generate()` takes here for one prompt and for many
+    (graph replay or Transformers' loop, and the batching), as `hwrun plan` shows them."""
+    from ..inference.batching import choose_batching
+    from ..inference.generate import choose_decode
+
+    rows = []
+    for label, prompts in (("decode (1 prompt)", 1), ("decode (64 prompts)", 64)):
+        batching = choose_batching(run_plan, prompts, "auto")
+        mode, reason = choose_decode(run_plan, "auto", batching.mode)
+        rows.append((label, f"{mode}, {batching.mode} batching", f"{reason}; batching: {batching.reason}"))
+    return rows
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     run_plan = _plan_from(args, args.model)
+    decode = decode_rows(run_plan)
     if args.json:
-        print(json.dumps(run_plan.to_dict(), indent=2, default=str))
+        data = run_plan.to_dict()
+        data["decode"] = {label: {"value": value, "reason": reason} for label, value, reason in decode}
+        print(json.dumps(data, indent=2, default=str))
     else:
-        print(run_plan.render())
+        rows = [*run_plan.rows(), *decode]
+        width_f = max(len(row[0]) for row in rows)
+        width_v = min(40, max(len(row[1]) for row in rows))
+        print(f"{'field'.ljust(width_f)}  {'value'.ljust(width_v)}  reason")
+        print(f"{'-' * width_f}  {'-' * width_v}  {'-' * 6}")
+        for name, value, reason in rows:
+            print(f"{name.ljust(width_f)}  {value.ljust(width_v)}  {reason}")
     return 0
 
 
