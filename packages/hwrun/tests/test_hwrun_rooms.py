@@ -129,3 +129,14 @@ def test_public_functions_do_not_hide_their_modules():
             value = getattr(hwrun, leaf, None)
             assert value is None or not callable(value) or isinstance(value, type(hwrun)), (
                 f"hwrun.{leaf} is a function that hides the module {module}")
+
+
+def test_hwrun_help_imports_no_torch():
+    """issue 29 point 4: `hwrun --help` (every subcommand's parser, train/serve/chat included) stays light."""
+    code = ("import sys, contextlib, io, hwrun.cli.main as cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            "    try:\n        cli.main(['--help'])\n    except SystemExit:\n        pass\n"
+            "heavy = [m for m in ('torch', 'transformers', 'starlette', 'uvicorn', 'openai') if m in sys.modules]\n"
+            "print(heavy, 'serve' in out.getvalue(), 'train' in out.getvalue())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[] True True", out
