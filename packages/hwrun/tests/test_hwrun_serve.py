@@ -57,11 +57,15 @@ def server(chat_model):
     config = ServeConfig(port=0, max_concurrency=2, max_queue=2, grace_seconds=5, model_id=MODEL_ID,
                          api_key_env=KEY_ENV, api_key=KEY)
     lines: list[str] = []
+    import torch
+
+    threads = torch.get_num_threads()
     srv = ServerThread(config, plan, say=lines.append).start(timeout=180)
     srv.lines = lines
     yield srv
     srv.stop()
     assert not srv.thread.is_alive()
+    assert torch.get_num_threads() == threads  # the server gave torch its thread count back
 
 
 @pytest.fixture(scope="module")
@@ -392,6 +396,84 @@ def test_health_is_503_until_the_engine_is_warm(chat_model):
     finally:
         release.set()
         srv.stop()
+
+
+class EndlessBackend:
+    """A backend without a model: every request gets token 300 each step, forever (until cancelled)."""
+
+    name = "endless"
+
+    def __init__(self):
+        self.active: set[str] = set()
+        self.cancelled: list[str] = []
+
+    def free_slots(self):
+        return 4 - len(self.active)
+
+    def add(self, request):
+        self.active.add(request.request_id)
+
+    def cancel(self, request_id):
+        self.active.discard(request_id)
+        self.cancelled.append(request_id)
+
+    def step(self):
+        from hwrun.serve.engine import EngineEvent
+
+        time.sleep(0.01)
+        return [EngineEvent(r, (300,)) for r in self.active]
+
+    def close(self):
+        pass
+
+
+def _endless_loader(backend):
+    def loader(plan, config):
+        from hwrun.serve.engine import EngineChoice
+        from hwrun.serve.startup import Loaded
+        from transformers import AutoTokenizer
+
+        return Loaded(tokenizer=AutoTokenizer.from_pretrained(hwrun.DEFAULT_MODEL),
+                      choice=EngineChoice("endless", "test"), max_model_len=10**6, max_model_len_reason="test",
+                      eos_ids=(), backend=backend, load_seconds=0, warm_seconds=0)
+    return loader
+
+
+def test_after_the_grace_period_requests_still_running_are_cancelled_and_the_server_stops(chat_model):
+    backend = EndlessBackend()
+    config = ServeConfig(port=0, model_id=MODEL_ID, grace_seconds=1)
+    srv = ServerThread(config, hwrun.plan(str(chat_model)), loader=_endless_loader(backend), say=lambda line: None)
+    srv.start(timeout=60)
+    connection = http.client.HTTPConnection("127.0.0.1", srv.state.port, timeout=30)
+    connection.request("POST", "/v1/completions", body=json.dumps(
+        {"model": MODEL_ID, "prompt": "The king said", "max_tokens": 500000, "stream": True}),
+        headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200 and response.readline().startswith(b"data: {")
+    started = time.monotonic()
+    srv.drain()
+    srv.thread.join(30)
+    assert not srv.thread.is_alive() and 1 <= time.monotonic() - started < 20
+    assert len(backend.cancelled) == 1 and not backend.active
+    assert srv.state.metrics.requests[("completions", "cancelled")] == 1
+    try:
+        rest = response.read()
+    except http.client.IncompleteRead as exc:  # the connection was cut mid-stream
+        rest = exc.partial
+    assert b"[DONE]" not in rest
+    connection.close()
+
+
+def test_an_engine_that_cannot_start_ends_serve_with_its_error(chat_model):
+    from hwrun.errors import EngineStartError
+    from hwrun.serve.server import serve
+
+    def broken(plan, config):
+        raise EngineStartError("no engine can serve this model on cpu: test")
+
+    with pytest.raises(EngineStartError, match="no engine can serve this model on cpu: test"):
+        serve(ServeConfig(port=0, model_id=MODEL_ID), hwrun.plan(str(chat_model)), loader=broken,
+              say=lambda line: None)
 
 
 def test_sigterm_finishes_the_request_in_flight_and_exits_0(tmp_path):

@@ -59,6 +59,19 @@ def test_api_key_comes_from_the_named_variable_and_never_starts_open():
         read_api_key("sk-live-123", {})  # a key pasted where the variable's name belongs
 
 
+def test_torch_threads_leave_the_server_a_core_and_yield_to_the_user():
+    from hwrun.serve.config import torch_threads_for
+
+    assert torch_threads_for(False, 2, {})[0] == 1 and torch_threads_for(False, 16, {})[0] == 15
+    assert torch_threads_for(False, 1, {})[0] == 1
+    assert torch_threads_for(True, 64, {}) == (1, "accelerator: one torch thread prepares each step on the host "
+                                                  "(as transformers serve does)")
+    assert torch_threads_for(False, 16, {"OMP_NUM_THREADS": "4"})[0] is None  # the user's setting wins
+    assert torch_threads_for(False, 16, {"OMP_NUM_THREADS": "4"}, given=3) == (3, "given (--torch-threads)")
+    with pytest.raises(ServeConfigError, match="--torch-threads 0 must be an integer >= 1"):
+        check_config(ServeConfig(torch_threads=0))
+
+
 def test_context_limit_caps_long_models_and_refuses_more_than_the_model_has():
     assert context_limit(None, 512) == (512, "the model's context (max_position_embeddings)")
     assert context_limit(None, 131072)[0] == 4096
@@ -249,7 +262,7 @@ def _run_engine(engine: Engine, work) -> None:
     async def main():
         engine.start(asyncio.get_running_loop())
         for _ in range(500):
-            if engine.ready:
+            if engine.state in ("ready", "failed"):
                 break
             await asyncio.sleep(0.01)
         await work()

@@ -45,6 +45,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "slots or transformers")
     p.add_argument("--max-model-len", default=None, metavar="N",
                    help="tokens a request may span, prompt and answer (default: the model's context, at most 4096)")
+    p.add_argument("--torch-threads", default=None, metavar="N",
+                   help="torch intra-op threads (default: all cores but one on the host, 1 on an accelerator; "
+                        "OMP_NUM_THREADS wins)")
     p.add_argument("--served-model-name", default=None, metavar="ID",
                    help="the model id clients send (default: MODEL as given, or hwrun/tiny-llama)")
     p.set_defaults(func=run_serve)
@@ -61,6 +64,7 @@ def config_from(args: argparse.Namespace, environ: dict[str, str] | None = None)
         grace_seconds=_number(args.grace_seconds, "--grace-seconds"), engine=args.engine,
         max_model_len=_integer(args.max_model_len, "--max-model-len") if args.max_model_len is not None else None,
         model_id=args.served_model_name or args.model or DEFAULT_MODEL_ID,
+        torch_threads=_integer(args.torch_threads, "--torch-threads") if args.torch_threads is not None else None,
     )
     check_config(config)
     key = read_api_key(args.api_key_env, environ)

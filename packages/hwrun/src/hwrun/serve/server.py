@@ -93,6 +93,9 @@ def make_server(state: ServeState) -> Any:
             yield
         finally:
             await asyncio.to_thread(state.engine.stop)
+            from .startup import restore_torch_threads
+
+            restore_torch_threads(state.loaded)
 
     config = state.config
     app = build_app(state, lifespan=lifespan)

@@ -41,6 +41,9 @@ class Loaded:
     backend: Backend
     load_seconds: float
     warm_seconds: float
+    threads: int | None = None  # torch intra-op threads set for serving (None: left as they were)
+    threads_reason: str = ""
+    previous_threads: int | None = None  # what to restore when the server stops
 
 
 def slots_blockers(plan: RunPlan, model: Any) -> list[str]:
@@ -124,11 +127,25 @@ def model_context(model: Any, tokenizer: Any) -> int | None:
 
 
 def load_backend(plan: RunPlan, config: ServeConfig) -> Loaded:
-    """Load the model, choose the engine, build its backend and warm it with one short request."""
+    """Load the model, choose the engine, build its backend and warm it with one short request (torch's thread
+    count set for serving first, as `torch_threads_for` decides, and given back if the start fails)."""
+    start = time.perf_counter()
+    threads, threads_reason, previous = apply_torch_threads(plan, config)
+    try:
+        return _load(plan, config, start, threads, threads_reason, previous)
+    except BaseException:
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(previous)
+        raise
+
+
+def _load(plan: RunPlan, config: ServeConfig, start: float, threads: int | None, threads_reason: str,
+          previous: int) -> Loaded:
     from ..model.load import load
     from .config import context_limit
 
-    start = time.perf_counter()
     model, tokenizer = load(plan)
     max_len, len_reason = context_limit(config.max_model_len, model_context(model, tokenizer))
     eos = tuple(sorted(_eos_ids(model, tokenizer)))
@@ -158,7 +175,33 @@ def load_backend(plan: RunPlan, config: ServeConfig) -> Loaded:
     warm(backend, tokenizer)
     return Loaded(tokenizer=tokenizer, choice=choice, max_model_len=max_len, max_model_len_reason=len_reason,
                   eos_ids=eos, backend=backend, load_seconds=loaded_at - start,
-                  warm_seconds=time.perf_counter() - loaded_at)
+                  warm_seconds=time.perf_counter() - loaded_at, threads=threads, threads_reason=threads_reason,
+                  previous_threads=previous)
+
+
+def apply_torch_threads(plan: RunPlan, config: ServeConfig) -> tuple[int | None, str, int]:
+    """Set torch's intra-op threads as `torch_threads_for` decides; (set value or None, reason, previous value)."""
+    import os
+
+    import torch
+
+    from .config import torch_threads_for
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads, reason = torch_threads_for(plan.accelerator.platform.is_accelerator, cores, given=config.torch_threads)
+    previous = torch.get_num_threads()
+    if threads is not None and threads != previous:
+        torch.set_num_threads(threads)
+    return threads, reason, previous
+
+
+def restore_torch_threads(loaded: Loaded | None) -> None:
+    """Give torch back the thread count it had before the server started (the server is stopping)."""
+    if loaded is None or loaded.threads is None or loaded.previous_threads is None:
+        return
+    import torch
+
+    torch.set_num_threads(loaded.previous_threads)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

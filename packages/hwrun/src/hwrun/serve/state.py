@@ -49,8 +49,9 @@ class ServeState:
         self.metrics.info = {"engine": loaded.choice.name, "device": self.plan.device, "dtype": self.plan.dtype,
                              "model": self.config.model_id}
         self.say(f"engine: {loaded.choice.name} ({loaded.choice.reason})")
-        self.say(f"context: {loaded.max_model_len} tokens ({loaded.max_model_len_reason}); loaded in "
-                 f"{loaded.load_seconds:.1f} s, warmed in {loaded.warm_seconds:.1f} s")
+        self.say(f"context: {loaded.max_model_len} tokens ({loaded.max_model_len_reason}); torch threads: "
+                 f"{loaded.threads if loaded.threads is not None else 'unchanged'} ({loaded.threads_reason}); "
+                 f"loaded in {loaded.load_seconds:.1f} s, warmed in {loaded.warm_seconds:.1f} s")
         return loaded.backend
 
     @property
@@ -84,6 +85,8 @@ class ServeState:
             "max_model_len": loaded.max_model_len if loaded else None,
             "max_model_len_reason": loaded.max_model_len_reason if loaded else None,
             "max_concurrency": self.config.max_concurrency, "max_queue": self.config.max_queue,
+            "torch_threads": loaded.threads if loaded else None,
+            "torch_threads_reason": loaded.threads_reason if loaded else None,
             "reasons": dict(plan.reasons),
         }
         return {"id": self.config.model_id, "object": "model", "created": self.created, "owned_by": "hwrun",
