@@ -248,17 +248,10 @@ def generate(
 
         streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     logger.info("batching: %s (%s); decode: %s (%s)", choice.mode, choice.reason, decode_mode, decode_reason)
-    if choice.mode == "continuous" and decode_mode == "graphs":
-        from .decode.fused_step import fused_step_support
-
-        unsupported = fused_step_support(model)
-        if unsupported is not None and decode == "graphs":
-            raise GenerateError(f"decode='graphs' with continuous batching runs hwrun's fused step, which cannot run "
-                                f"this model: {unsupported}. Use decode='generate'.")
-        if unsupported is not None:
-            logger.info("continuous graph decode not used: the fused step cannot run this model (%s); "
-                        "falling back to model.generate_batch", unsupported)
-            decode_mode, decode_reason = "generate", f"model.generate_batch (the fused step cannot run it: {unsupported})"
+    if decode_mode == "graphs":
+        needed = max(len(tokenizer(p)["input_ids"]) for p in prompts) + max_new_tokens
+        choice, decode_mode, decode_reason = fit_graph_decode(model, choice, decode, batching, decode_reason,
+                                                              needed, len(prompts))
     # Transformers' continuous batching runs its loop in a thread of its own, which is not in inference mode:
     # tensors its warm-up creates here under inference_mode() are then updated in place there, and CUDA raises
     # "Inplace update to inference tensor outside InferenceMode" (issue 26). no_grad() is enough for it.
@@ -354,6 +347,44 @@ CACHE_BUCKET = 256
 
 #: Most slots (concurrent requests) the continuous graph decoder runs; more prompts wait for a free slot.
 MAX_SLOTS = 64
+
+
+def fit_graph_decode(model: Any, choice: BatchingChoice, decode: str, batching: str, reason: str, needed: int,
+                     n_prompts: int) -> tuple[BatchingChoice, str, str]:
+    """(batching choice, decode mode, decode reason) for graph decode, checked against the loaded model.
+
+    The static graph decoder runs any family whose decoder Transformers runs over a static cache: the
+    fused Llama-family step where it applies (an optimisation), else the model's own forward. The slot
+    decoder runs the fused step only (per-row positions through a model's own forward would need a
+    per-row cache and mask it does not build): for another family, `decode="graphs"` with `batching="auto"`
+    runs the static graph decoder, otherwise Transformers' `generate_batch` runs, and the reason says why.
+    Attention the decoders cannot reproduce (a sliding window shorter than the cache) falls back to
+    Transformers' loop on `decode="auto"` and raises on `decode="graphs"`."""
+    from .decode.fused_step import fused_step_support
+    from .decode.static import attention_blocker
+
+    theirs = "model.generate_batch" if choice.mode == "continuous" else "model.generate"
+    blocker = attention_blocker(model, -(-needed // CACHE_BUCKET) * CACHE_BUCKET)
+    if blocker is not None:
+        if decode == "graphs":
+            raise GenerateError(f"decode='graphs' cannot run {type(model).__name__}: it {blocker}. "
+                                "Use decode='generate'.")
+        logger.info("graph decode not used: %s %s; falling back to %s", type(model).__name__, blocker, theirs)
+        return choice, "generate", f"{theirs} ({type(model).__name__} {blocker})"
+    unsupported = fused_step_support(model)
+    if unsupported is None:
+        return choice, "graphs", f"{reason}; step: the fused Llama-family step (q/k/v and gate/up as one matrix each)"
+    own = f"step: the model's own forward over a StaticCache (the fused step does not apply: {unsupported})"
+    if choice.mode != "continuous":
+        return choice, "graphs", f"{reason}; {own}"
+    slots_only = f"hwrun's slot decoder runs the fused Llama-family step only ({unsupported})"
+    if decode == "graphs" and batching == "auto":
+        logger.info("%s: the static graph decoder runs the %d prompts", slots_only, n_prompts)
+        static = BatchingChoice("static", f"{n_prompts} prompts and decode='graphs', but {slots_only}: the static "
+                                "graph decoder, prompts of one length batched together, others one by one")
+        return static, "graphs", f"given: static cache + graph replay per token (hwrun.inference.decode.static); {own}"
+    logger.info("continuous graph decode not used: %s; falling back to model.generate_batch", slots_only)
+    return choice, "generate", f"model.generate_batch ({slots_only})"
 
 
 def graph_compile_backend(plan: RunPlan) -> tuple[Any, str]:

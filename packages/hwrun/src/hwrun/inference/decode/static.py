@@ -307,13 +307,24 @@ def check_decoder_args(model: Any, batch_size: int, max_cache_len: int, use_grap
         raise FastDecodeError(f"use_graphs=True needs a model on a device with CUDA or XPU graphs (or Gaudi's HPU "
                               f"graphs in lazy mode); this one is on "
                               f"{model.device} (graph API {api}). Pass use_graphs=None or False.")
+    reason = attention_blocker(model, max_cache_len)
+    if reason is not None:
+        raise FastDecodeError(f"{type(model).__name__} {reason}; the graph decoder attends over the whole cache. "
+                              "Use decode='generate'.")
+
+
+def attention_blocker(model: Any, max_cache_len: int) -> str | None:
+    """Why the decoders' full attention over `max_cache_len` positions would differ from the model's, or None.
+    Sliding-window layers are fine when the window covers the whole cache (every cached key is inside it)."""
     config = model.config.get_text_config(decoder=True)
-    if getattr(config, "sliding_window", None) or getattr(config, "layer_types", None) and any(
-            t != "full_attention" for t in config.layer_types):
-        raise FastDecodeError(
-            f"{type(model).__name__} uses sliding-window or mixed attention layers; the graph decoder supports "
-            "full-attention decoders only. Use decode='generate'."
-        )
+    window = getattr(config, "sliding_window", None)
+    kinds = set(getattr(config, "layer_types", None) or ())
+    other = sorted(kinds - {"full_attention", "sliding_attention"})
+    if other:
+        return f"has {', '.join(other)} layers"
+    if (window or "sliding_attention" in kinds) and not (window and window >= max_cache_len):
+        return (f"uses sliding-window attention (window {window}) shorter than max_cache_len={max_cache_len}")
+    return None
 
 
 def compile_step(step: Any, backend: Any, mode: str | None, tune: bool = False) -> Any:
