@@ -1,8 +1,8 @@
-"""Import and start-up cost of hwenv and hwdist beside bare Python, measured side by side in one run.
+"""Import and start-up cost of hwenv, hwdist and hwrun beside bare Python, measured side by side in one run.
 
 Each command runs as a fresh process, interleaved, N times (default 15); the report gives the
 median wall time of each and the difference over `python -c pass` (issue 29 goals: `import hwenv`
-<= 15 ms over bare Python; `hwenv --help` and `hwdist --help` import no torch and take <= 300 ms).
+<= 15 ms over bare Python; `hwenv --help`, `hwdist --help` and `hwrun --help` import no torch and take <= 300 ms).
 Every command also asserts, in its own process, that torch was not imported.
 
     uv run python tools/bench/import_time.py --out docs/benchmarks \
@@ -34,6 +34,8 @@ COMMANDS = {
     "hwenv --help": [sys.executable, "-c", _HELP.format(module="hwenv.cli")],
     "import hwdist": [sys.executable, "-c", "import sys, hwdist; assert 'torch' not in sys.modules"],
     "hwdist --help": [sys.executable, "-c", _HELP.format(module="hwdist.cli")],
+    "import hwrun": [sys.executable, "-c", "import sys, hwrun; assert 'torch' not in sys.modules"],
+    "hwrun --help": [sys.executable, "-c", _HELP.format(module="hwrun.cli.main")],
 }
 
 

@@ -1,8 +1,8 @@
 """hwrun: plan, load and run Transformers models on Intel GPU (XPU), Intel Gaudi (HPU), CUDA and CPU,
 with every decision explained (see README.md).
 
-Importing hwrun imports neither torch nor transformers; `train` and `training_arguments` come from
-the training half (`hwrun.training`) on first use.
+Importing hwrun imports neither torch nor transformers, and only the errors module: every other public
+name is imported from its room on first use (PEP 562), so `import hwrun` and `hwrun --help` stay fast.
 """
 
 from .errors import (
@@ -19,16 +19,19 @@ from .errors import (
     TrainingDataError,
     TrainingError,
 )
-from .inference.batching import BatchingChoice, choose_batching
-from .inference.generate import GenerationResult, generate
-from .inference.pipeline import pipeline
-from .model.load import from_pretrained_kwargs, load
-from .model.plan import RunPlan, plan
-from .model.source import DEFAULT_MODEL
 
 __version__ = "0.2.0"
 
-_TRAINING = ("train", "training_arguments")
+#: Public name -> the module it lives in (imported on first use).
+_EXPORTS = {
+    "BatchingChoice": "inference.batching", "choose_batching": "inference.batching",
+    "GenerationResult": "inference.generate", "generate": "inference.generate",
+    "pipeline": "inference.pipeline",
+    "from_pretrained_kwargs": "model.load", "load": "model.load",
+    "RunPlan": "model.plan", "plan": "model.plan",
+    "DEFAULT_MODEL": "model.source",
+    "train": "training", "training_arguments": "training",
+}
 
 __all__ = [
     "BatchingChoice", "CheckpointError", "ContinuousBatchingError", "DEFAULT_MODEL", "FastDecodeError", "GenerateError", "GenerationResult", "HwrunError",
@@ -39,9 +42,16 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """`hwrun.train` / `hwrun.training_arguments`, imported lazily from `hwrun.training`."""
-    if name in _TRAINING:
-        from . import training
+    """A public name, imported from its room on first use and then kept on the module."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hwrun' has no attribute {name!r}")
+    import importlib
 
-        return getattr(training, name)
-    raise AttributeError(f"module 'hwrun' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
