@@ -74,13 +74,15 @@ def test_graph_decoder_batch_equals_generate(qwen2, step):
     assert out.tolist() == ref[:, 7:].tolist()
 
 
-def test_fused_step_copies_weights_and_leaves_the_model_alone(qwen2):
+def test_fused_step_shares_the_models_weights_and_keeps_their_values(qwen2):
     before = {k: v.clone() for k, v in qwen2.state_dict().items()}
     step = FusedLlamaStep(qwen2, batch_size=1, max_cache_len=16)
     layer = qwen2.model.layers[0].self_attn
     assert step.layers[0]["qkv"].shape[0] == layer.q_proj.out_features + 2 * layer.k_proj.out_features
     assert step.layers[0]["qkv_bias"] is not None
-    assert step.extra_bytes == sum(4 * (w["qkv"].numel() + w["gate_up"].numel()) for w in step.layers)
+    assert step.extra_bytes == 0
+    assert step.fused_bytes == sum(4 * (w["qkv"].numel() + w["gate_up"].numel()) for w in step.layers)
+    assert list(qwen2.state_dict()) == list(before)
     assert all(torch.equal(before[k], v) for k, v in qwen2.state_dict().items())
 
 

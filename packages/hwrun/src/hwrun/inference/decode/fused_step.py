@@ -6,7 +6,13 @@ products per layer instead of five), writing K/V into plain tensors (no cache bo
 computing grouped-query attention as two batched products over the unrepeated KV heads leaves
 fewer, larger kernels for `torch.compile` and the CUDA graph (hwrun.inference.decode.static). The arithmetic
 is the model's own: RMSNorm in fp32, the model's rotary embedding and activation, softmax in fp32.
-The fused weights are copies (the model is not changed); `extra_bytes` says how much they take.
+No second copy of the weights: `fuse_linears` concatenates q/k/v (and gate/up) once per layer and
+makes the model's own Linear weights (and biases) views into the fused matrix, so the model and the
+step read the same memory and a cached decoder costs no extra weight memory (`extra_bytes` is 0; the
+transient peak while fusing is one layer's q/k/v + gate/up). The model's values, forward, state_dict
+keys, `requires_grad` and later in-place loads (`load_state_dict` copies into the views) are unchanged;
+a second decoder on the same model reuses the fused matrices. The fusion runs outside inference mode,
+so the weights stay ordinary tensors that training can use.
 """
 
 from __future__ import annotations
@@ -48,10 +54,46 @@ def fused_step_support(model: Any) -> str | None:
     return None
 
 
-def _cat(tensors: list[Any]) -> Any:
+def _views_of(fused: tuple[Any, Any], linears: list[Any]) -> bool:
+    """Whether every Linear's weight (and bias) is still the view of `fused` that `fuse_linears` made."""
+    weight, bias = fused
+    offset = 0
+    for linear in linears:
+        rows = linear.weight.shape[0]
+        if linear.weight.data_ptr() != weight[offset].data_ptr() or linear.weight.shape != weight[offset:offset + rows].shape:
+            return False
+        if (bias is None) != (linear.bias is None) or (bias is not None and linear.bias.data_ptr() != bias[offset:].data_ptr()):
+            return False
+        offset += rows
+    return offset == weight.shape[0]
+
+
+def fuse_linears(owner: Any, name: str, linears: list[Any]) -> tuple[Any, Any]:
+    """(weight, bias) of `linears` stacked along the output dimension, built once: each Linear's weight and
+    bias become views into them (no second copy). Kept on `owner` as `name` and reused while still shared."""
     import torch
 
-    return torch.cat([t.detach() for t in tensors], dim=0).contiguous()
+    fused = owner.__dict__.get(name)
+    if fused is not None and _views_of(fused, linears):
+        return fused
+    with torch.inference_mode(False), torch.no_grad():
+        weight = torch.cat([linear.weight.detach() for linear in linears], dim=0).contiguous()
+        has_bias = linears[0].bias is not None
+        bias = torch.cat([linear.bias.detach() for linear in linears], dim=0).contiguous() if has_bias else None
+        offset = 0
+        for linear in linears:
+            rows = linear.weight.shape[0]
+            linear.weight = torch.nn.Parameter(weight[offset:offset + rows], requires_grad=linear.weight.requires_grad)
+            if has_bias:
+                linear.bias = torch.nn.Parameter(bias[offset:offset + rows], requires_grad=linear.bias.requires_grad)
+            offset += rows
+    owner.__dict__[name] = (weight, bias)  # a plain attribute: not a parameter, buffer or state_dict entry
+    return weight, bias
+
+
+#: Where `fuse_linears` keeps the fused matrices on the attention and MLP modules.
+FUSED_QKV = "_hwrun_fused_qkv"
+FUSED_GATE_UP = "_hwrun_fused_gate_up"
 
 
 def _norm(module: Any) -> tuple[Any, float]:
@@ -89,16 +131,12 @@ class FusedLlamaStep:
         self.final_norm = _norm(decoder.norm)
         self.lm_head = model.get_output_embeddings().weight.detach()
         self.layers = []
-        extra = 0
+        fused = 0
         for layer in decoder.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            qkv = _cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-            qkv_bias = None
-            if attn.q_proj.bias is not None:
-                qkv_bias = _cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
-            gate_up = _cat([mlp.gate_proj.weight, mlp.up_proj.weight])
-            gate_up_bias = _cat([mlp.gate_proj.bias, mlp.up_proj.bias]) if mlp.gate_proj.bias is not None else None
-            extra += qkv.numel() * qkv.element_size() + gate_up.numel() * gate_up.element_size()
+            qkv, qkv_bias = fuse_linears(attn, FUSED_QKV, [attn.q_proj, attn.k_proj, attn.v_proj])
+            gate_up, gate_up_bias = fuse_linears(mlp, FUSED_GATE_UP, [mlp.gate_proj, mlp.up_proj])
+            fused += qkv.numel() * qkv.element_size() + gate_up.numel() * gate_up.element_size()
             self.layers.append(dict(
                 norm_in=_norm(layer.input_layernorm), qkv=qkv, qkv_bias=qkv_bias,
                 o=attn.o_proj.weight.detach(), o_bias=None if attn.o_proj.bias is None else attn.o_proj.bias.detach(),
@@ -107,7 +145,8 @@ class FusedLlamaStep:
                 down_bias=None if mlp.down_proj.bias is None else mlp.down_proj.bias.detach(),
                 act=mlp.act_fn,
             ))
-        self.extra_bytes = extra
+        self.fused_bytes = fused  # shared with the model's own q/k/v and gate/up weights
+        self.extra_bytes = 0  # no second copy (see fuse_linears)
         self.intermediate = self.layers[0]["gate_up"].shape[0] // 2
         dtype, device = self.lm_head.dtype, self.lm_head.device
         shape = (batch_size, self.n_kv, max_cache_len, self.head_dim)

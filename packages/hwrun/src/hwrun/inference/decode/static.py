@@ -128,8 +128,8 @@ class GraphDecoder:
         self.cache = None
         if unsupported is None:
             self.fused = FusedLlamaStep(model, batch_size=batch_size, max_cache_len=max_cache_len)
-            self.step_reason = ("fused: q/k/v and gate/up read as one matrix each, plain K/V tensors "
-                                f"({self.fused.extra_bytes / 2**20:.0f} MiB of fused weight copies)")
+            self.step_reason = ("fused: q/k/v and gate/up read as one matrix each (the model's weights are views "
+                                "into them: no second copy), plain K/V tensors")
         else:
             self.cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
             self.cache_keyword = cache_keyword(model)
