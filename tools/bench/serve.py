@@ -197,17 +197,21 @@ def build_model_folder(folder: Path, device: str) -> Path:
 
 
 def generate_baseline(model: str, new_tokens: int, compile_on: bool) -> dict:
-    """`hwrun.generate`'s batch-1 decode on `model`: ms per token (median of 3 calls after a warm one)."""
+    """`hwrun.generate`'s batch-1 decode on `model`: ms per token (median of 3 calls after a warm one), with
+    torch's threads set as hwrun serve sets them (the same host work per step)."""
     import hwrun
+    from hwrun.serve.config import ServeConfig
+    from hwrun.serve.startup import apply_torch_threads
 
     plan = hwrun.plan(model, compile=compile_on)
+    threads, _, _ = apply_torch_threads(plan, ServeConfig())
     loaded_model, tokenizer = hwrun.load(plan)
     times = []
     for index in range(4):
         result = hwrun.generate(plan, "The king said unto them", new_tokens, model=loaded_model, tokenizer=tokenizer)
         if index:
             times.append(result.seconds / max(1, result.total_new_tokens))
-    return {"decode": result.decode, "decode_reason": result.decode_reason,
+    return {"decode": result.decode, "decode_reason": result.decode_reason, "torch_threads": threads,
             "ms_per_token": round(1000 * statistics.median(times), 3), "new_tokens": result.total_new_tokens}
 
 
@@ -239,7 +243,8 @@ def main(argv=None) -> int:
     parser.add_argument("--concurrency", default=None, help="comma list (default 1,8,32,64; --smoke 1,2,4,8)")
     parser.add_argument("--requests", type=int, default=None, help="requests per level (default max(4C, 16))")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--engine", default="auto", help="hwrun serve --engine (auto, slots, transformers)")
+    parser.add_argument("--engine", default="auto",
+                        help="hwrun serve --engine, or a comma list to run each (auto, slots, transformers)")
     parser.add_argument("--compile", action="store_true", help="hwrun serve --compile (compiles the slot step)")
     parser.add_argument("--transformers-serve", action="store_true",
                         help="also run `transformers serve MODEL --continuous-batching` (needs fastapi)")
@@ -271,16 +276,21 @@ def main(argv=None) -> int:
 
     most = max(levels)
     python = [sys.executable, "-c", "import sys; from hwrun.cli.main import main; sys.exit(main())"]
-    hwrun_command = [*python, "serve", model, "--port", "0", "--max-concurrency", str(most), "--max-queue",
-                     str(4 * most + 16), "--served-model-name", MODEL_ID, "--engine", args.engine]
-    if args.compile:
-        hwrun_command.append("--compile")
     report: dict = {"model": model, "device": device, "levels": levels, "seed": args.seed, "smoke": args.smoke,
                     "prompt_words": prompt_words, "new_tokens": new_tokens, "servers": {},
-                    "versions": _versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    report["servers"]["hwrun serve"] = run_server("hwrun-serve", hwrun_command, None, MODEL_ID, levels, jobs_of,
-                                                  out, args.ready_timeout)
-    _save(report, out)
+                    "versions": _versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "cores": os.cpu_count(), "load_average_start": _load_average()}
+    for engine in args.engine.split(","):
+        command = [*python, "serve", model, "--port", "0", "--max-concurrency", str(most), "--max-queue",
+                   str(4 * most + 16), "--served-model-name", MODEL_ID, "--engine", engine]
+        if args.compile:
+            command.append("--compile")
+        result = run_server(f"hwrun-serve-{engine}", command, None, MODEL_ID, levels, jobs_of, out,
+                            args.ready_timeout)
+        chosen = (result["engine"] or "?").split(" ", 1)[0]
+        report["servers"][f"hwrun serve ({engine}: {chosen})" if engine == "auto" else f"hwrun serve ({engine})"] = (
+            result)
+        _save(report, out)
     if args.transformers_serve:
         from transformers.utils.import_utils import is_serve_available
 
@@ -300,10 +310,19 @@ def main(argv=None) -> int:
         report["generate_baseline"] = generate_baseline(model, 64 if args.smoke else 256, args.compile)
         print(f"hwrun.generate batch 1: {report['generate_baseline']['ms_per_token']} ms/token "
               f"({report['generate_baseline']['decode']})")
+    report["load_average_end"] = _load_average()
     _save(report, out)
     _plot(report, out)
     print(_markdown(report))
     return 0
+
+
+def _load_average() -> list[float] | None:
+    """The host's 1/5/15-minute load averages (a loaded host slows a CPU run), None where unknown."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def _versions() -> dict:
