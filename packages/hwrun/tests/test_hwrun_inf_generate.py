@@ -201,3 +201,83 @@ def test_continuous_failure_inside_the_model_falls_back_to_static_on_auto_only(l
     assert result.decode_reason.startswith("model.generate ")
     with pytest.raises(ContinuousBatchingError, match="boom"):
         hwrun.generate(plan, PROMPTS, max_new_tokens=4, batching="continuous", model=model, tokenizer=tokenizer)
+
+
+# ---- bounds before any work (issue 27 point 5) ---------------------------------------------------
+
+def _no_load(monkeypatch):
+    """Make loading fail loudly: an error raised first proves the check ran before anything loaded."""
+    import importlib
+
+    load_module = importlib.import_module("hwrun.model.load")
+    monkeypatch.setattr(load_module, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+
+
+@pytest.mark.parametrize("values, match", [
+    (dict(temperature=-1.0), "temperature=-1.0 must be a number >= 0"),
+    (dict(top_p=0.0), "top_p=0.0 must be in \\(0, 1\\]"),
+    (dict(top_p=1.5, do_sample=True), "top_p=1.5"),
+    (dict(top_k=-1), "top_k=-1 must be an integer >= 0"),
+    (dict(top_k=3.5, do_sample=True), "top_k=3.5"),
+    (dict(seed="42"), "seed='42' must be an integer or None"),
+    (dict(seed=1.5, do_sample=True), "seed=1.5"),
+    (dict(do_sample="yes"), "do_sample='yes' must be True or False"),
+])
+def test_invalid_sampling_values_fail_before_loading(tiny, values, match, monkeypatch):
+    _no_load(monkeypatch)
+    plan = hwrun.plan(tiny, device="cpu")
+    with pytest.raises(GenerateError, match=match):
+        hwrun.generate(plan, "The king", 4, **values)
+
+
+def test_max_new_tokens_has_a_ceiling_the_user_can_set(tiny, loaded, monkeypatch):
+    plan, model, tokenizer = loaded
+    _no_load(monkeypatch)
+    monkeypatch.delenv("HWRUN_MAX_NEW_TOKENS_LIMIT", raising=False)
+    with pytest.raises(GenerateError, match="max_new_tokens=100000000 exceeds the limit of 32768 new tokens per "
+                                            "prompt; pass max_new_tokens_limit= \\(or set HWRUN_MAX_NEW_TOKENS_LIMIT"):
+        hwrun.generate(plan, "The king", 100_000_000)
+    with pytest.raises(GenerateError, match="max_new_tokens=9 exceeds the limit of 8"):
+        hwrun.generate(plan, "The king", 9, max_new_tokens_limit=8)
+    monkeypatch.setenv("HWRUN_MAX_NEW_TOKENS_LIMIT", "5")
+    with pytest.raises(GenerateError, match="max_new_tokens=6 exceeds the limit of 5"):
+        hwrun.generate(plan, "The king", 6)
+    assert hwrun.generate(plan, "The king", 5, model=model, tokenizer=tokenizer).new_tokens[0] <= 5
+    assert hwrun.generate(plan, "The king", 6, max_new_tokens_limit=6, model=model, tokenizer=tokenizer)  # arg wins
+    monkeypatch.setenv("HWRUN_MAX_NEW_TOKENS_LIMIT", "lots")
+    with pytest.raises(GenerateError, match="HWRUN_MAX_NEW_TOKENS_LIMIT='lots' is not an integer"):
+        hwrun.generate(plan, "The king", 6)
+    with pytest.raises(GenerateError, match="max_new_tokens_limit=0 must be a positive integer"):
+        hwrun.generate(plan, "The king", 6, max_new_tokens_limit=0)
+
+
+def test_generation_must_fit_the_models_context(tiny, loaded, monkeypatch):
+    plan, model, tokenizer = loaded
+    assert model.config.max_position_embeddings == 512
+    monkeypatch.delenv("HWRUN_MAX_NEW_TOKENS_LIMIT", raising=False)
+    calls = []
+    monkeypatch.setattr(model, "generate", lambda *a, **k: calls.append(1))
+    with pytest.raises(GenerateError, match="does not fit the model's context of 512 positions .* at most 511"):
+        _no_load(monkeypatch)
+        hwrun.generate(plan, "The king", 600)  # from config.json, before loading
+    long_prompt = " ".join(["king"] * 600)
+    with pytest.raises(GenerateError, match="prompt 1 has \\d+ tokens, more than the model's context of 512"):
+        hwrun.generate(plan, ["The king", long_prompt], 4, model=model, tokenizer=tokenizer)
+    length = len(tokenizer("The king said")["input_ids"])
+    with pytest.raises(GenerateError, match=f"prompt 0: {length} tokens \\+ max_new_tokens 510 = {length + 510} "
+                                            f"exceeds the model's context of 512 .* max_new_tokens <= {512 - length}"):
+        hwrun.generate(plan, "The king said", 510, model=model, tokenizer=tokenizer)
+    assert calls == []  # nothing generated
+
+
+def test_context_length_reads_configs_and_dicts():
+    from hwrun.inference.limits import context_length
+    from transformers import BloomConfig, GPT2Config, LlamaConfig
+
+    assert context_length({"max_position_embeddings": 4096}) == 4096
+    assert context_length({"n_positions": 1024}) == 1024  # GPT-2's spelling
+    assert context_length({"text_config": {"max_position_embeddings": 8192}, "max_position_embeddings": 5}) == 8192
+    assert context_length({"model_type": "bloom"}) is None and context_length(None) is None
+    assert context_length(GPT2Config(n_positions=300)) == 300
+    assert context_length(LlamaConfig(max_position_embeddings=77)) == 77
+    assert context_length(BloomConfig()) is None  # ALiBi: no position limit to check

@@ -26,6 +26,7 @@ from .batching import (
     continuous_warmup,
     model_batching,
 )
+from .limits import check_context, check_new_tokens, context_length, new_tokens_limit
 
 if TYPE_CHECKING:
     from ..model.plan import RunPlan
@@ -79,7 +80,8 @@ class GenerationResult:
         return self.texts[0]
 
 
-def _check_inputs(prompts: Any, max_new_tokens: Any) -> list[str]:
+def _check_inputs(prompts: Any, max_new_tokens: Any, max_new_tokens_limit: Any = None) -> list[str]:
+    """The prompts as a list, after checking them, `max_new_tokens` and its ceiling (`limits.new_tokens_limit`)."""
     if isinstance(prompts, str):
         prompts = [prompts]
     if not isinstance(prompts, Sequence) or isinstance(prompts, (bytes, bytearray)):
@@ -94,10 +96,20 @@ def _check_inputs(prompts: Any, max_new_tokens: Any) -> list[str]:
             raise GenerateError(f"prompts[{index}]={prompt!r} is empty: every prompt needs at least one token of text.")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
         raise GenerateError(f"max_new_tokens={max_new_tokens!r} must be a positive integer (e.g. 50).")
+    check_new_tokens(max_new_tokens, new_tokens_limit(max_new_tokens_limit))
     return prompts
 
 
-def _sampling_kwargs(do_sample: bool, temperature: float, top_p: float, top_k: int | None) -> dict[str, Any]:
+def _sampling_kwargs(do_sample: bool, temperature: float, top_p: float, top_k: int | None,
+                     seed: int | None = None) -> dict[str, Any]:
+    """`model.generate`'s sampling keywords; invalid values raise `GenerateError` whether or not `do_sample`."""
+    from .decode.sampling import check_sampling
+
+    if not isinstance(do_sample, bool):
+        raise GenerateError(f"do_sample={do_sample!r} must be True or False.")
+    temperature = 1.0 if temperature is None else temperature  # None: Transformers' default
+    top_p = 1.0 if top_p is None else top_p
+    check_sampling(temperature, top_p, 0 if top_k is None else top_k, seed)
     if do_sample:
         if temperature <= 0:
             raise GenerateError(f"temperature={temperature!r} must be > 0 when sampling; use do_sample=False for greedy.")
@@ -197,6 +209,7 @@ def generate(
     top_p: float = 1.0,
     top_k: int | None = None,
     seed: int | None = None,
+    max_new_tokens_limit: int | None = None,
     batching: str = "auto",
     decode: str = "auto",
     stream: bool = False,
@@ -209,12 +222,16 @@ def generate(
 
     Pass `model`/`tokenizer` from `load(plan)` to reuse them across calls. Bad input (no prompts,
     an empty prompt, max_new_tokens <= 0) raises `GenerateError` before anything loads.
+    `max_new_tokens` above `max_new_tokens_limit` (default: `HWRUN_MAX_NEW_TOKENS_LIMIT`, else 32768), a
+    prompt longer than the model's context (`max_position_embeddings`) or prompt + `max_new_tokens` beyond
+    it, and invalid sampling values (temperature < 0, top_p outside (0, 1], top_k < 0, a seed that is
+    not an integer) raise `GenerateError` before any generation.
     `stream=True` prints the text as it is produced (a `TextStreamer`); `streamer` takes any object
     with Transformers' streamer protocol (`put(tensor)`, `end()`: `TextIteratorStreamer`, ...) instead.
     Both stream one prompt, through `model.generate` or the static graph decoder.
     """
-    prompts = _check_inputs(prompts, max_new_tokens)
-    sampling = _sampling_kwargs(do_sample, temperature, top_p, top_k)
+    prompts = _check_inputs(prompts, max_new_tokens, max_new_tokens_limit)
+    sampling = _sampling_kwargs(do_sample, temperature, top_p, top_k, seed)
     if plan is None:
         from ..model.plan import plan as make_plan
 
@@ -232,8 +249,12 @@ def generate(
         raise GenerateError("pass both model= and tokenizer= (from hwrun.load(plan)), or neither.")
     if model is None:
         from ..model.load import load
+        from ..model.source import resolve_source
 
+        check_context(max_new_tokens, context_length(resolve_source(plan.model).config))  # before loading
         model, tokenizer = load(plan)
+    check_context(max_new_tokens, context_length(model.config),
+                  [len(tokenizer(p)["input_ids"]) for p in prompts])
     checked = model_batching(choice, batching, model)  # the model class may not run continuous batching
     if checked is not choice:
         choice = checked
