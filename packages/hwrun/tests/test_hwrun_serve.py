@@ -286,6 +286,14 @@ def test_bad_requests_are_openai_400_errors_never_tracebacks(server, path, body,
     assert "Traceback" not in text and error["message"]
 
 
+def test_a_body_over_the_limit_is_413_before_it_is_parsed(server):
+    from hwrun.serve.config import MAX_BODY_BYTES
+
+    body = json.dumps({"model": MODEL_ID, "prompt": "x" * (MAX_BODY_BYTES + 10)}).encode()
+    status, _, text = _http(server, "POST", "/v1/completions", body)
+    assert status == 413 and json.loads(text)["error"]["code"] == "body_too_large"
+
+
 def test_the_openai_client_sees_bad_requests_as_bad_request_errors(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=MODEL_ID, prompt="x", max_tokens=0)
