@@ -268,6 +268,8 @@ def main(argv=None) -> int:
         model = hwrun.DEFAULT_MODEL
     else:
         model = str(build_model_folder(out / "model", device))
+    if Path(model).exists():  # one spelling for both servers (transformers serve names a local model by its path)
+        model = str(Path(model).resolve())
     levels = [int(c) for c in (args.concurrency or ("1,2,4,8" if args.smoke else "1,8,32,64")).split(",")]
     prompt_words, new_tokens = ((4, 24), (16, 48)) if args.smoke else ((64, 512), (128, 512))
 
