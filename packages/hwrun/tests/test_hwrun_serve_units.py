@@ -521,3 +521,15 @@ def test_serve_parser_has_the_plan_options_and_safe_defaults():
     args = main.build_parser().parse_args(["serve", "--device", "cpu"])
     assert (args.host, args.port, args.api_key_env, args.device, args.engine) == ("127.0.0.1", "8000", None, "cpu",
                                                                                    "auto")
+
+
+def test_choose_engine_refuses_quantized_plans_with_both_reasons():
+    from hwrun.serve.startup import choose_engine
+
+    model, _ = hwrun.load(hwrun.plan())
+    quantized = hwrun.plan(quantization="8bit")
+    with pytest.raises(EngineStartError) as info:
+        choose_engine(quantized, "auto", model)
+    message = str(info.value)
+    assert "hwrun's slot decoder: 8bit bitsandbytes weights" in message
+    assert "Transformers' continuous batching: 8bit bitsandbytes weights are not supported" in message
