@@ -6,8 +6,10 @@ name is imported from its room on first use (PEP 562), so `import hwrun` and `hw
 """
 
 from .errors import (
+    ChatClientError,
     CheckpointError,
     ContinuousBatchingError,
+    EngineStartError,
     FastDecodeError,
     GenerateError,
     HwrunError,
@@ -15,6 +17,9 @@ from .errors import (
     PlanError,
     QLoRAUnsupportedError,
     QuantizationError,
+    RequestError,
+    ServeConfigError,
+    ServeError,
     TrainingConfigError,
     TrainingDataError,
     TrainingError,
@@ -34,7 +39,8 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "BatchingChoice", "CheckpointError", "ContinuousBatchingError", "DEFAULT_MODEL", "FastDecodeError", "GenerateError", "GenerationResult", "HwrunError",
+    "BatchingChoice", "ChatClientError", "CheckpointError", "EngineStartError", "RequestError", "ServeConfigError",
+    "ServeError", "ContinuousBatchingError", "DEFAULT_MODEL", "FastDecodeError", "GenerateError", "GenerationResult", "HwrunError",
     "ModelSourceError", "PlanError", "QLoRAUnsupportedError", "QuantizationError",
     "TrainingConfigError", "TrainingDataError", "TrainingError", "RunPlan", "choose_batching", "from_pretrained_kwargs",
     "generate", "load", "pipeline", "plan", "train", "training_arguments", "__version__",
