@@ -140,3 +140,16 @@ def test_hwrun_help_imports_no_torch():
             "print(heavy, 'serve' in out.getvalue(), 'train' in out.getvalue())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[] True True", out
+
+
+def test_every_error_is_exported_from_hwrun():
+    import inspect
+
+    import hwrun
+    import hwrun.errors as errors
+
+    classes = {name for name, value in inspect.getmembers(errors, inspect.isclass)
+               if issubclass(value, errors.HwrunError)}
+    assert classes <= set(hwrun.__all__), f"errors missing from hwrun.__all__: {classes - set(hwrun.__all__)}"
+    assert classes <= set(errors.__all__), f"errors missing from hwrun.errors.__all__: {classes - set(errors.__all__)}"
+    assert all(getattr(hwrun, name) is getattr(errors, name) for name in classes)

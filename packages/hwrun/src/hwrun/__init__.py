@@ -6,6 +6,7 @@ name is imported from its room on first use (PEP 562), so `import hwrun` and `hw
 """
 
 from .errors import (
+    AdapterFormatError,
     ChatClientError,
     CheckpointError,
     ContinuousBatchingError,
@@ -14,6 +15,7 @@ from .errors import (
     GenerateError,
     HwrunError,
     ModelSourceError,
+    NonFiniteLossError,
     PlanError,
     QLoRAUnsupportedError,
     QuantizationError,
@@ -39,7 +41,7 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "BatchingChoice", "ChatClientError", "CheckpointError", "EngineStartError", "RequestError", "ServeConfigError",
+    "AdapterFormatError", "BatchingChoice", "ChatClientError", "NonFiniteLossError", "CheckpointError", "EngineStartError", "RequestError", "ServeConfigError",
     "ServeError", "ContinuousBatchingError", "DEFAULT_MODEL", "FastDecodeError", "GenerateError", "GenerationResult", "HwrunError",
     "ModelSourceError", "PlanError", "QLoRAUnsupportedError", "QuantizationError",
     "TrainingConfigError", "TrainingDataError", "TrainingError", "RunPlan", "choose_batching", "from_pretrained_kwargs",
