@@ -1,23 +1,27 @@
-"""Decode benchmark: plain Transformers vs hwrun's graph decode at batch 1 (with the memory roofline),
-and total tokens/s at 1, 8, 32, 64 concurrent prompts for static vs continuous batching.
+"""Decode benchmark through hwrun's public API (`hwrun.plan` -> `load` -> `generate`) beside Transformers'
+static cache + compile and Transformers' continuous batching, in one process.
 
     python tools/bench/decode.py --out DIR            # H200: ~1.2B Llama from a config, random bf16 weights
-    python tools/bench/decode.py --out DIR --smoke    # tiny model, runs on CPU
+    python tools/bench/decode.py --out DIR --smoke    # tiny sizes, runs on CPU (proves the script, not a result)
 
-Writes DIR/decode.json, DIR/decode.md and DIR/decode.png; prints the table. Each section is
-saved as soon as it finishes, so a run cut short keeps what it measured.
-Roofline: at batch 1 every token reads all weights once, so tokens/s <= copy bandwidth / weight
-bytes; the device copy bandwidth is measured in the same run (2 x bytes per copy / time).
+For 1, 8, 32, 64 prompts, greedy and sampled (temperature 0.7, top-p 0.9): total new tokens/s and peak
+device memory of each row; the batch-1 fraction of the copy-bandwidth roofline (every token reads all
+weights once); the weight storage before and after hwrun's fused decoders exist (the fused q/k/v and
+gate/up matrices must cost nothing extra); and the wall time of the CLI, `hwrun generate --compile
+--max-new-tokens 256`, in a fresh process with a cold and then a warm compile cache. Writes
+DIR/decode.json (saved after every row, so a run cut short keeps what it measured), DIR/decode.md and
+DIR/decode.png; prints each row.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,40 +30,12 @@ sys.path[:0] = [str(p) for p in sorted((Path(__file__).resolve().parents[2] / "p
 FULL = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
             num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, max_position_embeddings=4096)
 SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=256, tie_word_embeddings=True, max_position_embeddings=512)
-
-
-def sync(device):
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device, repeats):
-    """Median seconds of `repeats` calls after one warm-up call."""
-    fn()
-    sync(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def copy_bandwidth(device, nbytes, repeats=10):
-    """Device-to-device copy bandwidth in bytes/s (read + write counted, as in STREAM copy)."""
-    import torch
-
-    src = torch.empty(nbytes // 2, dtype=torch.float16, device=device)
-    dst = torch.empty_like(src)
-    seconds = timed(lambda: dst.copy_(src), device, repeats)
-    return 2 * src.numel() * src.element_size() / seconds
+             num_key_value_heads=2, vocab_size=320, tie_word_embeddings=True, max_position_embeddings=512)
+SAMPLED = dict(do_sample=True, temperature=0.7, top_p=0.9, seed=0)
 
 
 def build_model(sizes, device, dtype):
+    """A random Llama from `sizes` on `device` (also used by tools/bench/profile_decoders.py)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -72,315 +48,277 @@ def build_model(sizes, device, dtype):
     return model
 
 
+def save_model_folder(sizes, folder, dtype):
+    """A model folder `hwrun.plan` accepts: random Llama weights (safetensors) and hwrun.testing's tokenizer.
+    No EOS in the generation config, so every row makes all its tokens (ids past the tokenizer decode to "")."""
+    from hwrun.testing import build_tokenizer
+
+    model = build_model(sizes, "cpu", dtype)
+    model.save_pretrained(folder, safe_serialization=True)
+    build_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def prompts_of(tokenizer, count, length, seed):
+    """`count` distinct prompts of `length` tokens each (decoded from random ids, re-encoded to check)."""
+    import random
+
+    rng = random.Random(seed)
+    words = [w for w in (tokenizer.decode([i]) for i in range(3, len(tokenizer))) if w.strip() and w.isascii()]
+    out = []
+    while len(out) < count:
+        text = "".join(rng.choice(words) for _ in range(length))
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"][:length]
+        text = tokenizer.decode(ids)
+        if len(tokenizer(text, add_special_tokens=False)["input_ids"]) == length:
+            out.append(text)
+    return out
+
+
+class Device:
+    """Synchronise and read peak memory through hwenv's platform runtime (None on the host)."""
+
+    def __init__(self, plan):
+        from hwenv.platforms import runtime
+
+        self.runtime, self.platform = runtime, plan.accelerator.platform
+        self.device = plan.device
+
+    def sync(self):
+        self.runtime.synchronize(self.platform, self.device)
+
+    def reset_peak(self):
+        self.runtime.reset_peak_memory_stats(self.platform, self.device)
+
+    def peak(self):
+        return self.runtime.max_memory_allocated(self.platform, self.device)
+
+
+def measure(run, device, repeats):
+    """(median seconds, peak bytes or None, last result) of `repeats` calls after one warm-up call."""
+    run()
+    device.sync()
+    device.reset_peak()
+    times, result = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = run()
+        device.sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), device.peak(), result
+
+
+def storage_bytes(tensors):
+    """Bytes of the distinct storages behind `tensors` (shared storage counted once)."""
+    seen = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def weight_storage(model):
+    """The model's parameters and buffers plus every cached hwrun decoder's fused matrices."""
+    import importlib
+
+    tensors = [*model.parameters(), *model.buffers()]
+    generate_module = importlib.import_module("hwrun.inference.generate")
+    for decoder in generate_module._DECODERS.get(model, {}).values():
+        fused = getattr(decoder, "fused", None)
+        for layer in getattr(fused, "layers", []):
+            tensors += [layer[k] for k in ("qkv", "qkv_bias", "gate_up", "gate_up_bias") if layer[k] is not None]
+    return storage_bytes(tensors)
+
+
+def copy_bandwidth(device_name, nbytes, device, repeats=10):
+    """Device copy bandwidth in bytes/s (read + write counted, as in STREAM copy)."""
+    import torch
+
+    src = torch.empty(nbytes // 2, dtype=torch.float16, device=device_name)
+    dst = torch.empty_like(src)
+    seconds, _, _ = measure(lambda: dst.copy_(src), device, repeats)
+    return 2 * src.numel() * src.element_size() / seconds
+
+
+def cli_wall_time(folder, new_tokens, cache_dir, device_kind):
+    """Seconds for `hwrun generate --compile` in a fresh process (TORCHINDUCTOR_CACHE_DIR=`cache_dir`)."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir), HF_HUB_OFFLINE="1")
+    env["PYTHONPATH"] = os.pathsep.join(sys.path[:5] + [env.get("PYTHONPATH", "")])
+    entry = "import sys; from hwrun.cli.main import main; sys.exit(main())"  # the `hwrun` script's entry point
+    command = [sys.executable, "-c", entry, "generate", "--model", str(folder), "--device", device_kind,
+               "--compile", "--max-new-tokens", str(new_tokens), "--no-stream", "The king said"]
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "rc": done.returncode, "stderr_tail": done.stderr[-400:]}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, runs on CPU")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU: proves the script, measures nothing")
     parser.add_argument("--prompt-len", type=int, default=None)
     parser.add_argument("--new-tokens", type=int, default=None)
-    parser.add_argument("--batches", default=None, help="comma-separated concurrency levels")
+    parser.add_argument("--batches", default=None, help="comma-separated prompt counts (default 1,8,32,64)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--autotune", action="store_true",
-                        help="add a row compiled with mode='max-autotune-no-cudagraphs' (minutes of autotuning)")
-    parser.add_argument("--profile", action="store_true",
-                        help="write profile-decode-*.txt: kernel tables of the compiled steps (run without graphs)")
-    parser.add_argument("--skip-hf-compile", action="store_true",
-                        help="skip Transformers' static cache + automatic compile row (slow to compile)")
-    parser.add_argument("--skip-batch1", action="store_true", help="only the concurrency table")
-    parser.add_argument("--skip-generate-batch", action="store_true",
-                        help="leave out Transformers' generate_batch rows (slowest at 64 prompts)")
-    parser.add_argument("--concurrency-compile", default="inductor", choices=("inductor", "none"),
-                        help="compile backend of hwrun's decoders in the concurrency table (hwrun's default: inductor)")
+    parser.add_argument("--skip-hf-compile", action="store_true", help="leave out Transformers' static cache + compile")
+    parser.add_argument("--skip-generate-batch", action="store_true", help="leave out Transformers' generate_batch")
+    parser.add_argument("--skip-sampled", action="store_true", help="greedy rows only")
+    parser.add_argument("--skip-cli", action="store_true", help="leave out the CLI wall times")
     args = parser.parse_args(argv)
 
+    import hwrun
     import torch
+    import transformers
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     sizes = SMOKE if args.smoke else FULL
     prompt_len = args.prompt_len or (16 if args.smoke else 128)
-    new_tokens = args.new_tokens or (16 if args.smoke else 256)
+    new_tokens = args.new_tokens or (8 if args.smoke else 256)
     batches = [int(b) for b in (args.batches or ("1,2,4" if args.smoke else "1,8,32,64")).split(",")]
-    if device.type != "cuda" and not args.smoke:
-        print("no CUDA device: run with --smoke on CPU", file=sys.stderr)
+    device_kind = "cpu" if args.smoke else "auto"
+    probe = hwrun.plan(hwrun.DEFAULT_MODEL, device=device_kind)
+    if not probe.accelerator.platform.is_accelerator and not args.smoke:
+        print("no accelerator here: run with --smoke on the host", file=sys.stderr)
         return 2
+    dtype = torch.bfloat16 if probe.dtype == "bfloat16" else torch.float32
+    folder = save_model_folder(sizes, Path(tempfile.mkdtemp(prefix="hwrun-bench-decode-")) / "model", dtype)
 
-    import transformers
-    from hwrun.inference.batching import cb_config, workload_cb_config
-    from hwrun.inference.decode.slots import SlotDecoder
-    from hwrun.inference.decode.static import GraphDecoder
-
-    model = build_model(sizes, device, dtype)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    bandwidth = copy_bandwidth(device, min(2**30, 8 * weight_bytes))
-    roofline = bandwidth / weight_bytes
+    plan = hwrun.plan(str(folder), device=device_kind, compile=True)
+    model, tokenizer = hwrun.load(plan)
+    device = Device(plan)
+    weights = storage_bytes([*model.parameters(), *model.buffers()])
+    bandwidth = copy_bandwidth(plan.device, min(2**30, 8 * weights), device)
     results = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "transformers": transformers.__version__, "dtype": str(dtype),
-        "parameters": sum(p.numel() for p in model.parameters()), "weight_bytes": weight_bytes,
-        "copy_bandwidth_bytes_per_s": bandwidth, "roofline_tokens_per_s": roofline,
-        "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": args.repeats, "batch1": [], "batching": [],
+        "smoke": args.smoke, "device": plan.accelerator.names[0] if plan.accelerator.names else plan.device,
+        "kind": plan.accelerator.kind, "torch": torch.__version__, "transformers": transformers.__version__,
+        "hwrun": hwrun.__version__, "dtype": plan.dtype, "parameters": sum(p.numel() for p in model.parameters()),
+        "weight_bytes": weights, "copy_bandwidth_bytes_per_s": bandwidth, "roofline_tokens_per_s": bandwidth / weights,
+        "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": args.repeats, "sampled": SAMPLED,
+        "date": time.strftime("%Y-%m-%d"), "rows": [], "cli": {},
     }
 
     def save():
         (out / "decode.json").write_text(json.dumps(results, indent=2))
 
-    save()
-    gen = torch.Generator().manual_seed(1)
-    prompt = torch.randint(1, sizes["vocab_size"], (1, prompt_len), generator=gen).to(device)
-
-    def add_batch1(name, seconds, extra=None):
-        tps = new_tokens / seconds
-        results["batch1"].append({"name": name, "seconds": seconds, "tokens_per_s": tps,
-                                  "fraction_of_roofline": tps / roofline, **(extra or {})})
-        print(f"batch 1  {name:45s} {tps:10.1f} tokens/s  {tps / roofline:6.1%} of roofline", flush=True)
+    def add(batch, mode, name, run, produced):
+        try:
+            seconds, peak, result = measure(run, device, args.repeats)
+            tokens = produced(result)
+            row = {"batch": batch, "mode": mode, "name": name, "seconds": seconds, "new_tokens": tokens,
+                   "tokens_per_s": tokens / seconds, "peak_bytes": peak}
+            if isinstance(result, hwrun.GenerationResult):
+                row.update(decode=result.decode, decode_reason=result.decode_reason, batching=result.batching)
+        except Exception as exc:  # noqa: BLE001 - record and keep measuring the rest
+            row = {"batch": batch, "mode": mode, "name": name, "error": f"{type(exc).__name__}: {exc}"}
+        results["rows"].append(row)
+        shown = f"{row['tokens_per_s']:10.1f} tokens/s" if "tokens_per_s" in row else f"FAILED {row['error'][:120]}"
+        print(f"{batch:3d} {mode:7s} {name:40s} {shown}", flush=True)
         save()
 
-    # --- batch 1 -------------------------------------------------------------------------------
-    if not args.skip_batch1:
-        with torch.inference_mode():
-            ref = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False)[0, prompt_len:]
-            add_batch1("transformers generate (defaults)", timed(
-                lambda: model.generate(prompt, max_new_tokens=new_tokens, do_sample=False), device, args.repeats))
-            if not args.skip_hf_compile and device.type == "cuda":
-                start = time.perf_counter()
-                model.generate(prompt, max_new_tokens=new_tokens, do_sample=False, cache_implementation="static")
-                warm = time.perf_counter() - start
-                add_batch1("transformers static cache + auto compile", timed(
-                    lambda: model.generate(prompt, max_new_tokens=new_tokens, do_sample=False,
-                                           cache_implementation="static"), device, args.repeats), {"warmup_s": warm})
-            variants = [("hwrun graph decode, model step (StaticCache, CUDA graph)", None, None, "model"),
-                        ("hwrun graph decode, model step + inductor", "inductor", None, "model"),
-                        ("hwrun graph decode, fused step (CUDA graph)", None, None, "fused"),
-                        ("hwrun graph decode, fused step + inductor (hwrun default)", "inductor", None, "fused"),
-                        ("hwrun graph decode, fused step + inductor + coordinate-descent tuning (tune=True)",
-                         "inductor", "tune", "fused")]
-            if args.autotune:
-                variants.append(("hwrun graph decode, fused step + inductor max-autotune-no-cudagraphs", "inductor",
-                                 "max-autotune-no-cudagraphs", "fused"))
-            eager_tokens = None
-            for label, backend, mode, step in variants:
-                if backend and device.type != "cuda":
-                    continue
-                try:
-                    start = time.perf_counter()
-                    decoder = GraphDecoder(model, batch_size=1, max_cache_len=prompt_len + new_tokens,
-                                           compile_backend=backend, compile_mode=None if mode == "tune" else mode,
-                                           tune=mode == "tune", step=step)
-                    first = decoder.generate(prompt, new_tokens, eos_token_id=None)[0]
-                    warm = time.perf_counter() - start
-                    same = bool(torch.equal(first, ref))
-                    if eager_tokens is None:  # the same static-cache step, run eagerly (no graph): same kernels
-                        eager = GraphDecoder(model, batch_size=1, max_cache_len=prompt_len + new_tokens, use_graphs=False,
-                                             step="model")
-                        eager_tokens = eager.generate(prompt, new_tokens, eos_token_id=None)[0]
-                        del eager
-                    agree = int((first == ref).int().cumprod(0).sum())
-                    seconds = timed(lambda d=decoder: d.generate(prompt, new_tokens, eos_token_id=None), device,
-                                    args.repeats)
-                    add_batch1(label, seconds, {"warmup_s": warm, "graphs": decoder.use_graphs, "step": step,
-                                                "tokens_equal_generate": same, "tokens_agreeing_with_generate": agree,
-                                                "tokens_equal_eager_step": bool(torch.equal(first, eager_tokens))})
-                    if args.profile and backend and device.type == "cuda":
-                        profile_step(decoder, prompt, out / f"profile-decode-{step}{'-' + mode if mode else ''}.txt")
-                    del decoder
-                except Exception as exc:  # noqa: BLE001 - record and keep measuring the rest
-                    results["batch1"].append({"name": label, "error": f"{type(exc).__name__}: {exc}"})
-                    print(f"batch 1  {label}: FAILED {type(exc).__name__}: {exc}", flush=True)
-                    save()
-            if device.type == "cuda":
-                torch._dynamo.reset()
-
-    # --- concurrency ---------------------------------------------------------------------------
+    save()
+    from hwrun.inference.batching import cb_config, workload_cb_config
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     for batch in batches:
-        prompts = torch.randint(1, sizes["vocab_size"], (batch, prompt_len), generator=gen).to(device)
-        row = {"batch": batch}
-        with torch.inference_mode():
-            seconds = timed(lambda p=prompts: model.generate(p, max_new_tokens=new_tokens, do_sample=False,
-                                                             attention_mask=torch.ones_like(p)), device, 1)
-            row["static_tokens_per_s"] = batch * new_tokens / seconds
-            backend = None if args.concurrency_compile == "none" or device.type != "cuda" else "inductor"
-            row["hwrun_compile"] = str(backend)
-            lists = prompts.tolist()
-            decoders = (  # hwrun's static graph batch, and its slot-based continuous batching
-                ("hwrun_graphs", lambda b=batch, c=backend: GraphDecoder(model, batch_size=b, max_cache_len=prompt_len + new_tokens,
-                                                              compile_backend=c),
-                 lambda d, p=prompts: d.generate(p, new_tokens, eos_token_id=None).tolist()),
-                ("hwrun_slots", lambda b=batch, c=backend: SlotDecoder(model, slots=b, max_cache_len=prompt_len + new_tokens,
-                                                            compile_backend=c),
-                 lambda d, p=lists: d.generate(p, new_tokens, eos_token_id=None)),
-            )
-            if batch == max(batches):  # the same loop, waking the host once per request instead of every 16 steps
-                decoders += (("hwrun_slots_one_sync", lambda b=batch, c=backend: SlotDecoder(
-                    model, slots=b, max_cache_len=prompt_len + new_tokens, compile_backend=c, check_every=new_tokens),
-                    decoders[1][2]),)
-            produced = {}
-            for key, build, run in decoders:
-                try:
-                    start = time.perf_counter()
-                    decoder = build()
-                    produced[key] = run(decoder)
-                    assert all(len(r) == new_tokens for r in produced[key]), "a row ended early"
-                    row[f"{key}_warmup_s"] = time.perf_counter() - start
-                    seconds = timed(lambda d=decoder, r=run: r(d), device, 1)
-                    row[f"{key}_tokens_per_s"] = batch * new_tokens / seconds
-                    del decoder
-                except Exception as exc:  # noqa: BLE001
-                    row[f"{key}_error"] = f"{type(exc).__name__}: {exc}"
-            if {"hwrun_graphs", "hwrun_slots"} <= produced.keys():  # same arithmetic, other kernels: bf16 rows agree for a prefix at least
-                pairs = zip(produced["hwrun_graphs"], produced["hwrun_slots"], strict=True)
-                agree = [next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a)) for a, b in pairs]
-                row["slots_tokens_agreeing_with_graphs_median"] = sorted(agree)[len(agree) // 2]
-            if device.type == "cuda":
-                torch._dynamo.reset()
-        ids = prompts.tolist()
-        config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
-        cb_variants = [("continuous", workload_cb_config(device.type, [prompt_len] * batch, new_tokens))]
-        if batch == max(batches) and device.type == "cuda" and not args.skip_hf_compile:
-            with torch.inference_mode():
-                def static_cache(p=prompts):
-                    model.generate(p, max_new_tokens=new_tokens, do_sample=False, attention_mask=torch.ones_like(p),
-                                   cache_implementation="static")
-                seconds = timed(static_cache, device, 1)
-                row["static_cache_compile_tokens_per_s"] = batch * new_tokens / seconds
-        if batch == max(batches):
-            if device.type == "cuda":
-                cb_variants.append(("continuous_transformers_defaults",
-                                    cb_config(ContinuousBatchingConfig, auto_switch_to_flash=False)))
-        for key, cb in ([] if args.skip_generate_batch else cb_variants):
-            try:
-                def run(i=ids, c=cb, g=config):
-                    extra = {"warmup": True} if "warmup" in inspect.signature(model.generate_batch).parameters else {}
-                    outputs = model.generate_batch(i, generation_config=g, continuous_batching_config=c, **extra)
-                    assert len(outputs) == len(i) and all(len(o.generated_tokens) == new_tokens
-                                                          for o in outputs.values())
-                seconds = timed(run, device, 1)
-                row[f"{key}_tokens_per_s"] = batch * new_tokens / seconds
-            except Exception as exc:  # noqa: BLE001
-                row[f"{key}_error"] = f"{type(exc).__name__}: {exc}"
-        if "continuous_tokens_per_s" in row:
-            row["continuous_over_static"] = row["continuous_tokens_per_s"] / row["static_tokens_per_s"]
-        if "hwrun_slots_tokens_per_s" in row:
-            row["slots_over_static"] = row["hwrun_slots_tokens_per_s"] / row["static_tokens_per_s"]
-            if "static_cache_compile_tokens_per_s" in row:  # the issue's goal: >= 2x this at 64 prompts
-                row["slots_over_static_cache_compile"] = (row["hwrun_slots_tokens_per_s"]
-                                                          / row["static_cache_compile_tokens_per_s"])
-        results["batching"].append(row)
-        print(f"batch {batch:3d} " + "  ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
-                                             for k, v in row.items() if k != "batch"), flush=True)
-        save()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-
+        texts = prompts_of(tokenizer, batch, prompt_len, seed=batch)
+        encoded = tokenizer(texts, return_tensors="pt", padding=True).to(model.device)
+        ids = [tokenizer(t)["input_ids"] for t in texts]
+        for mode in ("greedy",) if args.skip_sampled else ("greedy", "sampled"):
+            options = SAMPLED if mode == "sampled" else {}
+            hf_options = {k: v for k, v in options.items() if k != "seed"} or {"do_sample": False}
+            add(batch, mode, "hwrun.generate (decode='graphs')",
+                lambda t=texts, o=options: hwrun.generate(plan, t, new_tokens, decode="graphs", model=model,
+                                                          tokenizer=tokenizer, **o),
+                lambda r: r.total_new_tokens)
+            add(batch, mode, "hwrun.generate (decode='auto')",
+                lambda t=texts, o=options: hwrun.generate(plan, t, new_tokens, model=model, tokenizer=tokenizer, **o),
+                lambda r: r.total_new_tokens)
+            if not args.skip_hf_compile:
+                def static_cache(e=encoded, o=hf_options):
+                    with torch.inference_mode():
+                        return model.generate(**e, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                              cache_implementation="static", pad_token_id=0, **o)
+                add(batch, mode, "transformers static cache + compile", static_cache,
+                    lambda r, b=batch: b * new_tokens)
+            if not args.skip_generate_batch:
+                config = GenerationConfig(max_new_tokens=new_tokens, eos_token_id=-1, pad_token_id=0, **hf_options)
+                variants = [("transformers generate_batch (hwrun's config)",
+                             workload_cb_config(plan.accelerator.kind, [len(i) for i in ids], new_tokens))]
+                if not args.smoke:  # Transformers' defaults size the cache from 90% of device memory
+                    variants.append(("transformers generate_batch (defaults)",
+                                     cb_config(ContinuousBatchingConfig, auto_switch_to_flash=False)))
+                for name, cb in variants:
+                    def continuous(i=ids, c=cb, g=config):
+                        with torch.no_grad():
+                            return model.generate_batch(i, generation_config=g, continuous_batching_config=c,
+                                                        progress_bar=False)
+                    add(batch, mode, name, continuous,
+                        lambda r: sum(len(o.generated_tokens) for o in r.values()))
+    results["weight_storage_after_decoders"] = weight_storage(model)
+    results["fused_weight_extra_bytes"] = results["weight_storage_after_decoders"] - weights
+    save()
+    if not args.skip_cli:
+        with tempfile.TemporaryDirectory(prefix="hwrun-bench-inductor-") as cache:
+            for label in ("cold", "warm"):
+                results["cli"][label] = cli_wall_time(folder, new_tokens, cache, device_kind)
+                print(f"CLI hwrun generate --compile ({label} compile cache): "
+                      f"{results['cli'][label]['seconds']:.1f} s rc={results['cli'][label]['rc']}", flush=True)
+                save()
     write_report(results, out)
     return 0
 
 
-def profile_step(decoder, prompt, path):
-    """Kernel table of 20 compiled decode steps run without the graph (same kernels, launch by launch)."""
-    import torch
-
-    with torch.inference_mode():
-        decoder._prefill(prompt)
-        for _ in range(3):
-            decoder._step_fn()
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(20):
-                decoder._step_fn()
-            torch.cuda.synchronize()
-    path.write_text(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40,
-                                              max_name_column_width=90))
-
-
 def write_report(results, out):
-    """decode.md (tables) and decode.png (two panels) from the results dict."""
-    lines = [
-        f"Device: {results['device']}; torch {results['torch']}, transformers {results['transformers']}; "
-        f"{results['parameters'] / 1e9:.2f}B parameters ({results['weight_bytes'] / 1e9:.2f} GB, {results['dtype']}); "
-        f"prompt {results['prompt_len']} tokens, {results['new_tokens']} new tokens, median of {results['repeats']}.",
-        "",
-        f"Measured copy bandwidth {results['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s -> batch-1 roofline "
-        f"{results['roofline_tokens_per_s']:,.0f} tokens/s.",
-        "",
-        "| batch 1 | tokens/s | fraction of roofline | vs transformers defaults | warm-up s | tokens equal generate "
-        "(first N agree) | tokens equal eager step |",
-        "|---|---:|---:|---:|---:|---|---|",
-    ]
-    base = next((r["tokens_per_s"] for r in results["batch1"] if "tokens_per_s" in r), None)
-    for r in results["batch1"]:
-        if "error" in r:
-            lines.append(f"| {r['name']} | failed: {r['error'][:80]} | | | | | |")
+    """decode.md (tables) and decode.png (tokens/s per prompt count) from the results dict."""
+    rows = results["rows"]
+    head = (f"{'CPU smoke run (tiny sizes; not a performance result)' if results['smoke'] else 'Device: ' + results['device']}"
+            f", {results['date']}; torch {results['torch']}, transformers {results['transformers']}, hwrun "
+            f"{results['hwrun']}; {results['parameters'] / 1e6:,.1f}M parameters ({results['weight_bytes'] / 1e9:.2f} GB, "
+            f"{results['dtype']}); prompt {results['prompt_len']} tokens, {results['new_tokens']} new tokens, median of "
+            f"{results['repeats']}; sampled = temperature 0.7, top-p 0.9.")
+    lines = [head, "", f"Copy bandwidth {results['copy_bandwidth_bytes_per_s'] / 1e9:,.1f} GB/s -> batch-1 roofline "
+             f"{results['roofline_tokens_per_s']:,.0f} tokens/s. Weight storage {results['weight_bytes']:,} B before "
+             f"hwrun's decoders, {results.get('weight_storage_after_decoders', 0):,} B after (fused weights: "
+             f"{results.get('fused_weight_extra_bytes', 'n/a'):,} B extra).", "",
+             "| prompts | mode | path | tokens/s | batch-1 roofline | vs best Transformers row | peak memory | decode |",
+             "|---:|---|---|---:|---:|---:|---:|---|"]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['batch']} | {row['mode']} | {row['name']} | failed: {row['error'][:80]} | | | | |")
             continue
-        lines.append(f"| {r['name']} | {r['tokens_per_s']:,.1f} | {r['fraction_of_roofline']:.1%} | "
-                     f"{r['tokens_per_s'] / base:.2f}x | {r.get('warmup_s', 0):.1f} | "
-                     f"{r.get('tokens_equal_generate', '')} ({r.get('tokens_agreeing_with_generate', '')}) | "
-                     f"{r.get('tokens_equal_eager_step', '')} |")
-    lines += ["", "Total tokens/s. hwrun's decoders are compiled with the backend shown (warm-up seconds in "
-              "brackets: compile, tuning and graph capture, paid once per batch size).", "",
-              "| concurrent prompts | static generate | static cache + auto compile | hwrun graphs (static batch) | "
-              "hwrun continuous (slots, graphs) | continuous generate_batch, hwrun config | "
-              "continuous generate_batch, Transformers defaults | hwrun continuous / static generate | compile |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in results["batching"]:
-        def cell(key, r=r):
-            if key not in r:
-                return "failed" if key.replace("tokens_per_s", "error") in r else ""
-            warm = r.get(key.replace("tokens_per_s", "warmup_s"))
-            return f"{r[key]:,.0f}" + (f" ({warm:.0f} s)" if warm else "")
-        ratio = f"{r['slots_over_static']:.2f}x" if "slots_over_static" in r else ""
-        lines.append(f"| {r['batch']} | {cell('static_tokens_per_s')} | {cell('static_cache_compile_tokens_per_s')} | "
-                     f"{cell('hwrun_graphs_tokens_per_s')} | {cell('hwrun_slots_tokens_per_s')} | "
-                     f"{cell('continuous_tokens_per_s')} | "
-                     f"{cell('continuous_transformers_defaults_tokens_per_s')} | {ratio} | {r.get('hwrun_compile', '')} |")
-    for r in results["batching"]:
-        if "slots_over_static_cache_compile" in r:
-            lines += ["", f"At {r['batch']} prompts hwrun's continuous batching gives "
-                          f"{r['slots_over_static_cache_compile']:.2f}x Transformers' static cache + compile figure."]
-    errors = [f"- batch {r['batch']}: {k}: {v}" for r in results["batching"] for k, v in r.items() if k.endswith("error")]
-    if errors:
-        lines += ["", "Errors:", *errors]
-    text = "\n".join(lines) + "\n"
-    (out / "decode.md").write_text(text)
-    print(text)
+        theirs = [r["tokens_per_s"] for r in rows if r["batch"] == row["batch"] and r["mode"] == row["mode"]
+                  and "tokens_per_s" in r and r["name"].startswith("transformers")]
+        roof = f"{row['tokens_per_s'] / results['roofline_tokens_per_s']:.1%}" if row["batch"] == 1 else ""
+        ratio = f"{row['tokens_per_s'] / max(theirs):.2f}x" if theirs else ""
+        peak = f"{row['peak_bytes'] / 2**30:.2f} GiB" if row.get("peak_bytes") is not None else "n/a"
+        lines.append(f"| {row['batch']} | {row['mode']} | {row['name']} | {row['tokens_per_s']:,.1f} | {roof} | "
+                     f"{ratio} | {peak} | {row.get('decode', '')} |")
+    for label, cli in results["cli"].items():
+        lines.append(f"\nCLI `hwrun generate --compile --max-new-tokens {results['new_tokens']}`, {label} compile "
+                     f"cache: {cli['seconds']:.1f} s wall (rc {cli['rc']}).")
+    (out / "decode.md").write_text("\n".join(lines) + "\n")
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib missing: no decode.png", file=sys.stderr)
         return
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
-    ok = [r for r in results["batch1"] if "tokens_per_s" in r]
-    left.barh([r["name"] for r in ok], [r["tokens_per_s"] for r in ok], color="tab:blue")
-    left.axvline(results["roofline_tokens_per_s"], color="red", linestyle="--", label="roofline")
-    left.axvline(0.5 * results["roofline_tokens_per_s"], color="orange", linestyle=":", label="50% roofline")
-    left.set_xlabel("tokens/s (batch 1)")
-    left.legend()
-    left.set_title("batch-1 decode")
-    for key, label in (("static_tokens_per_s", "static generate"), ("hwrun_graphs_tokens_per_s", "hwrun graphs"),
-                       ("hwrun_slots_tokens_per_s", "hwrun continuous (slots, graphs)"),
-                       ("continuous_tokens_per_s", "continuous batching (hwrun config)"),
-                       ("static_cache_compile_tokens_per_s", "static cache + auto compile"),
-                       ("continuous_transformers_defaults_tokens_per_s", "continuous (Transformers defaults)")):
-        pts = [(r["batch"], r[key]) for r in results["batching"] if key in r]
-        if pts:
-            right.plot(*zip(*pts, strict=True), marker="o", label=label)
-    right.set_xscale("log", base=2)
-    right.set_yscale("log")
-    right.set_xlabel("concurrent prompts")
-    right.set_ylabel("total tokens/s")
-    right.legend()
-    right.set_title("throughput")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, mode in zip(axes, ("greedy", "sampled"), strict=True):
+        names = sorted({r["name"] for r in rows if r["mode"] == mode and "tokens_per_s" in r})
+        for name in names:
+            points = sorted((r["batch"], r["tokens_per_s"]) for r in rows
+                            if r["mode"] == mode and r["name"] == name and "tokens_per_s" in r)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+        ax.set(xscale="log", yscale="log", xlabel="concurrent prompts", title=mode)
+    axes[0].set_ylabel("new tokens/s (all prompts)")
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "decode.png", dpi=120)
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sys.exit(main())

@@ -68,7 +68,7 @@ def main(argv=None):
             decoder = build()
             if name.startswith("graphs"):
                 decoder._prefill(prompts)
-                buffers = [decoder.token, decoder.position]
+                buffers = [decoder.token, decoder.position, decoder.count]
             else:
                 decoder._admit(list(range(args.batch)), prompts.tolist())
                 buffers = [decoder.token, decoder.position, decoder.count, decoder.out]
