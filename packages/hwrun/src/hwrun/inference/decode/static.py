@@ -164,11 +164,11 @@ class GraphDecoder:
                               use_cache=True, logits_to_keep=1).logits[:, -1]
         if sample:
             nxt = next_tokens(last, *self.sampling.all(), self.count).unsqueeze(-1)
+            self.count.add_(1)  # the noise counter (greedy steps need none; the prefill resets it)
         else:
             nxt = last.argmax(dim=-1, keepdim=True)
         self.token.copy_(nxt)
         self.position.add_(1)
-        self.count.add_(1)
         self.tokens.index_copy_(1, self.position[0], nxt)
 
     def _prefill(self, input_ids: Any) -> int:
