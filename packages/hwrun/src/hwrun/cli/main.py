@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_gen.add_argument("--batch-file", default=None, help="a text file with one prompt per line")
     p_gen.add_argument("--batching", choices=("auto", "static", "continuous"), default="auto")
     p_gen.add_argument("--decode", choices=("auto", "generate", "graphs"), default="auto",
-                       help="graphs: static cache + CUDA/XPU graph replay per token (greedy)")
+                       help="graphs: static cache + the device's graph replay per token (CUDA, ROCm, XPU; HPU in lazy mode); greedy or sampled")
     p_gen.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p_gen.add_argument("--temperature", type=float, default=None, help="sampling temperature > 0 (with --sample; default 1.0)")
     p_gen.add_argument("--top-p", type=float, default=None, help="nucleus sampling, 0 < p <= 1 (with --sample)")
