@@ -89,7 +89,9 @@ def runs(tmp_path_factory):
            (root / "zero3-resumed", {**FULL, **CONSTANT, "deepspeed": ZERO3}))
     first, _ = rank_outputs(root / "zero3-resumed")
     assert all(i["step"] == 3 and i["resumed_from"] is None for i in first)
-    launch(root, (root / "zero3-resumed", {**FULL, **CONSTANT, "max_steps": 6, "resume": "auto", "deepspeed": ZERO3}))
+    # overwrite=True: the first launch's workers wrote rank{r}.json/.safetensors there, files that are not hwrun's
+    launch(root, (root / "zero3-resumed", {**FULL, **CONSTANT, "max_steps": 6, "resume": "auto", "deepspeed": ZERO3,
+                                           "overwrite": True}))
     return root
 
 

@@ -235,7 +235,10 @@ def test_two_process_fsdp2_resume_continues_the_uninterrupted_loss_curve(tmp_pat
     for mode in modes:
         first, _ = rank_outputs(tmp_path / f"{mode}-resumed")
         assert all(i["step"] == 3 and i["resumed_from"] is None for i in first), mode
-    launch_fsdp(tmp_path, data, *[(tmp_path / f"{mode}-resumed", {**o, "max_steps": 6, "resume": "auto"})
+    # overwrite=True: the first launch's workers wrote rank{r}.json/.safetensors into the folder, files hwrun's
+    # own record does not list (they stay as they are)
+    launch_fsdp(tmp_path, data, *[(tmp_path / f"{mode}-resumed", {**o, "max_steps": 6, "resume": "auto",
+                                                                   "overwrite": True})
                                   for mode, o in modes.items()])
 
     for mode in modes:

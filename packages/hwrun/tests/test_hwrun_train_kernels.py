@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 
+import hwrun
 import pytest
 import torch
 import torch.nn.functional as F
@@ -154,7 +155,8 @@ def test_each_device_gets_its_chunk_form():
                                                   ("swiglu_kernel", "swiglu_kernel='fast'")])
 def test_train_rejects_an_unknown_kernel_before_anything_loads(tmp_path, keyword, message):
     with pytest.raises(TrainingConfigError, match=message):
-        train(None, tmp_path / "missing.txt", output_dir=tmp_path / "out", **{keyword: "fast"})
+        train(hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu"), tmp_path / "missing.txt", output_dir=tmp_path / "out",
+              **{keyword: "fast"})
     assert not (tmp_path / "out").exists()
 
 

@@ -74,6 +74,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_train(args: argparse.Namespace) -> int:
     """Carry out `hwrun train` for parsed `args`; returns the exit status."""
+    if not getattr(args, "verbose", False):
+        import warnings
+
+        # Transformers' and PEFT's deprecation notices are for library authors (e.g. peft reading
+        # `is_gradient_checkpointing`, renamed in transformers 5.25); -v / --verbose shows them
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)(\.|$)")
     from ..training import (
         DEFAULT_MAX_DATA_BYTES,
         LoraSettings,

@@ -34,7 +34,8 @@ DEFAULTS: dict[str, Any] = {
     "save_total_limit": 3,
     "report_to": "none",            # no network, no surprise tracker
     "remove_unused_columns": False,  # the packed dataset gives exactly the model's inputs
-    "gradient_checkpointing": False,  # LoRA activations fit; recomputation costs ~30% speed
+    # gradient_checkpointing stays at TrainingArguments' default (off: LoRA activations fit; recomputation costs
+    # ~30% speed); passing it warns in transformers 5.25 (renamed activation_checkpointing, absent in 5.22)
     "dataloader_pin_memory": True,
     "seed": 42,
 }

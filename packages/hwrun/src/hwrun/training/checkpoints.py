@@ -189,8 +189,7 @@ def choose_resume(resume: bool | str | os.PathLike | None, output_dir: str | Pat
                 else:
                     logger.info("Resuming from %s (%s)", folder, verified)
                 return ResumeChoice(str(folder), reason, tuple(skipped))
-            logger.warning("Skipping checkpoint %s: %s.", folder, problem)
-            skipped.append(f"{folder.name}: {problem}")
+            skipped.append(f"{folder.name}: {problem}")  # logged once below, or raised
             if claims:
                 damaged.append(f"{folder.name}: {problem}")
         if damaged:
@@ -205,6 +204,8 @@ def choose_resume(resume: bool | str | os.PathLike | None, output_dir: str | Pat
                 "needs a checkpoint-N folder with a manifest. Fix: use resume='auto' to start "
                 "fresh when there is none, or point --output at the earlier run."
             )
+        if skipped:
+            logger.warning("Starting fresh: no complete checkpoint (%s).", "; ".join(skipped))
         return ResumeChoice(None, "a fresh start (no checkpoint to resume from)", tuple(skipped))
     folder = Path(resume)
     problem = check_checkpoint(folder, verify=True)

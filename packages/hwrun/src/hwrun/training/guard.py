@@ -56,8 +56,9 @@ class NonFiniteGuard(TrainerCallback):
     def _trip(self, state: Any, control: Any, what: str, value: float) -> None:
         if self.tripped is None:
             self.tripped = (state.global_step, what, value)
-            logger.error("Step %d: %s is %s (not finite); stopping without saving (on_nonfinite='stop').",
-                         state.global_step, what, value)
+            # info, not error: train() raises NonFiniteLossError with all of this (the CLI's one line)
+            logger.info("Step %d: %s is %s (not finite); stopping without saving (on_nonfinite='stop').",
+                        state.global_step, what, value)
         control.should_save = False
         control.should_training_stop = True
 

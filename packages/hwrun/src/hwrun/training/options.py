@@ -152,11 +152,10 @@ def lora_settings(lora: Any, qlora: bool) -> LoraSettings | None:
     )
 
 
-def check_all(plan: Any, options: Mapping[str, Any], overrides: Mapping[str, Any],
-              train_options: Sequence[str], kernel_checks: Sequence[Callable[[], None]] = ()) -> None:
-    """Every check above, before anything is read, loaded or written."""
+def check_all(plan: Any, options: Mapping[str, Any], kernel_checks: Sequence[Callable[[], None]] = ()) -> None:
+    """Every check above but `check_overrides` (which imports transformers), before anything is read, loaded or
+    written."""
     check_plan(plan)
-    check_overrides(overrides, train_options)
     check_kinds(options)
     check_numbers(options["epochs"], options["max_steps"], options["lr"], options["batch_size"],
                   options["grad_accum"], options["block_size"], options["seed"], options["save_steps"],

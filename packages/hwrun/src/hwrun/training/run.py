@@ -23,7 +23,7 @@ from . import output
 from .checkpoints import choose_resume, finished_at, schedule_change, trainer_state
 from .data import DEFAULT_MAX_DATA_BYTES
 from .lora import LoraSettings, lora_config, lora_targets
-from .options import check_all, lora_settings
+from .options import check_all, check_overrides, lora_settings
 from .patching import PatchOptions, PatchStack, patch_base, patch_lora
 from .sharding import fusion_blocker as _fusion_blocker
 
@@ -168,12 +168,12 @@ class OutputPlan:
     finished: str | None = None  # the run to resume is already at its end (and why)
 
 
-def _validate(plan: RunPlan, data: Any, options: dict[str, Any], overrides: Mapping[str, Any]) -> RunSettings:
-    """Phase 1: every option's type, range and name, before anything is read, loaded or written."""
+def _validate(plan: RunPlan, data: Any, options: dict[str, Any]) -> RunSettings:
+    """Phase 1: every option's type and range, before anything is read, loaded or written."""
     from .patches.fused_loss import check_kernel
     from .patches.swiglu import check_swiglu_kernel
 
-    check_all(plan, {**options, "data": data}, overrides, TRAIN_OPTIONS,
+    check_all(plan, {**options, "data": data},
               (lambda: check_kernel(options["loss_kernel"]), lambda: check_swiglu_kernel(options["swiglu_kernel"])))
     if plan.adapter is not None:
         raise TrainingConfigError(
@@ -241,6 +241,12 @@ def _finished_result(where: OutputPlan, run: RunSettings) -> TrainResult:
         losses=tuple(loss_points(state.get("log_history", []))), lora=run.settings is not None,
         merged=bool((final.get("run") or {}).get("merged", False)), resumed_from=where.resume_from,
         loss_plot=str(plot) if plot.is_file() else None, reasons=dict(where.reasons), already_finished=True)
+
+
+def _check_keywords(overrides: Mapping[str, Any]) -> None:
+    """Phase 2b: the extra keywords are TrainingArguments keywords train() does not set itself (a misspelt one
+    names the closest valid name). After the output checks, which need no transformers import."""
+    check_overrides(overrides, TRAIN_OPTIONS)
 
 
 def _prepare_data(plan: RunPlan, data: Any, run: RunSettings) -> tuple[Any, Any]:
@@ -495,8 +501,9 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     """
     options = {name: value for name, value in locals().items()
                if name not in ("plan", "data", "training_overrides")}
-    run = _validate(plan, data, options, training_overrides)
+    run = _validate(plan, data, options)
     where = _prepare_output(plan, run)
+    _check_keywords(training_overrides)
     if where.finished == "done":
         return _finished_result(where, run)
     dataset, data_tokenizer = _prepare_data(plan, data, run)
