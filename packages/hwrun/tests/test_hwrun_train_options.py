@@ -112,6 +112,18 @@ def test_data_of_the_wrong_type_is_refused(setup):
         hwrun.train(plan, 42, output_dir=out, max_steps=1)
 
 
+def test_an_iterable_dataset_is_a_dataset(setup, monkeypatch):
+    plan, _, out = setup
+
+    class Stream:
+        def __iter__(self):
+            yield {"input_ids": [1, 2], "labels": [1, 2]}
+
+    monkeypatch.setattr("hwrun.training.run._arguments", lambda *a, **k: pytest.fail("a later phase ran"))
+    with pytest.raises(pytest.fail.Exception, match="a later phase ran"):  # accepted: reached the arguments phase
+        hwrun.train(plan, Stream(), output_dir=out, max_steps=1)
+
+
 def test_valid_training_arguments_keywords_pass(setup):
     plan, data, out = setup
     with pytest.raises(pytest.fail.Exception, match="a later phase ran"):  # reached the data phase

@@ -107,12 +107,12 @@ def test_the_phases_run_in_order_and_nothing_loads_before_the_checks(setup, tmp_
 
     plan, data = setup
     order = []
-    for name in ("_validate", "_prepare_output", "_check_keywords", "_prepare_data", "_arguments", "_load", "_patch",
+    for name in ("_validate", "_check_keywords", "_prepare_output", "_prepare_data", "_arguments", "_load", "_patch",
                  "_trainer", "_train", "_check_finite", "_save"):
         real = getattr(run, name)
         monkeypatch.setattr(run, name, lambda *a, _real=real, _name=name, **k: order.append(_name) or _real(*a, **k))
     hwrun.train(plan, data, lora=True, max_steps=1, output_dir=tmp_path / "out", **FAST)
-    assert order == ["_validate", "_prepare_output", "_check_keywords", "_prepare_data", "_arguments", "_load",
+    assert order == ["_validate", "_check_keywords", "_prepare_output", "_prepare_data", "_arguments", "_load",
                      "_patch", "_trainer", "_train", "_check_finite", "_save"]
 
 

@@ -108,9 +108,10 @@ def run_train(args: argparse.Namespace) -> int:
             run_plan, args.data, lora=lora, qlora=args.qlora, epochs=args.epochs, max_steps=args.max_steps,
             lr=args.lr, batch_size=args.batch_size, grad_accum=args.grad_accum, seed=args.seed,
             output_dir=args.output, resume="auto" if args.resume else False, block_size=args.block_size,
-            merge=args.merge, save_steps=args.save_steps, disable_tqdm=args.no_progress,
-            echo=print if args.no_progress else None, overwrite=args.overwrite, on_nonfinite=args.on_nonfinite,
+            merge=args.merge, save_steps=args.save_steps, echo=print if args.no_progress else None,
+            overwrite=args.overwrite, on_nonfinite=args.on_nonfinite,
             max_data_bytes=args.max_data_size or DEFAULT_MAX_DATA_BYTES,
+            **({"disable_tqdm": True} if args.no_progress else {}),  # a TrainingArguments keyword only when given
         )
     finally:
         import hwdist

@@ -112,7 +112,7 @@ def check_kinds(options: Mapping[str, Any]) -> None:
     if echo is not None and not callable(echo):
         problems.append(f"echo={echo!r} (must be a function taking one line, e.g. print, or None)")
     data = options.get("data")
-    if not isinstance(data, (str, os.PathLike)) and not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+    if not isinstance(data, (str, os.PathLike)) and not (hasattr(data, "__getitem__") or hasattr(data, "__iter__")):
         problems.append(f"data={data!r} (must be a path to a text/JSONL file or folder, or a dataset)")
     if problems:
         raise TrainingConfigError("Invalid training options: " + "; ".join(problems) + ". Fix those values.")

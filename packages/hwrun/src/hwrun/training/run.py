@@ -244,8 +244,8 @@ def _finished_result(where: OutputPlan, run: RunSettings) -> TrainResult:
 
 
 def _check_keywords(overrides: Mapping[str, Any]) -> None:
-    """Phase 2b: the extra keywords are TrainingArguments keywords train() does not set itself (a misspelt one
-    names the closest valid name). After the output checks, which need no transformers import."""
+    """Phase 1b: the extra keywords are TrainingArguments keywords train() does not set itself (a misspelt one
+    names the closest valid name). Imports transformers only when there are extra keywords."""
     check_overrides(overrides, TRAIN_OPTIONS)
 
 
@@ -502,8 +502,8 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     options = {name: value for name, value in locals().items()
                if name not in ("plan", "data", "training_overrides")}
     run = _validate(plan, data, options)
-    where = _prepare_output(plan, run)
     _check_keywords(training_overrides)
+    where = _prepare_output(plan, run)
     if where.finished == "done":
         return _finished_result(where, run)
     dataset, data_tokenizer = _prepare_data(plan, data, run)
