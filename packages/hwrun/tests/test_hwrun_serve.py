@@ -198,6 +198,10 @@ def test_per_request_sampling_reaches_the_engine(server, client, reference):
     first = client.completions.create(model=MODEL_ID, prompt="The king said", max_tokens=12, temperature=1.0, seed=11)
     again = client.completions.create(model=MODEL_ID, prompt="The king said", max_tokens=12, temperature=1.0, seed=11)
     assert first.choices[0].text == again.choices[0].text  # one request at a time: the seed reproduces it
+    other = client.completions.create(model=MODEL_ID, prompt="The king said", max_tokens=12, temperature=1.0, seed=12)
+    greedy = completion("The king said", 12).text
+    # sampling is applied: a sampled answer differs from greedy, or another seed gives another answer
+    assert first.choices[0].text != greedy or first.choices[0].text != other.choices[0].text
     top1 = client.completions.create(model=MODEL_ID, prompt="The king said", max_tokens=12, temperature=1.0,
                                      extra_body={"top_k": 1})
     assert top1.choices[0].text == completion("The king said", 12).text  # top_k=1 is greedy
@@ -294,6 +298,48 @@ def test_a_body_over_the_limit_is_413_before_it_is_parsed(server):
     assert status == 413 and json.loads(text)["error"]["code"] == "body_too_large"
 
 
+@pytest.mark.parametrize("sampling", [{"temperature": 1e-40}, {"temperature": 5e-324, "top_k": 5},
+                                      {"top_k": 2**31 - 1}, {"top_p": 1e-300}, {"temperature": 2, "top_k": 50000}])
+def test_extreme_sampling_values_answer_and_leave_the_engine_up(server, reference, sampling):
+    completion, _ = reference
+    status, _, text = _http(server, "POST", "/v1/completions",
+                            {"model": MODEL_ID, "prompt": "The king said", "max_tokens": 5, **sampling})
+    assert status == 200, text
+    if sampling.get("temperature", 1) < 1e-5:  # greedy, as vLLM does
+        assert json.loads(text)["choices"][0]["text"] == completion("The king said", 5).text
+    assert server.state.engine.ready and _http(server, "GET", "/health", key=None)[0] == 200
+
+
+@pytest.mark.parametrize("top_k", [2**31, 2**40, 10**30])
+def test_top_k_beyond_32_bits_is_a_400(server, top_k):
+    status, _, text = _http(server, "POST", "/v1/completions",
+                            {"model": MODEL_ID, "prompt": "The king said", "max_tokens": 5, "top_k": top_k})
+    assert status == 400 and json.loads(text)["error"]["param"] == "top_k"
+    assert server.state.engine.ready
+
+
+def test_metrics_labels_come_from_a_fixed_set_whatever_the_path(server):
+    before = len(server.state.metrics.requests)
+    for i in range(3):
+        status, _, _ = _http(server, "GET", f"/v1/x{i}%22,evil=%22y%0Afake_metric%201", key=None)
+        assert status == 401
+    _, _, text = _http(server, "GET", "/metrics")
+    assert not any(line.startswith("fake_metric") for line in text.splitlines())
+    assert _count(server, "other", "unauthorized") >= 3
+    assert len(server.state.metrics.requests) <= before + 1  # one series for all of them
+
+
+def test_oversized_chat_messages_are_refused_before_tokenizing(server):
+    limit = server.state.max_model_len
+    content = "word " * (64 * limit // 5 + 10)
+    started = time.perf_counter()
+    status, _, text = _http(server, "POST", "/v1/chat/completions", {"model": MODEL_ID, "messages": [
+        {"role": "user", "content": content[: len(content) // 2]}, {"role": "user", "content": content}]})
+    assert status == 400 and json.loads(text)["error"]["code"] == "context_length_exceeded"
+    assert json.loads(text)["error"]["param"] == "messages"
+    assert time.perf_counter() - started < 2
+
+
 def test_the_openai_client_sees_bad_requests_as_bad_request_errors(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=MODEL_ID, prompt="x", max_tokens=0)
@@ -349,6 +395,9 @@ def test_a_flood_beyond_slots_and_queue_gets_429_with_retry_after(server):
 
 
 def test_metrics_count_tokens_and_latencies(server):
+    status, _, answer = _http(server, "POST", "/v1/completions", {"model": MODEL_ID, "prompt": "The king said",
+                                                                  "max_tokens": 4})
+    assert status == 200 and json.loads(answer)["usage"]["completion_tokens"] > 1  # a first token and a next one
     status, headers, text = _http(server, "GET", "/metrics")
     assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
     for name in ("hwrun_time_to_first_token_seconds", "hwrun_inter_token_latency_seconds"):
@@ -470,6 +519,79 @@ def test_after_the_grace_period_requests_still_running_are_cancelled_and_the_ser
         rest = exc.partial
     assert b"[DONE]" not in rest
     connection.close()
+
+
+class PoisonBackend(EndlessBackend):
+    """An endless backend whose step raises while a request with prompt token `POISON` runs (as Transformers'
+    sampler does on inf/nan), then goes on."""
+
+    def add(self, request):
+        super().add(request)
+        self.poisoned = getattr(self, "poisoned", set())
+        self.left = getattr(self, "left", {})
+        self.left[request.request_id] = request.max_new_tokens
+        if len(request.input_ids) > 3:
+            self.poisoned.add(request.request_id)
+
+    def step(self):
+        from hwrun.serve.engine import EngineEvent
+
+        if self.poisoned & self.active:
+            self.poisoned.clear()
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+        time.sleep(0.01)
+        events = []
+        for request_id in list(self.active):
+            self.left[request_id] -= 1
+            done = self.left[request_id] <= 0
+            if done:
+                self.active.discard(request_id)
+            events.append(EngineEvent(request_id, (300,), done, "length" if done else None))
+        return events
+
+
+def test_a_request_that_fails_in_the_engine_gets_500_and_the_server_keeps_serving(chat_model):
+    backend = PoisonBackend()
+    lines: list[str] = []
+    config = ServeConfig(port=0, model_id=MODEL_ID, grace_seconds=1)
+    srv = ServerThread(config, hwrun.plan(str(chat_model)), loader=_endless_loader(backend), say=lines.append)
+    srv.start(timeout=60)
+    try:
+        status, _, text = _http(srv, "POST", "/v1/completions", {"model": MODEL_ID, "max_tokens": 5,
+                                                                "prompt": "The king said a long thing"}, key=None)
+        assert status == 500, text
+        error = json.loads(text)["error"]
+        assert error["code"] == "generation_failed" and "inf" not in error["message"]  # details stay in the log
+        assert "server log" in error["message"]
+        assert srv.state.engine.ready and _http(srv, "GET", "/health", key=None)[0] == 200
+        status, _, text = _http(srv, "POST", "/v1/completions", {"model": MODEL_ID, "prompt": "Hi",
+                                                                "max_tokens": 3}, key=None)
+        assert status == 200 and json.loads(text)["usage"]["completion_tokens"] == 3
+        assert not any("failed to start" in line for line in lines)
+    finally:
+        srv.stop()
+
+
+def test_an_engine_that_dies_at_runtime_is_not_reported_as_a_start_failure(chat_model):
+    from hwrun.serve.engine import MAX_STEP_FAILURES
+
+    class Broken(EndlessBackend):
+        def step(self):
+            raise RuntimeError("device lost: secret detail")
+
+    lines: list[str] = []
+    config = ServeConfig(port=0, model_id=MODEL_ID, max_concurrency=1, max_queue=MAX_STEP_FAILURES)
+    srv = ServerThread(config, hwrun.plan(str(chat_model)), loader=_endless_loader(Broken()), say=lines.append)
+    srv.start(timeout=60)
+    try:
+        for _ in range(MAX_STEP_FAILURES):
+            status, _, text = _http(srv, "POST", "/v1/completions", {"model": MODEL_ID, "prompt": "Hi"}, key=None)
+            assert status in (500, 503) and "secret detail" not in text
+        _wait(lambda: srv.state.engine.state == "failed", 10, "the engine to fail")
+    finally:
+        srv.thread.join(30)
+    assert any("stopped at runtime" in line for line in lines)
+    assert not any("failed to start" in line for line in lines)
 
 
 def test_an_engine_that_cannot_start_ends_serve_with_its_error(chat_model):

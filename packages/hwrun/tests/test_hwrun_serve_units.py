@@ -55,8 +55,9 @@ def test_api_key_comes_from_the_named_variable_and_never_starts_open():
         read_api_key("MY_KEY", {})
     with pytest.raises(ServeConfigError, match="is empty"):
         read_api_key("MY_KEY", {"MY_KEY": ""})
-    with pytest.raises(ServeConfigError, match="not an environment variable name"):
+    with pytest.raises(ServeConfigError, match="not an environment variable name") as info:
         read_api_key("sk-live-123", {})  # a key pasted where the variable's name belongs
+    assert "sk-live-123" not in str(info.value)  # the pasted key is not echoed to the terminal or logs
 
 
 def test_torch_threads_leave_the_server_a_core_and_yield_to_the_user():
@@ -113,6 +114,8 @@ def test_parse_completion_defaults_follow_openai():
     ({"top_p": 0}, "top_p", "invalid_value"),
     ({"top_k": -1}, "top_k", "invalid_value"),
     ({"top_k": 1.5}, "top_k", "invalid_type"),
+    ({"top_k": 2**31}, "top_k", "invalid_value"),
+    ({"top_k": 10**30}, "top_k", "invalid_value"),
     ({"seed": "x"}, "seed", "invalid_value"),
     ({"stop": 5}, "stop", "invalid_value"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
@@ -126,6 +129,15 @@ def test_every_bad_field_is_a_400_naming_the_field(body, param, code):
         _completion(**body)
     error = info.value
     assert (error.status, error.param, error.code, error.type) == (400, param, code, "invalid_request_error")
+
+
+def test_extreme_sampling_values_are_greedy_or_refused_never_passed_on():
+    for tiny in (1e-40, 1e-300, 5e-324, 9.9e-6):
+        assert _completion(temperature=tiny).sampling.temperature == 0.0  # greedy, as vLLM does
+        assert _completion(temperature=tiny).sampling.greedy
+    assert _completion(temperature=protocol.MIN_TEMPERATURE).sampling.temperature == protocol.MIN_TEMPERATURE
+    assert _completion(top_k=protocol.MAX_TOP_K).sampling.top_k == 2**31 - 1
+    assert _completion(top_p=1e-300).sampling.top_p == 1e-300  # the filters keep at least one token
 
 
 def test_no_op_values_of_unsupported_fields_pass():
@@ -205,6 +217,20 @@ def test_metrics_render_prometheus_text():
     assert "hwrun_inter_token_latency_seconds_count 4" in text
     for line in text.splitlines():  # every sample line is `name{labels} value`
         assert line.startswith("#") or len(line.rsplit(" ", 1)) == 2 and float(line.rsplit(" ", 1)[1]) >= 0
+
+
+def test_metrics_escape_label_values_and_map_paths_to_a_fixed_set():
+    from hwrun.serve.app import ENDPOINT_LABELS, endpoint_label
+
+    metrics = Metrics()
+    metrics.count_request('x",evil="y\nfake_metric 1\\', "ok")
+    text = metrics.render()
+    assert 'hwrun_requests_total{endpoint="x\\",evil=\\"y\\nfake_metric 1\\\\",outcome="ok"} 1' in text
+    assert not any(line.startswith("fake_metric") for line in text.splitlines())
+    assert endpoint_label('/v1/x0",evil="y\nfake_metric 1') == "other"
+    assert endpoint_label("/v1/models/some/model") == "models" and endpoint_label("/metrics") == "metrics"
+    assert {endpoint_label(path) for path in ENDPOINT_LABELS} | {endpoint_label("/nope")} == {
+        "completions", "chat_completions", "models", "health", "metrics", "other"}
 
 
 def test_histogram_buckets_are_cumulative():
@@ -328,7 +354,7 @@ def test_engine_cancel_frees_the_slot_for_the_next_request_and_drain_refuses_new
     assert [t for e in events["next"] for t in e.token_ids] == [101, 102, 103]
 
 
-def test_engine_failure_is_reported_to_every_waiting_request():
+def test_engine_that_cannot_start_fails_and_refuses_requests():
     def broken():
         raise RuntimeError("no model here")
 
@@ -341,9 +367,116 @@ def test_engine_failure_is_reported_to_every_waiting_request():
             await asyncio.sleep(0.01)
 
     _run_engine(engine, work)
-    assert engine.state == "failed" and "no model here" in str(engine.error)
+    assert engine.state == "failed" and "no model here" in str(engine.error) and not engine.was_ready
     with pytest.raises(EngineNotReady):
         engine.submit(EngineRequest("x", (1,), 1), lambda e: None)
+
+
+class FailingStepBackend(ScriptedBackend):
+    """A scripted backend whose `step()` raises while `failing` is set."""
+
+    failing = True
+
+    def step(self) -> list[EngineEvent]:
+        if self.failing:
+            time.sleep(0.01)
+            raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+        return super().step()
+
+
+def test_engine_failure_is_reported_to_every_waiting_request():
+    backend = FailingStepBackend(slots=2)
+    engine = Engine(lambda: backend, max_concurrency=2, max_queue=2)
+    events, done, sink_for = _collector()
+
+    async def work():
+        engine.submit(EngineRequest("a", (1,), 5), sink_for("a"))
+        engine.submit(EngineRequest("b", (1,), 5), sink_for("b"))
+        await asyncio.wait_for(asyncio.gather(done["a"].wait(), done["b"].wait()), 10)
+        assert engine.state == "ready"  # one failed step fails its requests, not the engine
+        backend.failing = False
+        engine.submit(EngineRequest("c", (1,), 2), sink_for("c"))
+        await asyncio.wait_for(done["c"].wait(), 10)
+
+    _run_engine(engine, work)
+    for request_id in ("a", "b"):
+        assert events[request_id][-1].finished and events[request_id][-1].finish_reason == "error"
+        assert "inf, nan" in events[request_id][-1].error
+    assert sorted(backend.cancelled) == ["a", "b"]  # their slots were freed
+    assert [t for e in events["c"] for t in e.token_ids] == [101, 102]
+
+
+def test_a_backend_that_fails_every_step_fails_the_engine_at_runtime():
+    from hwrun.serve.engine import MAX_STEP_FAILURES
+
+    backend = FailingStepBackend(slots=1)
+    engine = Engine(lambda: backend, max_concurrency=1, max_queue=MAX_STEP_FAILURES)
+    events, done, sink_for = _collector()
+
+    async def work():
+        for i in range(MAX_STEP_FAILURES):
+            engine.submit(EngineRequest(f"r{i}", (1,), 5), sink_for(f"r{i}"))
+        await asyncio.wait_for(asyncio.gather(*(done[f"r{i}"].wait() for i in range(MAX_STEP_FAILURES))), 10)
+
+    _run_engine(engine, work)
+    assert engine.state == "failed" and engine.was_ready  # a runtime failure, not a start failure
+    assert all(events[f"r{i}"][-1].finish_reason == "error" for i in range(MAX_STEP_FAILURES))
+
+
+class SilentBackend(ScriptedBackend):
+    """Takes requests and steps, but never produces a token (a backend that lost them)."""
+
+    def step(self) -> list[EngineEvent]:
+        time.sleep(0.01)
+        return []
+
+
+def test_a_request_without_tokens_for_stall_seconds_fails_and_the_engine_goes_on():
+    backend = SilentBackend(slots=1)
+    engine = Engine(lambda: backend, max_concurrency=1, max_queue=1, stall_seconds=0.3)
+    events, done, sink_for = _collector()
+
+    async def work():
+        started = time.monotonic()
+        engine.submit(EngineRequest("lost", (1,), 5), sink_for("lost"))
+        await asyncio.wait_for(done["lost"].wait(), 10)
+        assert 0.3 <= time.monotonic() - started < 5
+        assert engine.state == "ready" and not engine.stalled  # steps go on: the engine is healthy
+
+    _run_engine(engine, work)
+    assert events["lost"][-1].finish_reason == "error" and "stalled" in events["lost"][-1].error
+    assert backend.cancelled == ["lost"]
+
+
+class HangingBackend(ScriptedBackend):
+    """A backend whose `step()` blocks until released (a hung device call)."""
+
+    def __init__(self, slots: int) -> None:
+        super().__init__(slots)
+        import threading
+
+        self.release = threading.Event()
+
+    def step(self) -> list[EngineEvent]:
+        self.release.wait(10)
+        return super().step()
+
+
+def test_engine_reports_stalled_when_a_step_hangs_while_requests_run():
+    backend = HangingBackend(slots=1)
+    engine = Engine(lambda: backend, max_concurrency=1, max_queue=1, stall_seconds=0.2)
+    events, done, sink_for = _collector()
+
+    async def work():
+        assert not engine.stalled
+        engine.submit(EngineRequest("r", (1,), 1), sink_for("r"))
+        await asyncio.sleep(0.5)
+        assert engine.stalled
+        backend.release.set()
+        await asyncio.wait_for(done["r"].wait(), 10)
+        assert not engine.stalled
+
+    _run_engine(engine, work)
 
 
 # ------------------------------------------------------------------------------------- slots backend

@@ -40,6 +40,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="require `Authorization: Bearer <key>`, the key read from environment variable VAR")
     p.add_argument("--grace-seconds", default="30", metavar="S",
                    help="after SIGTERM, time to finish in-flight requests before they are cancelled (default 30)")
+    p.add_argument("--stall-seconds", default="120", metavar="S",
+                   help="a request that gets no token for S seconds fails (500), and /health answers 503 while "
+                        "the engine's steps have stopped this long (default 120)")
     p.add_argument("--engine", default="auto", choices=ENGINES,
                    help="auto (hwrun's slot decoder with CUDA/XPU graphs, else Transformers' continuous batching), "
                         "slots or transformers")
@@ -62,6 +65,7 @@ def config_from(args: argparse.Namespace, environ: dict[str, str] | None = None)
     config = ServeConfig(
         host=args.host, port=_integer(args.port, "--port"), max_concurrency=concurrency, max_queue=queue,
         grace_seconds=_number(args.grace_seconds, "--grace-seconds"), engine=args.engine,
+        stall_seconds=_number(args.stall_seconds, "--stall-seconds"),
         max_model_len=_integer(args.max_model_len, "--max-model-len") if args.max_model_len is not None else None,
         model_id=args.served_model_name or args.model or DEFAULT_MODEL_ID,
         torch_threads=_integer(args.torch_threads, "--torch-threads") if args.torch_threads is not None else None,

@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from ..errors import RequestError
 from .config import MAX_BODY_BYTES
-from .engine import EngineEvent, EngineNotReady, EngineRequest, QueueFullError
+from .engine import GENERIC_FAILURE, EngineEvent, EngineNotReady, EngineRequest, QueueFullError
 from .metrics import CONTENT_TYPE
 from .protocol import (
     ParsedRequest,
@@ -44,6 +44,11 @@ from .text import TextStream
 logger = logging.getLogger(__name__)
 
 ENDPOINTS = {"completion": "completions", "chat": "chat_completions"}
+#: The `endpoint` label of `/metrics` per path: a fixed set, so no client can add series or inject labels.
+ENDPOINT_LABELS = {"/v1/completions": "completions", "/v1/chat/completions": "chat_completions",
+                   "/v1/models": "models", "/health": "health", "/metrics": "metrics"}
+#: No tokenizer gives fewer than one token per this many characters: a longer prompt cannot fit the context.
+CHARS_PER_TOKEN_CAP = 64
 #: Paths that need the bearer key when the server has one (`/health` stays open for probes).
 PROTECTED = ("/v1/", "/metrics")
 #: Seconds a client is told to wait (`Retry-After`) when the queue is full, or while the model loads.
@@ -82,14 +87,17 @@ class BearerAuth:
         scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.key):
             return await self.app(scope, receive, send)
-        self.state.metrics.count_request(_endpoint_of(scope["path"]), "unauthorized")
+        self.state.metrics.count_request(endpoint_label(scope["path"]), "unauthorized")
         body = error_body("missing or wrong API key: send the key as `Authorization: Bearer <key>` (the value of "
                           f"${self.state.config.api_key_env} on the server).", param=None, code="invalid_api_key")
         await JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
 
 
-def _endpoint_of(path: str) -> str:
-    return path.strip("/").replace("v1/", "").replace("/", "_") or "root"
+def endpoint_label(path: str) -> str:
+    """`path`'s `endpoint` label in `/metrics`: one of `ENDPOINT_LABELS`' values, else "other"."""
+    if path.startswith("/v1/models/"):
+        return "models"
+    return ENDPOINT_LABELS.get(path.rstrip("/") or "/", "other")
 
 
 # ------------------------------------------------------------------------------------------- errors
@@ -131,8 +139,8 @@ def _not_ready(state: ServeState) -> RequestError:
         return RequestError("the server is shutting down and takes no new requests.", status=503,
                             error_type="server_error", code="shutting_down")
     if engine.state == "failed":
-        return RequestError(f"the engine failed: {engine.error}", status=503, error_type="server_error",
-                            code="engine_failed")
+        return RequestError("the engine failed; the server log has the details.", status=503,
+                            error_type="server_error", code="engine_failed")
     return RequestError("the model is still loading or warming up; retry after Retry-After seconds "
                         "(GET /health turns 200 when ready).", status=503, error_type="server_error",
                         code="not_ready")
@@ -144,10 +152,14 @@ def _not_ready(state: ServeState) -> RequestError:
 async def _health(request: Request) -> Response:
     state: ServeState = request.app.state.hwrun
     engine = state.engine
-    body = {"status": "ok" if engine.ready else engine.state, "engine": state.engine_name}
+    healthy = engine.ready and not engine.stalled
+    status = "ok" if healthy else ("stalled" if engine.ready else engine.state)
+    body = {"status": status, "engine": state.engine_name}
     if engine.state == "failed":
-        body["error"] = str(engine.error)
-    return JSONResponse(body, status_code=200 if engine.ready else 503)
+        body["error"] = "the engine failed; the server log has the details"  # never the exception's own text
+    elif status == "stalled":
+        body["error"] = f"no decode step finished for over {engine.stall_seconds:.0f} s while requests run"
+    return JSONResponse(body, status_code=200 if healthy else 503)
 
 
 async def _metrics(request: Request) -> Response:
@@ -197,7 +209,7 @@ def encode(state: ServeState, parsed: ParsedRequest) -> list[int]:
     tokenizer = state.tokenizer
     limit = state.max_model_len
     if parsed.prompt is not None:
-        if len(parsed.prompt) > 64 * limit:  # no tokenizer gives < 1 token per 64 characters
+        if len(parsed.prompt) > CHARS_PER_TOKEN_CAP * limit:
             raise RequestError(f"the prompt has {len(parsed.prompt)} characters, far more than {limit} tokens "
                                "fit; shorten it.", param="prompt", code="context_length_exceeded")
         return list(tokenizer(parsed.prompt, add_special_tokens=True)["input_ids"])
@@ -206,6 +218,10 @@ def encode(state: ServeState, parsed: ParsedRequest) -> list[int]:
                            "chat_template or chat_template.jinja), so /v1/chat/completions cannot build its prompt; "
                            "use /v1/completions with plain text, or serve a chat model.", param="messages",
                            code="chat_template_missing")
+    chars = sum(len(m["content"]) for m in parsed.messages or ())
+    if chars > CHARS_PER_TOKEN_CAP * limit:  # checked before the template renders and the tokenizer runs
+        raise RequestError(f"the messages have {chars} characters of content, far more than {limit} tokens fit; "
+                           "shorten them.", param="messages", code="context_length_exceeded")
     try:
         text = tokenizer.apply_chat_template([dict(m) for m in parsed.messages or ()], add_generation_prompt=True,
                                              tokenize=False)
@@ -242,7 +258,8 @@ async def _generate(request: Request, kind: str) -> Response:
         if not state.engine.ready:
             raise _not_ready(state)
         parsed = parse_request(parse_json(await _read_body(request)), kind, state.config.model_id)
-        ids = encode(state, parsed)
+        # in the server's one tokenizer thread: a long prompt does not stall the event loop
+        ids = await asyncio.get_running_loop().run_in_executor(state.encoder, encode, state, parsed)
         budget = token_budget(parsed, len(ids), state.max_model_len)
         run = Run(state, kind, parsed, len(ids), arrived)
         try:
@@ -283,14 +300,25 @@ class Run:
         self.events: asyncio.Queue[EngineEvent] = asyncio.Queue()
         self.text = TextStream(state.tokenizer, parsed.stop)
         self.finish_reason: str | None = None
+        self.outcome: str | None = None  # the engine's finish reason (one of FINISH_REASONS) once finished
         self.error: str | None = None
         self.done = False
 
     async def pieces(self) -> AsyncIterator[str]:
         """Text pieces as the tokens arrive; sets `finish_reason` (or `error`) at the end."""
         metrics = self.state.metrics
+        # the engine fails a request without tokens after `stall_seconds`; this bound holds if its worker hangs
+        wait = 2 * self.state.engine.stall_seconds
         while not self.done:
-            event = await self.events.get()
+            try:
+                event = await asyncio.wait_for(self.events.get(), wait)
+            except TimeoutError:
+                logger.error("request %s got no engine event for %.0f s (the engine is stuck): it fails",
+                             self.rid, wait)
+                self.state.engine.cancel(self.rid)
+                self.outcome, self.error = "error", f"{GENERIC_FAILURE} (request {self.rid})."
+                self._finish(None)
+                return
             now = time.perf_counter()
             if event.token_ids:
                 count = len(event.token_ids)
@@ -309,14 +337,18 @@ class Run:
                     self._finish("stop")
                     return
             if event.finished:
+                self.outcome = event.finish_reason
                 if event.finish_reason in ("stop", "length"):
                     tail = self.text.finish()
                     if tail:
                         yield tail
                     self._finish(event.finish_reason)
-                else:
-                    self.error = event.error or ("the request was cancelled by the server (shutting down)"
-                                                 if event.finish_reason == "cancelled" else "generation failed")
+                elif event.finish_reason == "cancelled":
+                    self.error = "the request was cancelled by the server (shutting down)."
+                    self._finish(None)
+                else:  # the details stay in the log; the client gets a generic message and the request id
+                    logger.error("request %s failed in the engine: %s", self.rid, event.error or "(no detail)")
+                    self.error = f"{GENERIC_FAILURE} (request {self.rid})."
                     self._finish(None)
                 return
 
@@ -326,7 +358,8 @@ class Run:
         self.state.metrics.count_request(ENDPOINTS[self.kind], "ok" if self.error is None else "error")
 
     def abandon(self) -> None:
-        """The client left (or the server gave up): cancel in the engine and count it."""
+        """The client left (or the server gave up): cancel in the engine and count it. Idempotent: nothing
+        happens once the request finished or was abandoned."""
         if not self.done:
             self.done = True
             self.state.engine.cancel(self.rid)
@@ -364,13 +397,13 @@ class Run:
             watching.cancel()
             if not collecting.done():
                 collecting.cancel()
-                self.abandon()
+            self.abandon()  # always (a no-op once finished): a collect() that raised leaves no request behind
         if not collecting.done() or collecting.cancelled():
             return Response(status_code=499)  # nobody reads it: the client is gone
         text = collecting.result()
         if self.error is not None:
             return JSONResponse(error_body(self.error, error_type="server_error", code="generation_failed"),
-                                status_code=500 if "cancelled" not in self.error else 503)
+                                status_code=503 if self.outcome == "cancelled" else 500)
         return JSONResponse(response_body(self.kind, self.rid, self.state.config.model_id, text, self.finish_reason,
                                           self.prompt_tokens, self.completion_tokens, self.created))
 

@@ -44,7 +44,8 @@ class TransformersBackend:
                                   eos_token_id=sorted(self.eos) or -1, pad_token_id=pad_token_id)
         cb = workload_cb_config(kind, [max_model_len] * max_concurrency, 0)
         cb.per_request_processors = True
-        self.manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=cb)
+        self._build = lambda: model.init_continuous_batching(generation_config=config, continuous_batching_config=cb)
+        self.manager = self._build()
         missing = {"temperature", "top_k", "top_p"} - set(self.manager.logit_processor.supported_keys)
         if missing:
             raise EngineStartError(f"Transformers' continuous batching built no per-request {sorted(missing)} "
@@ -62,16 +63,15 @@ class TransformersBackend:
         """Hand `request` to the manager with its own budget and sampling."""
         import torch
 
-        fatal = self.manager.background_thread_status.fatal_error
-        if fatal is not None:
-            raise RuntimeError(f"Transformers' continuous batching worker died: {fatal}")
+        if self.manager.background_thread_status.fatal_error is not None:
+            self._restart()
         sampling = request.sampling
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         if sampling.greedy:
             kwargs = {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
         else:
-            top_k = sampling.top_k if sampling.top_k > 0 else self.vocab
+            top_k = min(sampling.top_k, self.vocab) if sampling.top_k > 0 else self.vocab
             kwargs = {"temperature": float(sampling.temperature), "top_k": int(top_k), "top_p": float(sampling.top_p)}
         self._requests[request.request_id] = (0, request.max_new_tokens)
         added = self.manager.add_request(list(request.input_ids), request_id=request.request_id,
@@ -95,8 +95,12 @@ class TransformersBackend:
             output = self.manager.get_result(timeout=0)
         if not outputs:
             fatal = self.manager.background_thread_status.fatal_error
-            if fatal is not None:
-                raise RuntimeError(f"Transformers' continuous batching worker died: {fatal}")
+            if fatal is not None:  # its requests got their error outputs before; any left fail here
+                events = [EngineEvent(r, (), True, "error", f"the batching worker died: {fatal}")
+                          for r in self._requests]
+                self._requests.clear()
+                self._restart()
+                return events
             return []
         events = []
         for output in outputs:
@@ -117,6 +121,19 @@ class TransformersBackend:
                 self._requests[output.request_id] = (len(tokens), budget)
                 events.append(EngineEvent(output.request_id, new))
         return events
+
+    def _restart(self) -> None:
+        """A request made the manager's generation thread fail (it fails every request it held): start a new
+        manager, so one bad request does not stop the server. Raises when the new one cannot start."""
+        logger.error("Transformers' continuous batching worker died (%s); starting a new one",
+                     self.manager.background_thread_status.fatal_error)
+        try:
+            self.manager.stop(block=True, timeout=10, hard_stop=True)
+        except Exception:  # noqa: BLE001 - the old manager is dead already
+            logger.exception("stopping the dead continuous batching manager failed")
+        self._requests.clear()
+        self.manager = self._build()
+        self.manager.start()
 
     def close(self) -> None:
         """Stop the manager's thread (requests still in it fail there)."""

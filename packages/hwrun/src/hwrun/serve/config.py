@@ -30,6 +30,7 @@ class ServeConfig:
     max_concurrency: int = 32
     max_queue: int = 64
     grace_seconds: float = 30.0
+    stall_seconds: float = 120.0  # a request without a token this long fails; /health is 503 past it
     engine: str = "auto"
     max_model_len: int | None = None
     model_id: str = DEFAULT_MODEL_ID
@@ -57,8 +58,9 @@ def read_api_key(variable: str | None, environ: dict[str, str] | None = None) ->
         return None
     environ = os.environ if environ is None else environ
     if not _ENV_NAME.match(variable):
-        raise ServeConfigError(f"--api-key-env {variable!r} is not an environment variable name (letters, digits, "
-                               "_; not starting with a digit). Name the variable, not the key: "
+        # the value is left out of the message: it may be a key pasted by mistake
+        raise ServeConfigError("the value given to --api-key-env is not an environment variable name (letters, "
+                               "digits, _; not starting with a digit). Name the variable, not the key: "
                                "export HWRUN_API_KEY=... and pass --api-key-env HWRUN_API_KEY.")
     value = environ.get(variable)
     if not value:
@@ -82,6 +84,10 @@ def check_config(config: ServeConfig) -> ServeConfig:
          and 0 <= config.grace_seconds <= 3600,
          f"--grace-seconds {config.grace_seconds!r} must be between 0 and 3600 (time to finish in-flight requests "
          "after SIGTERM)."),
+        (isinstance(config.stall_seconds, (int, float)) and not isinstance(config.stall_seconds, bool)
+         and 1 <= config.stall_seconds <= 86400,
+         f"--stall-seconds {config.stall_seconds!r} must be between 1 and 86400 (a request that gets no token this "
+         "long fails)."),
         (config.engine in ENGINES, f"--engine {config.engine!r} is not one of {', '.join(ENGINES)}."),
         (config.max_model_len is None or (_is_int(config.max_model_len) and config.max_model_len >= 2),
          f"--max-model-len {config.max_model_len!r} must be an integer >= 2 (prompt plus answer tokens)."),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,13 @@ logger = logging.getLogger(__name__)
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 #: Seconds the idle worker sleeps before it looks again (a new request wakes it at once).
 IDLE_WAIT = 0.5
+#: Seconds a running request may go without a token before the engine fails it (`--stall-seconds`), and
+#: seconds without a finished step, while requests run, after which `/health` answers 503.
+DEFAULT_STALL_SECONDS = 120.0
+#: Failed steps in a row after which the engine itself fails (a backend that fails every step is broken).
+MAX_STEP_FAILURES = 3
+#: What a client is told when its request fails inside the engine (the details go to the server log).
+GENERIC_FAILURE = "generation failed inside the engine; the server log has the details"
 
 
 @dataclass(frozen=True)
@@ -98,8 +106,10 @@ class Engine:
     """Schedules live requests onto a backend built by `factory()` in the worker thread (it loads and warms the
     model there, so the server can answer `/health` with 503 meanwhile)."""
 
-    def __init__(self, factory: Callable[[], Backend], *, max_concurrency: int, max_queue: int) -> None:
+    def __init__(self, factory: Callable[[], Backend], *, max_concurrency: int, max_queue: int,
+                 stall_seconds: float = DEFAULT_STALL_SECONDS) -> None:
         self.factory = factory
+        self.stall_seconds = stall_seconds
         self.max_concurrency = max_concurrency
         self.max_queue = max_queue
         self.state = "new"  # new -> loading -> ready -> draining -> stopped | failed
@@ -115,6 +125,9 @@ class Engine:
         self.on_ready: Callable[[], None] | None = None
         self.on_failed: Callable[[BaseException], None] | None = None
         self.steps = 0
+        self.was_ready = False  # True once it took requests: a later failure is a runtime one, not a start's
+        self._progress: dict[str, float] = {}  # running request -> monotonic time of its last token (or admission)
+        self._beat = time.monotonic()  # the worker's last turn (idle waits and finished steps)
 
     # ------------------------------------------------------------------------------------ event-loop side
 
@@ -129,6 +142,13 @@ class Engine:
     def ready(self) -> bool:
         """Whether requests are taken (warmed up, not draining or failed)."""
         return self.state == "ready"
+
+    @property
+    def stalled(self) -> bool:
+        """Whether requests are waiting or running but the worker has not finished a turn for `stall_seconds`
+        (a step that hangs); `/health` answers 503 then."""
+        busy = bool(self._running or self._waiting)
+        return self.state == "ready" and busy and time.monotonic() - self._beat > self.stall_seconds
 
     @property
     def queue_depth(self) -> int:
@@ -186,19 +206,23 @@ class Engine:
                 self._close()
                 return
             self.state = "ready"
+            self.was_ready = True
+            self._beat = time.monotonic()
         if self.on_ready is not None:
             self._call_on_loop(self.on_ready)
         try:
             self._loop_body()
         except BaseException as exc:  # noqa: BLE001
-            logger.exception("the engine failed")
+            logger.exception("the engine stopped at runtime")
             self._fail(exc)
             return
         self._close()
 
     def _loop_body(self) -> None:
         backend = self.backend
-        assert backend is not None
+        if backend is None:
+            raise RuntimeError("the engine's worker has no backend (it was closed)")
+        failures = 0
         while True:
             with self._cond:
                 for request_id in self._cancels:
@@ -209,10 +233,13 @@ class Engine:
                         self._cancel_locked(backend, request_id)
                 admit = []
                 free = backend.free_slots()
+                now = time.monotonic()
                 while self._waiting and len(admit) < free:
                     request, sink = self._waiting.popleft()
                     self._running[request.request_id] = sink
+                    self._progress[request.request_id] = now
                     admit.append(request)
+                self._beat = now
                 if not self._running:
                     if self._stop:
                         return
@@ -227,8 +254,53 @@ class Engine:
                     failed.append(EngineEvent(request.request_id, finished=True, finish_reason="error",
                                               error=f"{type(exc).__name__}: {exc}"))
             self._deliver(failed)
-            self._deliver(backend.step())
+            try:
+                events = backend.step()
+            except Exception as exc:
+                failures += 1
+                if failures >= MAX_STEP_FAILURES:
+                    raise
+                logger.exception("a %s step failed: the requests it was decoding fail, the engine goes on",
+                                 backend.name)
+                self._fail_running(backend, f"{type(exc).__name__}: {exc}")
+                continue
+            failures = 0
+            self._deliver(events)
             self.steps += 1
+            self._check_stalls(backend)
+
+    def _fail_running(self, backend: Backend, error: str) -> None:
+        """Fail every running request (a step raised): error events to their clients, their slots freed."""
+        with self._cond:
+            running = list(self._running.items())
+            self._running.clear()
+            for request_id, _ in running:
+                self._progress.pop(request_id, None)
+        for request_id, sink in running:
+            try:
+                backend.cancel(request_id)
+            except Exception:  # noqa: BLE001 - freeing a failed request's slot is best effort
+                logger.exception("cancelling failed request %s", request_id)
+            self._call_on_loop(sink, EngineEvent(request_id, finished=True, finish_reason="error", error=error))
+
+    def _check_stalls(self, backend: Backend) -> None:
+        """Fail running requests that got no token for `stall_seconds` (the backend lost them)."""
+        now = time.monotonic()
+        with self._cond:
+            self._beat = now
+            stalled = [r for r, t in self._progress.items() if now - t > self.stall_seconds]
+            sinks = [(r, self._running.pop(r)) for r in stalled if r in self._running]
+            for request_id in stalled:
+                self._progress.pop(request_id, None)
+        for request_id, sink in sinks:
+            logger.error("request %s got no token for %.0f s (--stall-seconds): it fails", request_id,
+                         self.stall_seconds)
+            try:
+                backend.cancel(request_id)
+            except Exception:  # noqa: BLE001
+                logger.exception("cancelling stalled request %s", request_id)
+            self._call_on_loop(sink, EngineEvent(request_id, finished=True, finish_reason="error",
+                                                 error=f"no token for {self.stall_seconds:.0f} s (stalled)"))
 
     def _cancel_locked(self, backend: Backend, request_id: str) -> None:
         for index, (request, sink) in enumerate(self._waiting):
@@ -237,6 +309,7 @@ class Engine:
                 self._call_on_loop(sink, EngineEvent(request_id, finished=True, finish_reason="cancelled"))
                 return
         sink = self._running.pop(request_id, None)
+        self._progress.pop(request_id, None)
         if sink is not None:
             backend.cancel(request_id)
             self._call_on_loop(sink, EngineEvent(request_id, finished=True, finish_reason="cancelled"))
@@ -253,6 +326,9 @@ class Engine:
                     continue
                 if event.finished:
                     del self._running[event.request_id]
+                    self._progress.pop(event.request_id, None)
+                elif event.token_ids:
+                    self._progress[event.request_id] = time.monotonic()
                 batch.append((sink, event))
             self._cond.notify()
         if batch:
@@ -274,6 +350,7 @@ class Engine:
             ids = [r.request_id for r, _ in self._waiting] + list(self._running)
             self._waiting.clear()
             self._running.clear()
+            self._progress.clear()
         for request_id, sink in zip(ids, pending, strict=True):
             self._call_on_loop(sink, EngineEvent(request_id, finished=True, finish_reason="error",
                                                  error=f"{type(exc).__name__}: {exc}"))

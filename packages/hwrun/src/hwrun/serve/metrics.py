@@ -66,7 +66,8 @@ class Metrics:
         """The text exposition of every metric."""
         lines = ["# HELP hwrun_requests_total Requests answered, by endpoint and outcome.",
                  "# TYPE hwrun_requests_total counter"]
-        lines += [f'hwrun_requests_total{{endpoint="{e}",outcome="{o}"}} {n}' for (e, o), n in sorted(self.requests.items())]
+        lines += [f'hwrun_requests_total{{endpoint="{_escape(e)}",outcome="{_escape(o)}"}} {n}'
+                  for (e, o), n in sorted(self.requests.items())]
         lines += ["# HELP hwrun_prompt_tokens_total Prompt tokens of admitted requests.",
                   "# TYPE hwrun_prompt_tokens_total counter", f"hwrun_prompt_tokens_total {self.prompt_tokens}",
                   "# HELP hwrun_generation_tokens_total Tokens generated (sent or not).",
@@ -93,4 +94,5 @@ def _bound(value: float) -> str:
 
 
 def _escape(value: str) -> str:
+    """A label value in Prometheus' text format: backslash, double quote and newline escaped."""
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')

@@ -22,6 +22,10 @@ MAX_STOP_STRINGS = 4
 #: `max_tokens` of a completion when the request gives none (OpenAI's default for /v1/completions).
 DEFAULT_COMPLETION_TOKENS = 16
 CHAT_ROLES = ("system", "user", "assistant", "developer")
+#: Temperatures below this decode greedily (as vLLM does): dividing logits by less overflows to inf/nan.
+MIN_TEMPERATURE = 1e-5
+#: Largest `top_k` taken (a 32-bit count); a `top_k` at or above the vocabulary size turns the filter off.
+MAX_TOP_K = 2**31 - 1
 #: Fields accepted only at their no-op value: (field, allowed values).
 NO_OP_FIELDS = {
     "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
@@ -33,7 +37,8 @@ NO_OP_FIELDS = {
 
 @dataclass(frozen=True)
 class Sampling:
-    """How one request picks tokens: `temperature=0` is greedy; `top_k=0` and `top_p=1` switch those filters off."""
+    """How one request picks tokens: `temperature=0` is greedy (a request's temperature below `MIN_TEMPERATURE`
+    is stored as 0); `top_k=0` and `top_p=1` switch those filters off."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -118,15 +123,18 @@ def parse_request(body: dict[str, Any], kind: str, served_model: str) -> ParsedR
 def _sampling(body: dict[str, Any]) -> Sampling:
     temperature = _number(body, "temperature", 1.0)
     if not 0 <= temperature <= 2:
-        raise RequestError(f"`temperature`={temperature!r} must be between 0 and 2 (0: greedy).",
+        raise RequestError(f"`temperature`={temperature!r} must be between 0 and 2 (0, or below {MIN_TEMPERATURE}: "
+                           "greedy).",
                            param="temperature", code="invalid_value")
     top_p = _number(body, "top_p", 1.0)
     if not 0 < top_p <= 1:
         raise RequestError(f"`top_p`={top_p!r} must be in (0, 1].", param="top_p", code="invalid_value")
+    if temperature < MIN_TEMPERATURE:
+        temperature = 0.0  # greedy: logits / 1e-40 are inf, and the sampler fails on them
     top_k = _optional(body, "top_k", int, 0)
-    if top_k < 0:
-        raise RequestError(f"`top_k`={top_k!r} must be >= 0 (0: no top-k filter).", param="top_k",
-                           code="invalid_value")
+    if not 0 <= top_k <= MAX_TOP_K:
+        raise RequestError(f"`top_k`={top_k!r} must be between 0 and {MAX_TOP_K} (0: no top-k filter; a value at or "
+                           "above the vocabulary size keeps every token).", param="top_k", code="invalid_value")
     seed = body.get("seed")
     if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**63):
         raise RequestError(f"`seed`={seed!r} must be an integer in [0, 2**63).", param="seed", code="invalid_value")

@@ -84,7 +84,11 @@ def make_server(state: ServeState) -> Any:
                       f"{state.engine_name}, up to {state.config.max_concurrency} requests at once")
 
         def failed(exc: BaseException) -> None:
-            state.say(f"the engine failed to start: {exc}")
+            if state.engine.was_ready:
+                state.say(f"the engine stopped at runtime ({type(exc).__name__}; the log has the traceback); "
+                          "the server exits")
+            else:
+                state.say(f"the engine failed to start: {exc}")
             server_box["server"].should_exit = True
 
         state.engine.on_ready, state.engine.on_failed = ready, failed
@@ -93,6 +97,7 @@ def make_server(state: ServeState) -> Any:
             yield
         finally:
             await asyncio.to_thread(state.engine.stop)
+            state.encoder.shutdown(wait=False, cancel_futures=True)
             from .startup import restore_torch_threads
 
             restore_torch_threads(state.loaded)
@@ -100,7 +105,7 @@ def make_server(state: ServeState) -> Any:
     config = state.config
     app = build_app(state, lifespan=lifespan)
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", access_log=False,
-                               timeout_graceful_shutdown=int(round(config.grace_seconds)), lifespan="on",
+                               timeout_graceful_shutdown=config.grace_seconds,  # type: ignore[arg-type] lifespan="on",
                                server_header=False)
     server = _server_class()(uv_config)
     server.state = state

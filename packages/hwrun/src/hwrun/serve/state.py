@@ -6,6 +6,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .engine import Backend, Engine
@@ -37,7 +38,10 @@ class ServeState:
         self.loaded: Loaded | None = None
         self.port: int | None = None  # the bound port, once listening
         self.created = int(time.time())
-        self.engine = Engine(self._build, max_concurrency=config.max_concurrency, max_queue=config.max_queue)
+        self.engine = Engine(self._build, max_concurrency=config.max_concurrency, max_queue=config.max_queue,
+                             stall_seconds=config.stall_seconds)
+        # one thread: fast tokenizers are not safe to share across threads, and encoding stays off the event loop
+        self.encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwrun-serve-tokenize")
         self.metrics = Metrics(queue_depth=lambda: self.engine.queue_depth, running=lambda: self.engine.running)
 
     def _build(self) -> Backend:
