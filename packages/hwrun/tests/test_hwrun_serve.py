@@ -310,6 +310,21 @@ def test_extreme_sampling_values_answer_and_leave_the_engine_up(server, referenc
     assert server.state.engine.ready and _http(server, "GET", "/health", key=None)[0] == 200
 
 
+def test_a_request_that_kills_transformers_batching_worker_fails_alone(server, reference, monkeypatch):
+    from hwrun.serve import protocol
+
+    completion, _ = reference
+    monkeypatch.setattr(protocol, "MIN_TEMPERATURE", 0.0)  # let 1e-40 through: the sampler meets inf/nan
+    status, _, text = _http(server, "POST", "/v1/completions", {"model": MODEL_ID, "prompt": "The king said",
+                                                                "max_tokens": 5, "temperature": 1e-40})
+    assert status == 500 and json.loads(text)["error"]["code"] == "generation_failed", text
+    assert "nan" not in text
+    assert server.state.engine.ready and _http(server, "GET", "/health", key=None)[0] == 200
+    status, _, text = _http(server, "POST", "/v1/completions", {"model": MODEL_ID, "prompt": "The king said",
+                                                                "max_tokens": 5, "temperature": 0})
+    assert status == 200 and json.loads(text)["choices"][0]["text"] == completion("The king said", 5).text
+
+
 @pytest.mark.parametrize("top_k", [2**31, 2**40, 10**30])
 def test_top_k_beyond_32_bits_is_a_400(server, top_k):
     status, _, text = _http(server, "POST", "/v1/completions",
