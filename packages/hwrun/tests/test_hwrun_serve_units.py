@@ -354,6 +354,15 @@ def test_engine_cancel_frees_the_slot_for_the_next_request_and_drain_refuses_new
     assert [t for e in events["next"] for t in e.token_ids] == [101, 102, 103]
 
 
+def test_serve_state_before_the_load_raises_engine_not_ready_not_an_assertion():
+    from hwrun.serve.state import ServeState
+
+    state = ServeState(ServeConfig(port=0), hwrun.plan(), say=lambda line: None)
+    for name in ("tokenizer", "max_model_len"):
+        with pytest.raises(EngineNotReady, match="not loaded yet"):
+            getattr(state, name)
+
+
 def test_engine_that_cannot_start_fails_and_refuses_requests():
     def broken():
         raise RuntimeError("no model here")

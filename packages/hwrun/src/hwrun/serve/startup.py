@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .. import devices
 from ..errors import EngineStartError, FastDecodeError
 from .engine import Backend, EngineChoice, EngineEvent, EngineRequest
+from .protocol import Sampling
 
 if TYPE_CHECKING:
     from ..model.plan import RunPlan
@@ -119,7 +120,7 @@ def choose_engine(plan: RunPlan, requested: str, model: Any) -> EngineChoice:
                            f"Transformers' continuous batching: {'; '.join(theirs)}. Use `hwrun generate` instead.")
 
 
-def model_context(model: Any, tokenizer: Any) -> int | None:
+def model_context(model: Any) -> int | None:
     """The model's context length (`max_position_embeddings`), or None when its config has none."""
     config = model.config.get_text_config()
     value = getattr(config, "max_position_embeddings", None)
@@ -147,7 +148,7 @@ def _load(plan: RunPlan, config: ServeConfig, start: float, threads: int | None,
     from .config import context_limit
 
     model, tokenizer = load(plan)
-    max_len, len_reason = context_limit(config.max_model_len, model_context(model, tokenizer))
+    max_len, len_reason = context_limit(config.max_model_len, model_context(model))
     eos = tuple(sorted(_eos_ids(model, tokenizer)))
     choice = choose_engine(plan, config.engine, model)
     backend: Backend | None = None
@@ -226,9 +227,10 @@ def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, max_len: int)
 
 
 def warm(backend: Backend, tokenizer: Any, timeout: float = WARMUP_TIMEOUT) -> list[int]:
-    """Run one short greedy request through `backend` (prefill, decode steps, output path); its tokens."""
+    """Run one short greedy request through `backend` (prefill, decode steps, output path) and return its tokens;
+    `EngineStartError` when it fails or does not finish within `timeout` seconds."""
     ids = tokenizer("Hello", add_special_tokens=True)["input_ids"] or [0]
-    backend.add(EngineRequest("hwrun-warmup", tuple(ids), WARMUP_TOKENS))
+    backend.add(EngineRequest("hwrun-warmup", tuple(ids), WARMUP_TOKENS, Sampling(temperature=0.0)))
     tokens: list[int] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

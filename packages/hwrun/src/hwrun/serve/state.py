@@ -9,7 +9,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from .engine import Backend, Engine
+from .engine import Backend, Engine, EngineNotReady
 from .metrics import Metrics
 
 if TYPE_CHECKING:
@@ -60,15 +60,18 @@ class ServeState:
 
     @property
     def tokenizer(self) -> Any:
-        """The model's tokenizer (set once the engine is ready)."""
-        assert self.loaded is not None, "the engine is not ready"
-        return self.loaded.tokenizer
+        """The model's tokenizer (set once the engine is ready; `EngineNotReady` before)."""
+        return self._loaded().tokenizer
 
     @property
     def max_model_len(self) -> int:
-        """Tokens one request may span, prompt and answer."""
-        assert self.loaded is not None, "the engine is not ready"
-        return self.loaded.max_model_len
+        """Tokens one request may span, prompt and answer (`EngineNotReady` before the model is loaded)."""
+        return self._loaded().max_model_len
+
+    def _loaded(self) -> Loaded:
+        if self.loaded is None:
+            raise EngineNotReady(f"the model is not loaded yet (engine {self.engine.state}); wait for GET /health 200")
+        return self.loaded
 
     @property
     def engine_name(self) -> str | None:
