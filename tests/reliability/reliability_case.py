@@ -47,5 +47,7 @@ class Case:
     def command(self) -> str:
         """The command as a user types it (env first), for the generated document."""
         program = {"hwenv.cli": "hwenv", "hwdist": "hwdist"}.get(self.module, self.module.split(".")[0])
-        env = " ".join(f"{key}={value}" for key, value in self.env.items())
-        return " ".join(part for part in (env, program, *self.argv) if part)
+        import shlex
+
+        env = " ".join(f"{key}={shlex.quote(value)}" for key, value in self.env.items())
+        return " ".join(part for part in (env, program, *(shlex.quote(arg) for arg in self.argv)) if part)

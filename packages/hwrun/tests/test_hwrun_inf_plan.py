@@ -222,3 +222,16 @@ def test_hiding_every_gpu_on_purpose_still_plans_the_cpu(tiny, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,,1")
     with pytest.raises(hwrun.PlanError, match=r"CUDA_VISIBLE_DEVICES='0,,1'"):
         hwrun.plan(tiny)
+
+
+def test_a_pickle_only_adapter_folder_is_refused_by_the_plan(tmp_path):
+    """issue 27 point 8: safetensors only, adapters too; the opt-in is named."""
+    from hwrun.errors import AdapterFormatError
+
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": hwrun.DEFAULT_MODEL,
+                                                            "peft_type": "LORA"}))
+    (folder / "adapter_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(AdapterFormatError, match=r"adapter_model\.bin.*allow_pickle=True"):
+        hwrun.plan(str(folder))

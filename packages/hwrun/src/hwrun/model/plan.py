@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import devices
 from ..errors import PlanError
-from .adapters import adapter_base_model, is_adapter_folder
+from .adapters import adapter_base_model, check_adapter_weights, is_adapter_folder
 from .quantization import check_quantization
 from .source import DEFAULT_MODEL, model_config, needs_remote_code, resolve_source, weight_bytes
 
@@ -360,6 +360,7 @@ def plan(
     if isinstance(reference, (str, os.PathLike)) and is_adapter_folder(reference):
         # `hwrun train` without --merge saves only the LoRA adapter: plan its base, load both.
         adapter = str(Path(reference).resolve())
+        check_adapter_weights(adapter)  # safetensors only: a pickle-only adapter is refused before anything loads
         reference = adapter_base_model(adapter)
     source = resolve_source(reference)
     remote = needs_remote_code(source.config)
