@@ -251,6 +251,11 @@ def _generate_with_progress(run_plan, prompts, args, options, generate, result_t
     )
 
 
+def _not_bitsandbytes_hub_kernel(record: logging.LogRecord) -> bool:
+    """False for the kernels library's notes about bitsandbytes' own CPU Hub kernel (fetched at its import)."""
+    return not (record.name.startswith("kernels") and "quantization-bitsandbytes" in record.getMessage())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `hwrun` command; errors print one line with the fix and exit 2."""
     from hwattn.errors import HwattnError
@@ -266,8 +271,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not args.verbose:
-        # bitsandbytes (imported by peft when TrainingArguments is) warns about an optional CPU Hub kernel.
+        # bitsandbytes (imported by peft when TrainingArguments is) warns about an optional CPU Hub kernel, and
+        # kernels warns that it skipped that kernel's trust check offline: neither is about the user's command.
         logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_not_bitsandbytes_hub_kernel)
         try:
             import transformers
 
