@@ -13,24 +13,12 @@ from pathlib import Path
 
 import hwenv
 import pytest
+from gpu_marks import ACCEL, GPU_MARKS  # tests/gpu is on sys.path (conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _accelerator() -> hwenv.Accelerator | None:
-    try:
-        accel = hwenv.detect()
-    except hwenv.HwenvError:
-        return None
-    return accel if accel.platform.is_accelerator else None
-
-
-ACCEL = _accelerator()
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(ACCEL is None, reason="needs an accelerator: hwenv.detect() found only the CPU here "
-                                             "(run tools/run_gpu_tests.sh on a GPU machine)"),
-]
+pytestmark = GPU_MARKS
 
 
 def test_detected_platform_matches_the_torch_build():

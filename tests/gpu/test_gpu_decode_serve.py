@@ -10,24 +10,10 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import hwenv
 import pytest
+from gpu_marks import ACCEL, GPU_MARKS  # tests/gpu is on sys.path (conftest.py)
 
-
-def _accelerator() -> hwenv.Accelerator | None:
-    try:
-        accel = hwenv.detect()
-    except hwenv.HwenvError:
-        return None
-    return accel if accel.platform.is_accelerator else None
-
-
-ACCEL = _accelerator()
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(ACCEL is None, reason="needs an accelerator: hwenv.detect() found only the CPU here "
-                                             "(run tools/run_gpu_tests.sh on a GPU machine)"),
-]
+pytestmark = GPU_MARKS
 
 PROMPTS = ["The king said", "Once upon a time there was", "In the beginning", "The queen"]
 #: A hot, filtered sampling setting (as the CPU tests use): on the tiny model it moves tokens off greedy.
