@@ -133,3 +133,35 @@ def test_a_failed_run_leaves_no_folder_it_created_for_nothing(setup, tmp_path):
     with pytest.raises(RuntimeError, match="injected"):
         hwrun.train(plan, data, output_dir=out, max_steps=2, save_steps=100, callbacks=[Boom()], **FAST)
     assert not out.exists()
+
+
+def test_a_checkpoint_copied_into_a_users_folder_does_not_make_their_files_hwruns(setup, tmp_path):
+    """Review finding: without the record, one copied checkpoint made every name a run writes (README.md,
+    config.json, tokenizer.json) count as hwrun's, so a resume replaced them and a fresh start deleted them."""
+    plan, data = setup
+    run = tmp_path / "run"
+    hwrun.train(plan, data, output_dir=run, max_steps=1, save_steps=1, **FAST)
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("README.md", "config.json", "tokenizer.json"):
+        (project / name).write_text(f"the user's {name}\n", encoding="utf-8")
+    shutil.copytree(run / "checkpoint-1", project / "checkpoint-1")
+    before = digest(project)
+    with pytest.raises(TrainingConfigError, match=r"README\.md, config\.json, tokenizer\.json"):
+        hwrun.train(plan, data, output_dir=project, max_steps=2, save_steps=1, resume="auto", **FAST)
+    with pytest.raises(TrainingConfigError, match=r"config\.json, tokenizer\.json"):
+        hwrun.train(plan, data, output_dir=project, max_steps=1, overwrite=True, resume=False, **FAST)
+    assert digest(project) == before
+
+
+def test_a_users_file_inside_a_checkpoint_or_a_recorded_folder_makes_it_theirs(setup, tmp_path):
+    plan, data = setup
+    out = tmp_path / "run"
+    hwrun.train(plan, data, output_dir=out, max_steps=1, save_steps=1, **FAST)
+    (out / "checkpoint-1" / "my-eval.txt").write_text("eval results\n", encoding="utf-8")
+    from hwrun.training.output import survey
+
+    assert "checkpoint-1" in survey(out).foreign
+    with pytest.raises(TrainingConfigError, match=r"checkpoint-1"):
+        hwrun.train(plan, data, output_dir=out, max_steps=1, resume=False, overwrite=True, **FAST)
+    assert (out / "checkpoint-1" / "my-eval.txt").read_text() == "eval results\n"

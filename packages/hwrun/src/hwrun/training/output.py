@@ -18,6 +18,7 @@ from .checkpoints import (
     FINAL_FILES,
     MANIFEST_NAME,
     STAGING_PREFIX,
+    _manifest,
     check_checkpoint,
     checkpoint_run,
     list_checkpoints,
@@ -38,6 +39,9 @@ WRITTEN_NAMES = (*FINAL_FILES, "adapter", "generation_config.json", "tokenizer.j
                  "model-*-of-*.safetensors", "checkpoint-*")
 #: Of those, what a run leaves out when a user's file holds the name (PEFT's model card, the plot).
 OPTIONAL_NAMES = ("README.md", "loss.png")
+
+#: In a folder from before the record, the one top-level file taken as hwrun's without a checkpoint twin.
+LEGACY_PLOT = "loss.png"
 
 _FLAGS = {"overwrite": "--overwrite / overwrite=True"}
 
@@ -109,17 +113,39 @@ def _written_name(name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in WRITTEN_NAMES)
 
 
-def _owned(path: Path, name: str, files: dict, legacy: bool) -> bool:
-    """Whether hwrun wrote the top-level entry `name` of `path`."""
+def _checkpoint_is_whole(folder: Path) -> bool:
+    """A checkpoint folder is hwrun's only if its manifest lists every file in it (a note or an eval output
+    someone added inside makes it foreign, so rotation or a fresh start never deletes it)."""
+    manifest, _ = _manifest(folder)
+    if manifest is None:
+        return False
+    listed = set(manifest.get("files", {})) | {MANIFEST_NAME}
+    return all(p.relative_to(folder).as_posix() in listed for p in folder.rglob("*") if not p.is_dir())
+
+
+def _same_as_in_checkpoint(entry: Path, newest: Path | None) -> bool:
+    """Before the record existed, a top-level file is hwrun's only if the newest checkpoint holds the same
+    name with the same bytes (hwrun's final save copies them from there); anything else is the user's."""
+    if newest is None or entry.is_symlink() or not entry.is_file():
+        return False
+    twin = newest / entry.name
+    if twin.is_symlink() or not twin.is_file() or twin.stat().st_size != entry.stat().st_size:
+        return False
+    return sha256_of(twin) == sha256_of(entry)
+
+
+def _owned(path: Path, name: str, files: dict, legacy: Path | None) -> bool:
+    """Whether hwrun wrote the top-level entry `name` of `path` (`legacy`: the newest checkpoint of a folder
+    from before the record, or None)."""
     if name == OUTPUT_MANIFEST or name.startswith(OWN_PREFIXES):
         return True
     entry = path / name
     if entry.is_symlink():
         return False
     if _CHECKPOINT_RE.match(name) and entry.is_dir():
-        return (entry / MANIFEST_NAME).is_file()  # hwrun publishes a checkpoint only with its manifest
+        return _checkpoint_is_whole(entry)  # hwrun publishes a checkpoint only with its manifest
     if files.get(name) == {"dir": True} and entry.is_dir():
-        return True
+        return not any(entry.iterdir())  # a folder hwrun made is its own only while nothing was put in it
     if entry.is_dir():
         inner = [p for p in entry.rglob("*") if not p.is_dir()]
         recorded = [files.get(p.relative_to(path).as_posix()) for p in inner]
@@ -127,7 +153,10 @@ def _owned(path: Path, name: str, files: dict, legacy: bool) -> bool:
             return True
     elif _matches(entry, files.get(name)):
         return True
-    return legacy and _written_name(name)
+    if legacy is None or not _written_name(name):
+        return False
+    # the loss plot is the one file a run writes that no checkpoint holds; anything else must match one
+    return name == LEGACY_PLOT or _same_as_in_checkpoint(entry, legacy)
 
 
 @dataclass(frozen=True)
@@ -146,13 +175,14 @@ class OutputSurvey:
 
 
 def survey(path: Path) -> OutputSurvey:
-    """Sort `path`'s top-level entries into hwrun's own and the others. Folders from before the record
-    (no hwrun_output.json but hwrun's checkpoints in them) count the names a run writes as hwrun's."""
+    """Sort `path`'s top-level entries into hwrun's own and the others. In a folder from before the record
+    (no hwrun_output.json but hwrun's checkpoints in it) a file is hwrun's only if the newest checkpoint holds
+    the same name with the same bytes."""
     if not path.is_dir():
         return OutputSurvey(path, existed=False)
     files = read_record(path).get("files", {})
     checkpoints = [folder for _, folder in list_checkpoints(path) if (folder / MANIFEST_NAME).is_file()]
-    legacy = not (path / OUTPUT_MANIFEST).is_file() and bool(checkpoints)
+    legacy = checkpoints[0] if checkpoints and not (path / OUTPUT_MANIFEST).is_file() else None  # newest first
     foreign, earlier = [], []
     for entry in sorted(path.iterdir(), key=lambda p: p.name):
         name = entry.name
