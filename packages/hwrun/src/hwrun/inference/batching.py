@@ -74,10 +74,9 @@ class BatchingChoice:
     reason: str
 
 
-def choose_batching(plan: RunPlan, n_prompts: int, requested: str = "auto", *, stream: bool = False) -> BatchingChoice:
-    """Pick static or continuous batching for `n_prompts` prompts on `plan` (validating `requested`)."""
-    if requested not in BATCHING:
-        raise GenerateError(f"batching={requested!r} is not a batching mode; use one of {', '.join(BATCHING)}.")
+def continuous_plan_blockers(plan: RunPlan) -> list[str]:
+    """Why Transformers' continuous batching cannot run on `plan` (device kind, split model, bitsandbytes
+    weights), before any model is loaded; empty when it can. The model's class is `continuous_model_blocker`."""
     kind = plan.accelerator.kind
     blockers = []
     if not devices.row(CONTINUOUS_BATCHING, kind, _NO_ROW).supported:
@@ -86,6 +85,14 @@ def choose_batching(plan: RunPlan, n_prompts: int, requested: str = "auto", *, s
         blockers.append("the model is split across devices (device_map='auto'); the paged cache needs one device")
     if plan.quantization:
         blockers.append(f"{plan.quantization} bitsandbytes weights are not supported by the paged-cache runner")
+    return blockers
+
+
+def choose_batching(plan: RunPlan, n_prompts: int, requested: str = "auto", *, stream: bool = False) -> BatchingChoice:
+    """Pick static or continuous batching for `n_prompts` prompts on `plan` (validating `requested`)."""
+    if requested not in BATCHING:
+        raise GenerateError(f"batching={requested!r} is not a batching mode; use one of {', '.join(BATCHING)}.")
+    blockers = continuous_plan_blockers(plan)
     if stream:
         blockers.append("streaming output needs model.generate (generate_batch has no streamer)")
     if requested == "continuous":

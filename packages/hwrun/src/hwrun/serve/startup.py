@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import devices
 from ..errors import EngineStartError, FastDecodeError
 from .engine import Backend, EngineChoice, EngineEvent, EngineRequest
 from .protocol import Sampling
@@ -69,17 +68,9 @@ def slots_blockers(plan: RunPlan, model: Any) -> list[str]:
 
 def transformers_blockers(plan: RunPlan, model: Any) -> list[str]:
     """Why Transformers' continuous batching cannot serve `model` on the plan's device (empty when it can)."""
-    from ..inference.batching import CONTINUOUS_BATCHING, continuous_model_blocker
+    from ..inference.batching import continuous_model_blocker, continuous_plan_blockers
 
-    blockers = []
-    row = devices.row(CONTINUOUS_BATCHING, plan.accelerator.kind, None)
-    if row is None or not row.supported:
-        why = row.reason if row is not None else "hwrun has no continuous-batching row for this kind"
-        blockers.append(f"{plan.accelerator.kind}: {why}")
-    if plan.quantization:
-        blockers.append(f"{plan.quantization} bitsandbytes weights are not supported by the paged cache")
-    if plan.device_map == "auto":
-        blockers.append("the model is split across devices (device_map='auto'); the paged cache needs one device")
+    blockers = continuous_plan_blockers(plan)
     blocker = continuous_model_blocker(model)
     if blocker is not None:
         blockers.append(blocker)
@@ -158,10 +149,10 @@ def _load(plan: RunPlan, config: ServeConfig, start: float, threads: int | None,
         except FastDecodeError as exc:
             if config.engine == "slots":
                 raise EngineStartError(f"--engine slots: the slot decoder refused this model: {exc}") from exc
-            if transformers_blockers(plan, model):
+            theirs = transformers_blockers(plan, model)
+            if theirs:
                 raise EngineStartError(f"the slot decoder refused this model ({exc}) and Transformers' continuous "
-                                       f"batching cannot run it ({'; '.join(transformers_blockers(plan, model))})"
-                                       ) from exc
+                                       f"batching cannot run it ({'; '.join(theirs)})") from exc
             choice = EngineChoice("transformers", f"Transformers' continuous batching; hwrun's slot decoder "
                                                   f"refused the model: {exc}")
     if backend is None:
