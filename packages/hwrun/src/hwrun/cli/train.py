@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-
-
 def data_size(text: str) -> int:
-    """`--max-data-size`: bytes, or a number with K, M, G or T (powers of 1024), e.g. 512M, 16G."""
-    match = _SIZE.match(text)
-    if not match or int(match.group(1)) < 1:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a size: give bytes or a whole number with K, M, G or T (e.g. 512M, 16G), at least 1")
-    return int(match.group(1)) * 1024 ** "_kmgt".index((match.group(2) or "_").lower())
+    """`--max-data-size`: bytes, or a number with K, M, G or T (powers of 1024), e.g. 512M, 16G (the size grammar of
+    `hwdist bench --sizes`, parsed by the same function)."""
+    from hwdist.errors import HwdistError
+    from hwdist.sizes import parse_size
+
+    try:
+        return parse_size(text)
+    except HwdistError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
