@@ -61,16 +61,10 @@ class PersistentCache:
 
 
 def torch_default_dir() -> Path:
-    """torch's own default inductor folder (`<tmp>/torchinductor_<user>`), computed as torch computes it."""
-    import getpass
-    import re
-    import tempfile
+    """torch's own default inductor folder (`<tmp>/torchinductor_<user>`), from torch's own function."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    try:
-        user = getpass.getuser()
-    except (KeyError, ModuleNotFoundError, OSError):
-        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
-    return Path(tempfile.gettempdir()) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    return Path(default_cache_dir())
 
 
 def _holds_graphs(folder: Path) -> bool:
