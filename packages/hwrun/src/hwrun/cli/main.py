@@ -111,13 +111,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         data["decode"] = {label: {"value": value, "reason": reason} for label, value, reason in decode}
         print(json.dumps(data, indent=2, default=str))
     else:
-        rows = [*run_plan.rows(), *decode]
-        width_f = max(len(row[0]) for row in rows)
-        width_v = min(40, max(len(row[1]) for row in rows))
-        print(f"{'field'.ljust(width_f)}  {'value'.ljust(width_v)}  reason")
-        print(f"{'-' * width_f}  {'-' * width_v}  {'-' * 6}")
-        for name, value, reason in rows:
-            print(f"{name.ljust(width_f)}  {value.ljust(width_v)}  {reason}")
+        print(run_plan.render(decode))
     return 0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -146,9 +147,9 @@ class RunPlan:
         }
         return [(name, values[name], self.reasons.get(name, "")) for name in values]
 
-    def render(self) -> str:
-        """A plain-text table of every decision and its reason."""
-        rows = self.rows()
+    def render(self, extra: Sequence[tuple[str, str, str]] = ()) -> str:
+        """A plain-text table of every decision and its reason (`extra` rows appended, e.g. the decode path)."""
+        rows = [*self.rows(), *extra]
         width_f = max(len(r[0]) for r in rows)
         width_v = min(40, max(len(r[1]) for r in rows))
         lines = [f"{'field'.ljust(width_f)}  {'value'.ljust(width_v)}  reason",
