@@ -13,7 +13,7 @@ ROWS = (
     "xpu-count", "xpu-bf16", "xpu-properties", "xpu-signatures", "xpu-accelerate", "xpu-xccl", "xpu-retired",
     "xpu-graphs", "hpu-api", "hpu-names", "hpu-memory-split", "hpu-import", "hpu-module-pin", "hpu-set-device",
     "hpu-local-rank", "hpu-groups", "hpu-one-card-container", "hpu-hl-smi", "hpu-lazy-mode", "hpu-compile-modes",
-    "hpu-int64", "hpu-generations", "hpu-backend-options", "tf-compile-wrapper", "tf-accelerate-gate",
+    "hpu-int64", "hpu-generations", "hpu-graphs", "hpu-flag-values", "hpu-backend-options", "tf-compile-wrapper", "tf-accelerate-gate",
     "tf-training-args",
 )
 TEST_REF = re.compile(r"`([\w/.-]+\.py)::(test_\w+)`")

@@ -1,6 +1,11 @@
 """Graph capture in the fakes: `OpTape` replays what a capture recorded on the same tensors; the Gaudi fake's
 HPU graphs (lazy mode only) and the XPU fake's graphs run through `hwenv.platforms.runtime.graph_tools`
-with the real APIs' names and signatures (the XPU ones checked against the installed torch)."""
+with the real APIs' names and signatures (the XPU ones checked against the installed torch).
+
+Sources (docs/intel-fidelity.md rows hpu-graphs and xpu-graphs): gaudi-pytorch-bridge 1.19.0, commit 5a56187,
+`python_packages/habana_frameworks/torch/hpu/graphs.py` (HPUGraph, graph), `hpu/streams.py`, `hpu/__init__.py`
+(graphs exported only `if is_lazy()`), `HPUGraph.cpp` (capture_begin records into the lazy context); PyTorch
+`torch/xpu/graphs.py` of the installed torch."""
 
 from __future__ import annotations
 
