@@ -150,6 +150,18 @@ def test_completion_plain_and_streamed_equal_generate_with_usage(server, client,
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == answer.choices[0].finish_reason
 
 
+def test_ignore_eos_from_the_openai_client_streams_the_whole_budget(client, reference):
+    """`ignore_eos` (vLLM's extension, sent as `extra_body`) reaches the engine: the stream has every token of
+    `max_tokens` (the EOS case itself is covered per engine in test_hwrun_serve_units.py)."""
+    completion, _ = reference
+    want = completion("The king said", 24)
+    chunks = list(client.completions.create(model=MODEL_ID, prompt="The king said", max_tokens=24, temperature=0,
+                                            stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True}))
+    assert chunks[-1].usage.completion_tokens == 24
+    assert "".join(c.choices[0].text for c in chunks if c.choices).startswith(want.text)
+
+
 def test_stream_is_server_sent_events_ending_with_done(server):
     connection = http.client.HTTPConnection("127.0.0.1", server.state.port, timeout=60)
     connection.request("POST", "/v1/completions", body=json.dumps(
@@ -272,6 +284,7 @@ BAD = [
     ("/v1/completions", {"model": MODEL_ID, "prompt": "the king " * 400}, "context_length_exceeded", "prompt"),
     ("/v1/completions", {"model": MODEL_ID, "prompt": "x", "n": 2}, "unsupported_parameter", "n"),
     ("/v1/completions", {"model": MODEL_ID, "prompt": "x", "stop": [1]}, "invalid_value", "stop"),
+    ("/v1/completions", {"model": MODEL_ID, "prompt": "x", "ignore_eos": 1}, "invalid_type", "ignore_eos"),
     ("/v1/chat/completions", {"model": MODEL_ID, "messages": "hello"}, "invalid_type", "messages"),
     ("/v1/chat/completions", {"model": MODEL_ID, "messages": [{"role": "bot", "content": "x"}]}, "invalid_value",
      "messages[0].role"),

@@ -675,3 +675,69 @@ def test_choose_engine_refuses_quantized_plans_with_both_reasons():
     message = str(info.value)
     assert "hwrun's slot decoder: 8bit bitsandbytes weights" in message
     assert "Transformers' continuous batching: 8bit bitsandbytes weights are not supported" in message
+
+
+# ------------------------------------------------------------------------------ ignore_eos (fixed output lengths)
+
+
+def test_ignore_eos_is_an_optional_bool_refused_otherwise():
+    body = {"model": "m", "prompt": "hi"}
+    assert protocol.parse_request(body, "completion", "m").ignore_eos is False
+    assert protocol.parse_request({**body, "ignore_eos": True}, "completion", "m").ignore_eos
+    with pytest.raises(RequestError) as info:
+        protocol.parse_request({**body, "ignore_eos": "yes"}, "completion", "m")
+    assert info.value.param == "ignore_eos"
+
+
+def _decode_until_done(backend, requests) -> dict[str, tuple[list[int], str]]:
+    """Run `requests` through `backend` step by step: each one's tokens and finish reason (bounded)."""
+    for request in requests:
+        backend.add(request)
+    got: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    reasons: dict[str, str] = {}
+    deadline = time.monotonic() + 60
+    while len(reasons) < len(requests) and time.monotonic() < deadline:
+        for event in backend.step():
+            got[event.request_id] += list(event.token_ids)
+            if event.finished:
+                reasons[event.request_id] = event.finish_reason
+    assert len(reasons) == len(requests), f"unfinished after 60 s: {reasons}"
+    return {rid: (tokens, reasons[rid]) for rid, tokens in got.items()}
+
+
+def _first_greedy_token(model, tokenizer, prompt: str) -> int:
+    result = hwrun.generate(hwrun.plan(), prompt, 1, model=model, tokenizer=tokenizer, batching="static")
+    return result.token_ids[0][0]
+
+
+@pytest.mark.parametrize("engine", ["slots", "transformers"])
+def test_ignore_eos_decodes_the_whole_budget_on_both_engines(engine):
+    """The model's EOS is made the prompt's first greedy token: without ignore_eos the request stops there
+    ("stop", one token); with it, it decodes every token of its budget ("length")."""
+    from hwrun.inference.decode import SamplingParams
+    from hwrun.inference.decode.slots import SlotDecoder
+    from hwrun.serve.backend_slots import SlotsBackend
+    from hwrun.serve.backend_transformers import TransformersBackend
+    from hwrun.serve.protocol import Sampling
+
+    plan = hwrun.plan()
+    model, tokenizer = hwrun.load(plan)
+    prompt = "The king said"
+    eos = _first_greedy_token(model, tokenizer, prompt)
+    ids = tuple(tokenizer(prompt)["input_ids"])
+    if engine == "slots":
+        backend = SlotsBackend(SlotDecoder(model, slots=2, max_cache_len=64, use_graphs=False),
+                               sampling_class=SamplingParams, eos_token_id=[eos])
+        backend.start()
+    else:
+        backend = TransformersBackend(model, kind=plan.accelerator.kind, eos_ids=[eos], max_concurrency=2,
+                                      max_model_len=64, pad_token_id=tokenizer.pad_token_id)
+    try:
+        greedy = Sampling(temperature=0.0)
+        out = _decode_until_done(backend, [EngineRequest("stops", ids, 9, greedy),
+                                           EngineRequest("ignores", ids, 9, greedy, ignore_eos=True)])
+    finally:
+        backend.close()
+    assert out["stops"] == ([eos], "stop")
+    tokens, reason = out["ignores"]
+    assert len(tokens) == 9 and tokens[0] == eos and reason == "length"

@@ -49,7 +49,7 @@ class SlotsBackend:
         s = request.sampling
         sampling = self.sampling_class(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed)
         self.decoder.add(request.request_id, list(request.input_ids), max_new_tokens=request.max_new_tokens,
-                         sampling=sampling, eos_token_id=self.eos_token_id)
+                         sampling=sampling, eos_token_id=None if request.ignore_eos else self.eos_token_id)
         self._budgets[request.request_id] = request.max_new_tokens
 
     def cancel(self, request_id: str) -> None:

@@ -50,7 +50,7 @@ class TransformersBackend:
         if missing:
             raise EngineStartError(f"Transformers' continuous batching built no per-request {sorted(missing)} "
                                    "processors here; per-request sampling would be ignored. Use --engine slots.")
-        self._requests: dict[str, tuple[int, int]] = {}  # id -> (tokens sent, max_new_tokens)
+        self._requests: dict[str, tuple[int, int, bool]] = {}  # id -> (tokens sent, max_new_tokens, ignore_eos)
         if warmup:  # captures the manager's graphs before the first request (hwrun's CONTINUOUS_BATCHING row)
             self.manager.warmup()
         self.manager.start()
@@ -73,10 +73,11 @@ class TransformersBackend:
         else:
             top_k = min(sampling.top_k, self.vocab) if sampling.top_k > 0 else self.vocab
             kwargs = {"temperature": float(sampling.temperature), "top_k": int(top_k), "top_p": float(sampling.top_p)}
-        self._requests[request.request_id] = (0, request.max_new_tokens)
+        self._requests[request.request_id] = (0, request.max_new_tokens, request.ignore_eos)
         added = self.manager.add_request(list(request.input_ids), request_id=request.request_id,
                                          max_new_tokens=request.max_new_tokens, streaming=True,
-                                         eos_token_id=sorted(self.eos) or -1, **kwargs)
+                                         eos_token_id=-1 if request.ignore_eos else sorted(self.eos) or -1,
+                                         **kwargs)
         if added is None:
             del self._requests[request.request_id]
             raise RuntimeError("Transformers' continuous batching manager is not accepting requests (stopping)")
@@ -107,7 +108,7 @@ class TransformersBackend:
             entry = self._requests.get(output.request_id)
             if entry is None:  # cancelled
                 continue
-            sent, budget = entry
+            sent, budget, ignore_eos = entry
             tokens = list(output.generated_tokens)
             new = tuple(tokens[sent:])
             if output.error is not None:
@@ -115,10 +116,10 @@ class TransformersBackend:
                 events.append(EngineEvent(output.request_id, new, True, "error", str(output.error)))
             elif output.is_finished():
                 del self._requests[output.request_id]
-                reason = "stop" if tokens and tokens[-1] in self.eos else "length"
+                reason = "stop" if tokens and tokens[-1] in self.eos and not ignore_eos else "length"
                 events.append(EngineEvent(output.request_id, new, True, reason))
             elif new:
-                self._requests[output.request_id] = (len(tokens), budget)
+                self._requests[output.request_id] = (len(tokens), budget, ignore_eos)
                 events.append(EngineEvent(output.request_id, new))
         return events
 

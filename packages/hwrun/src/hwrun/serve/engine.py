@@ -43,12 +43,14 @@ GENERIC_FAILURE = "generation failed inside the engine; the server log has the d
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """One request as a backend sees it: prompt token ids, its token budget and sampling."""
+    """One request as a backend sees it: prompt token ids, its token budget and sampling; `ignore_eos` decodes the
+    whole budget (the model's EOS does not end it)."""
 
     request_id: str
     input_ids: tuple[int, ...]
     max_new_tokens: int
     sampling: Sampling = field(default_factory=Sampling)
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)

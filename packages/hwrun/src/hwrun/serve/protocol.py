@@ -2,7 +2,9 @@
 
 Every invalid body raises `RequestError` (400, an OpenAI error object naming the field); fields hwrun does
 not implement are refused when set to a value that would change the answer (rather than silently ignored),
-and left alone when absent or at their no-op value. Shapes follow OpenAI's API reference for
+and left alone when absent or at their no-op value. One extension beyond OpenAI's fields: `ignore_eos` (vLLM's
+name), which decodes every `max_tokens` token past the model's EOS (benchmarks use it to fix output lengths).
+Shapes follow OpenAI's API reference for
 `/v1/completions`, `/v1/chat/completions` and their `text_completion` / `chat.completion.chunk` streams.
 """
 
@@ -64,6 +66,7 @@ class ParsedRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    ignore_eos: bool = False  # vLLM's extension: decode the whole `max_tokens` budget past the model's EOS
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -117,7 +120,7 @@ def parse_request(body: dict[str, Any], kind: str, served_model: str) -> ParsedR
     include_usage = bool(options and options.get("include_usage"))
     return ParsedRequest(kind=kind, model=model, prompt=prompt, messages=messages, max_tokens=max_tokens,
                          sampling=_sampling(body), stop=_stop(body.get("stop")), stream=stream,
-                         include_usage=include_usage)
+                         include_usage=include_usage, ignore_eos=_optional(body, "ignore_eos", bool, False))
 
 
 def _sampling(body: dict[str, Any]) -> Sampling:
