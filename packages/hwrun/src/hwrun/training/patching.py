@@ -59,6 +59,21 @@ class PatchOptions:
     fused_projections: bool
     swiglu_kernel: str
     compiled: bool
+    loss_impl: str = "hwrun"  # fused_loss.LOSS_IMPLS
+    rmsnorm: str = "inductor"  # the model's own, or a library_kernels.RMSNORM_FUNCTIONS name
+    rope_rotation: str = "inductor"  # the model's own rotation, or "liger"
+
+    @classmethod
+    def from_choices(cls, choices: dict, *, fused_loss: bool, rope_table: bool, fused_projections: bool,
+                     compiled: bool) -> PatchOptions:
+        """The patches that the kernel policy's `choices` ({op: Choice}) ask for."""
+        loss = choices["cross_entropy"].impl
+        swiglu = choices["swiglu"].impl
+        rope = choices["rope"].impl
+        return cls(fused_loss, "triton" if loss == "hwrun" else "torch", rope_table and rope != "inductor",
+                   fused_projections, {"hwrun": "triton", "inductor": "torch"}.get(swiglu, swiglu), compiled,
+                   loss_impl=loss if loss in ("liger", "torch") else "hwrun", rmsnorm=choices["rmsnorm"].impl,
+                   rope_rotation="liger" if rope == "liger" else "inductor")
 
 
 def patch_base(model: Any, dataset: Any, options: PatchOptions, stack: PatchStack, reasons: dict) -> None:
@@ -72,12 +87,14 @@ def patch_base(model: Any, dataset: Any, options: PatchOptions, stack: PatchStac
         model.config.use_cache = False  # training needs no KV cache; restored before the final save
         stack.push("use_cache", lambda: setattr(model.config, "use_cache", use_cache))
     if options.fused_loss:
-        patch = stack.add("fused loss", apply_fused_loss(model, compiled=options.compiled, kernel=options.loss_kernel))
+        patch = stack.add("fused loss", apply_fused_loss(model, compiled=options.compiled, kernel=options.loss_kernel,
+                                                         impl=options.loss_impl))
         reasons["loss"] = patch.reason
     else:
         reasons["loss"] = "model's own loss (fused_loss=False)"
     if options.rope_table and isinstance(dataset, PackedDataset):
         reasons["rope"] = stack.add("rope table", apply_rope_table(model, int(dataset.blocks.shape[1]))).reason
+    _library_kernels_base(model, options, stack, reasons)
     restore = _use_causal_sdpa(model, dataset)
     if restore is not None:
         stack.push("causal sdpa", lambda: model.set_attn_implementation(restore))
@@ -93,6 +110,26 @@ def patch_lora(model: Any, options: PatchOptions, blocker: str | None, stack: Pa
         return
     patch = apply_fused_projections(model, options.swiglu_kernel) if blocker is None else ModelPatch(False, blocker)
     reasons["projections"] = stack.add("fused projections", patch).reason
+
+
+def _library_kernels_base(model: Any, options: PatchOptions, stack: PatchStack, reasons: dict) -> None:
+    """Library kernels on the base model, before LoRA wraps it (PEFT replaces the projections, not the norms
+    or MLPs, so per-instance forwards stay): RMSNorm (Liger's or torch's) and Liger's SwiGLU."""
+    from .patches.library_kernels import apply_liger_swiglu, apply_rmsnorm
+
+    if options.rmsnorm != "inductor":
+        reasons["rmsnorm"] = stack.add(f"{options.rmsnorm} rmsnorm", apply_rmsnorm(model, options.rmsnorm)).reason
+    if options.swiglu_kernel == "liger":
+        reasons["swiglu"] = stack.add("liger swiglu", apply_liger_swiglu(model)).reason
+
+
+def patch_last(model: Any, options: PatchOptions, stack: PatchStack, reasons: dict) -> None:
+    """The patches that go on after every other (LoRA and fused projections included): Liger's RoPE rotation,
+    which reuses the fused attention forward where q/k/v are fused."""
+    from .patches.library_kernels import apply_liger_rope
+
+    if options.rope_rotation == "liger":
+        reasons["rope rotation"] = stack.add("liger rope", apply_liger_rope(model)).reason
 
 
 def _use_causal_sdpa(model: Any, dataset: Any) -> str | None:

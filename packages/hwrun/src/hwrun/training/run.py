@@ -24,7 +24,7 @@ from .checkpoints import choose_resume, finished_at, schedule_change, trainer_st
 from .data import DEFAULT_MAX_DATA_BYTES
 from .lora import LoraSettings, lora_config, lora_targets
 from .options import check_all, check_overrides, lora_settings
-from .patching import PatchOptions, PatchStack, patch_base, patch_lora
+from .patching import PatchOptions, PatchStack, patch_base, patch_last, patch_lora
 from .sharding import fusion_blocker as _fusion_blocker
 
 if TYPE_CHECKING:
@@ -150,6 +150,7 @@ class RunSettings:
     settings: LoraSettings | None
     qlora: bool
     record: Mapping[str, str]  # {"kind": "lora" | "qlora" | "full", "model": ...}, stamped into checkpoints
+    kernel_asks: Mapping[str, str] = field(default_factory=dict)  # {op: impl} asked for explicitly
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -175,6 +176,7 @@ def _validate(plan: RunPlan, data: Any, options: dict[str, Any]) -> RunSettings:
 
     check_all(plan, {**options, "data": data},
               (lambda: check_kernel(options["loss_kernel"]), lambda: check_swiglu_kernel(options["swiglu_kernel"])))
+    asks = _check_kernel_asks(plan, options)
     if plan.adapter is not None:
         raise TrainingConfigError(
             f"plan.model={plan.model!r} with adapter {plan.adapter!r}: train() fine-tunes a base model "
@@ -193,7 +195,29 @@ def _validate(plan: RunPlan, data: Any, options: dict[str, Any]) -> RunSettings:
     if qlora:
         _check_qlora(plan)
     kind = "qlora" if qlora else ("lora" if settings is not None else "full")
-    return RunSettings(options, settings, qlora, {"kind": kind, "model": plan.model})
+    return RunSettings(options, settings, qlora, {"kind": kind, "model": plan.model}, asks)
+
+
+#: The option each op's explicit kernel needs switched on: an explicit choice with it off is a contradiction.
+_KERNEL_NEEDS = {("cross_entropy", None): "fused_loss", ("swiglu", "hwrun"): "fused_projections",
+                 ("swiglu", "inductor"): "fused_projections", ("rope", "hwrun"): "rope_table"}
+
+
+def _check_kernel_asks(plan: RunPlan, options: Mapping[str, Any]) -> dict[str, str]:
+    """The explicit kernel choices (`kernels=`, and the older `loss_kernel`/`swiglu_kernel`), checked against
+    the kernel policy's candidates, the plan's device and the run's other options, before any work."""
+    from .kernel_policy import check_kernels, resolve
+
+    asks = check_kernels(options["kernels"], options["loss_kernel"], options["swiglu_kernel"])
+    resolve(plan.accelerator.kind, asks)  # an explicit choice that cannot run on this device raises here
+    for op, impl in dict(options["kernels"] or {}).items():
+        if impl == "auto":
+            continue
+        needs = _KERNEL_NEEDS.get((op, None)) or _KERNEL_NEEDS.get((op, impl))
+        if needs is not None and options[needs] is False:
+            raise TrainingConfigError(f"kernels[{op!r}]={impl!r} runs inside hwrun's {needs.replace('_', ' ')}, "
+                                      f"but {needs}=False switches that off. Fix: drop one of the two.")
+    return asks
 
 
 def _prepare_output(plan: RunPlan, run: RunSettings) -> OutputPlan:
@@ -322,19 +346,17 @@ def _patch(model: Any, dataset: Any, plan: RunPlan, args: Any, run: RunSettings,
            reasons: dict) -> Any:
     """Phase 6: hwrun's model patches and the LoRA wrapper; every change is recorded on `stack`."""
     from ..devices import kind_of_device_type
-    from .patches.fused_loss import triton_kernel_usable
-    from .patches.swiglu import triton_swiglu_usable
+    from .kernel_policy import resolve
 
     kind = kind_of_device_type(args.device.type, hint=plan.accelerator.kind)
-    loss_kernel, swiglu_kernel = run.loss_kernel, run.swiglu_kernel
-    if loss_kernel == "auto":
-        loss_kernel = "triton" if triton_kernel_usable(kind) else "torch"
-    if swiglu_kernel == "auto":
-        swiglu_kernel = "triton" if triton_swiglu_usable(kind) else "torch"
-    options = PatchOptions(run.fused_loss, loss_kernel, run.rope_table, run.fused_projections, swiglu_kernel,
-                           compiled=plan.compile is not None)
+    choices = resolve(kind, run.kernel_asks)  # per op: the kernel policy's choice here, and why
+    for op, choice in choices.items():
+        reasons[f"kernel {op}"] = choice.reason
+    options = PatchOptions.from_choices(choices, fused_loss=run.fused_loss, rope_table=run.rope_table,
+                                        fused_projections=run.fused_projections, compiled=plan.compile is not None)
     patch_base(model, dataset, options, stack, reasons)
     if run.settings is None:
+        patch_last(model, options, stack, reasons)
         return model
     from peft import get_peft_model, prepare_model_for_kbit_training
     from transformers import set_seed
@@ -347,6 +369,7 @@ def _patch(model: Any, dataset: Any, plan: RunPlan, args: Any, run: RunSettings,
     model = get_peft_model(model, lora_config(model.config, run.settings, targets))
     reasons["lora"] = f"r={run.settings.r} on {_adapted(model.peft_config['default'])} ({targets.reason})"
     patch_lora(model, options, _fusion_blocker(args, run.qlora), stack, reasons)
+    patch_last(model, options, stack, reasons)
     return model
 
 
@@ -477,7 +500,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
           resume: bool | str | None = "auto", block_size: int = 512, merge: bool = False,
           save_steps: int = 100, fused_loss: bool = True, fused_projections: bool = True,
           rope_table: bool = True, loss_kernel: str = "auto", swiglu_kernel: str = "auto",
-          plot: bool = True, callbacks: Sequence[Any] = (), echo: Callable[[str], Any] | None = None,
+          kernels: Mapping[str, str] | None = None, plot: bool = True, callbacks: Sequence[Any] = (), echo: Callable[[str], Any] | None = None,
           overwrite: bool = False, on_nonfinite: str = "stop", max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
           **training_overrides: Any) -> TrainResult:
     """Fine-tune `plan.model` on `data` (text file, JSONL with "text", folder of .txt, or a
@@ -495,9 +518,12 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     TrainingConfigError naming the closest valid one.
     `fused_loss`, `fused_projections` (LoRA on a frozen base, one process or DDP) and `rope_table`
     (packed blocks) switch hwrun's own training path off one by one; each logs why where it cannot apply.
-    `loss_kernel` is the fused loss's per-chunk softmax/gradient: 'auto' (hwrun's Triton kernel when
-    training on CUDA, else the torch form), 'torch' or 'triton'; `swiglu_kernel` likewise for the
-    fused MLP's SwiGLU backward.
+    `kernels` picks the implementation of each training op, {op: impl} with op one of cross_entropy, swiglu,
+    rmsnorm, rope and impl 'auto' (the default: hwrun.training.kernel_policy's measured choice for the
+    device), 'hwrun' (our own), 'inductor' (the torch form, compiled), 'liger' (Liger's kernel, CUDA/ROCm/XPU,
+    `pip install hwrun[liger]`) or 'torch' (torch's own op, where torch has one); result.reasons has every
+    op's choice and why ("kernel <op>"). `loss_kernel` and `swiglu_kernel` are the older spelling for two
+    of them: 'triton' is kernels[op]='hwrun', 'torch' is 'inductor', 'auto' the policy's choice.
     """
     options = {name: value for name, value in locals().items()
                if name not in ("plan", "data", "training_overrides")}

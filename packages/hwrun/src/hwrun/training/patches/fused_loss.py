@@ -212,6 +212,41 @@ def linear_cross_entropy(hidden: Any, weight: Any, targets: Any, *, num_items_in
     return function.apply(hidden, weight, targets, scale, int(chunk_tokens), chunk_fn)
 
 
+#: Who computes the fused loss: hwrun's chunked function (its chunk form set by `kernel`), Liger's fused
+#: linear cross-entropy, or torch's own chunked `F.linear_cross_entropy` (kernel_policy decides).
+LOSS_IMPLS = ("hwrun", "liger", "torch")
+
+
+def library_linear_cross_entropy(impl: str):
+    """`f(hidden, weight, targets, num_items_in_batch) -> loss` for `impl` 'liger' or 'torch', with the
+    reduction of Transformers' ForCausalLMLoss (sum / num_items_in_batch when given, else the mean over the
+    targets that are not -100)."""
+    import torch
+    import torch.nn.functional as F
+
+    if impl == "liger":
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+        def compute(hidden, weight, targets, reduction):
+            return liger_fused_linear_cross_entropy(hidden, weight, targets, ignore_index=IGNORE_INDEX,
+                                                    reduction=reduction)
+    elif impl == "torch":
+        options = torch.nn.LinearCrossEntropyOptions()  # the chunked path: the logits never exist whole
+
+        def compute(hidden, weight, targets, reduction):
+            return F.linear_cross_entropy(hidden, weight, targets, reduction=reduction, ignore_index=IGNORE_INDEX,
+                                          options=options)
+    else:
+        raise TrainingConfigError(f"impl={impl!r} is not a library loss; use one of {LOSS_IMPLS[1:]}.")
+
+    def loss(hidden, weight, targets, num_items_in_batch=None):
+        if num_items_in_batch is None:
+            return compute(hidden, weight, targets, "mean")
+        return compute(hidden, weight, targets, "sum") / num_items_in_batch
+
+    return loss
+
+
 @dataclass(frozen=True)
 class FusedLossPatch:
     """The record of one model whose forward computes the chunked loss; `undo()` restores it."""
@@ -245,12 +280,16 @@ def fused_loss_support(model: Any) -> str | None:
 
 
 def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-                     compiled: bool = False, kernel: str = "auto") -> FusedLossPatch:
+                     compiled: bool = False, kernel: str = "auto", impl: str = "hwrun") -> FusedLossPatch:
     """Make this CausalLM instance compute its training loss with `linear_cross_entropy`
     (explicit, idempotent, reversible via `.undo()`); calls without labels run unchanged.
     `compiled=True` when the model will run under `torch.compile` (the loss takes its fusable form);
-    `kernel` as in `linear_cross_entropy` ('auto': the Triton chunk kernel where the model runs on CUDA)."""
+    `kernel` as in `linear_cross_entropy` ('auto': the Triton chunk kernel where the model runs on CUDA).
+    `impl` 'liger' or 'torch' computes the same loss with Liger's fused linear cross-entropy or torch's own
+    chunked `F.linear_cross_entropy` instead (`kernel` is then unused)."""
     check_kernel(kernel)
+    if impl not in LOSS_IMPLS:
+        raise TrainingConfigError(f"impl={impl!r} is not one of {LOSS_IMPLS}.")
     if getattr(model, _FLAG, False):
         return FusedLossPatch(model, True, "already applied")
     asked = kernel
@@ -266,7 +305,9 @@ def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 
     original = type(model).forward
     decoder = model.get_decoder()
-    prepare_linear_cross_entropy(kernel)
+    library = library_linear_cross_entropy(impl) if impl != "hwrun" else None
+    if library is None:
+        prepare_linear_cross_entropy(kernel)
 
     def forward(input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
@@ -283,14 +324,22 @@ def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         hidden = outputs.last_hidden_state
         targets = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].to(hidden.device)
         head = model.get_output_embeddings()
-        loss = linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight,
-                                    targets.reshape(-1), num_items_in_batch=num_items,
-                                    chunk_tokens=chunk_tokens, compiled=compiled, kernel=kernel)
+        if library is not None:
+            loss = library(hidden.reshape(-1, hidden.shape[-1]), head.weight, targets.reshape(-1), num_items)
+        else:
+            loss = linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight,
+                                        targets.reshape(-1), num_items_in_batch=num_items,
+                                        chunk_tokens=chunk_tokens, compiled=compiled, kernel=kernel)
         return CausalLMOutputWithPast(loss=loss, logits=None, hidden_states=outputs.hidden_states,
                                       attentions=outputs.attentions)
 
     model.forward = forward
     setattr(model, _FLAG, True)
+    if library is not None:
+        what = {"liger": "Liger's fused linear cross-entropy",
+                "torch": "torch's own chunked F.linear_cross_entropy"}[impl]
+        logger.info("Fused loss: %s (the full logits are never materialised).", what)
+        return FusedLossPatch(model, True, what)
     how = "out of place, fused by torch.compile" if compiled else "in place"
     if kernel == "triton":
         how = "Triton kernel"

@@ -159,7 +159,8 @@ _CACHE_KEYWORDS = ("past_key_values", "cache")
 
 
 def _attention_forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
-    """LlamaAttention.forward (Transformers 5.x) with q/k/v from one fused group. With a KV cache
+    """LlamaAttention.forward (Transformers 5.x) with q/k/v from one fused group (or the separate projections
+    where the instance has no group) and the rotation the instance names (`_hwrun_rotary`). With a KV cache
     (decoding; its keyword and update() differ between releases) the class's own forward runs on the
     separate projections, whose weights are views of the fused one."""
     import sys
@@ -173,12 +174,17 @@ def _attention_forward(self, hidden_states, position_embeddings=None, attention_
     module = sys.modules[type(self).__module__]
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
-    query, key, value = self._hwrun_qkv(hidden_states)
+    fused = getattr(self, "_hwrun_qkv", None)
+    if fused is not None:
+        query, key, value = fused(hidden_states)
+    else:  # q/k/v not fused here: the forward was set only for another kernel (library_kernels.apply_liger_rope)
+        query, key, value = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
     query_states = query.view(hidden_shape).transpose(1, 2)
     key_states = key.view(hidden_shape).transpose(1, 2)
     value_states = value.view(hidden_shape).transpose(1, 2)
     cos, sin = position_embeddings
-    query_states, key_states = module.apply_rotary_pos_emb(query_states, key_states, cos, sin)
+    rotate = getattr(self, "_hwrun_rotary", None) or module.apply_rotary_pos_emb  # a library kernel, or the model's
+    query_states, key_states = rotate(query_states, key_states, cos, sin)
     attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
         self.config._attn_implementation, module.eager_attention_forward)
     attn_output, attn_weights = attention_interface(
@@ -267,8 +273,10 @@ def apply_fused_projections(model: Any, swiglu_kernel: str = "auto") -> ModelPat
     PEFT or plain Transformers causal LM with frozen base weights). Explicit, idempotent,
     reversible (`.undo()`); layers or groups that cannot be fused run as before, with the reason
     logged. `swiglu_kernel` is the fused MLP's SwiGLU backward: 'auto' (Triton on CUDA), 'triton'
-    or 'torch'."""
-    check_swiglu_kernel(swiglu_kernel)
+    or 'torch'; 'liger' leaves gate/up separate (Liger's SwiGLU kernel takes them as two tensors, see
+    `library_kernels.apply_liger_swiglu`)."""
+    if swiglu_kernel != "liger":
+        check_swiglu_kernel(swiglu_kernel)
     base_model = model.get_base_model() if hasattr(model, "get_base_model") else model
     if getattr(base_model, _FLAG, None) is not None:
         return ModelPatch(True, "already applied")
@@ -288,6 +296,9 @@ def apply_fused_projections(model: Any, swiglu_kernel: str = "auto") -> ModelPat
                    lambda w: ((_check_hidden(w),), {})))
         for label, module, names, attribute, forward, check in groups:
             if label in skipped:
+                continue
+            if label == "gate/up" and swiglu_kernel == "liger":
+                skipped[label] = "swiglu='liger' runs Liger's kernel on separate gate and up outputs"
                 continue
             if module is None or not all(hasattr(module, n) for n in names):
                 skipped[label] = f"the layers have no {'/'.join(names)}"
