@@ -33,7 +33,11 @@ from hwrun.training.kernel_policy import (
 )
 from hwrun.training.patches.fused_loss import apply_fused_loss, library_linear_cross_entropy
 from hwrun.training.patches.fused_projections import apply_fused_projections
-from hwrun.training.patches.library_kernels import apply_liger_rope, apply_liger_swiglu, apply_rmsnorm
+from hwrun.training.patches.library_kernels import (
+    apply_liger_rope,
+    apply_liger_swiglu,
+    apply_rmsnorm,
+)
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -413,3 +417,51 @@ def test_liger_rope_gives_the_models_loss_and_lora_gradients(liger_interpreted):
     reason, loss_diff, grad_err, count, left = liger_interpreted["rope"]
     assert reason == "Liger RoPE rotation in 2 modules"
     assert loss_diff < 1e-5 and grad_err < 1e-4 and count == 8 and left == []
+
+
+# --- hwrun train --kernel ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cli_files(tmp_path_factory):
+    from hwrun.testing import build_tiny_model
+
+    root = tmp_path_factory.mktemp("cli")
+    data = root / "data.txt"
+    data.write_text("The king said to the queen that the castle was cold. " * 40, encoding="utf-8")
+    return build_tiny_model(root / "model"), data
+
+
+def test_cli_kernel_choice_runs_and_prints_every_choice(cli_files, tmp_path, capsys):
+    from hwrun.cli.main import main
+
+    model, data = cli_files
+    assert main(["train", "--data", str(data), "--model", str(model), "--lora", "--batch-size", "4", "--block-size",
+                 "32", "--max-steps", "1", "--output", str(tmp_path / "o"), "--no-progress", "--device", "cpu",
+                 "--kernel", "rmsnorm=torch", "--kernel", "rope=inductor"]) == 0
+    printed = capsys.readouterr().out
+    assert "kernels: cross_entropy=inductor, swiglu=inductor, rmsnorm=torch, rope=inductor" in printed
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--kernel", "swiglu=liger"], "kernels['swiglu']='liger' cannot run on"),
+    (["--kernel", "swiglu=inductor", "--kernel", "swiglu=liger"], "--kernel names an op twice"),
+])
+def test_cli_refuses_a_bad_kernel_in_one_line(cli_files, tmp_path, capsys, flags, message):
+    from hwrun.cli.main import main
+
+    model, data = cli_files
+    assert main(["train", "--data", str(data), "--model", str(model), "--device", "cpu",
+                 "--output", str(tmp_path / "o"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hwrun: error: ") and message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_kernel_must_be_op_equals_impl(cli_files, tmp_path, capsys):
+    from hwrun.cli.main import main
+
+    model, data = cli_files
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--data", str(data), "--model", str(model), "--kernel", "swiglu"])
+    assert info.value.code == 2 and "'swiglu' is not OP=IMPL" in capsys.readouterr().err

@@ -21,6 +21,14 @@ def data_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def kernel_choice(text: str) -> tuple[str, str]:
+    """`--kernel OP=IMPL` (e.g. swiglu=liger): one op's implementation, checked by train() before any work."""
+    op, sep, impl = text.partition("=")
+    if not sep or not op.strip() or not impl.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not OP=IMPL (e.g. swiglu=liger, cross_entropy=hwrun)")
+    return op.strip(), impl.strip()
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the `train` subcommand on `hwrun`'s subparsers (called by hwrun.cli)."""
     p = subparsers.add_parser(
@@ -58,6 +66,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "or ignore it")
     p.add_argument("--max-data-size", type=data_size, default=None, metavar="SIZE",
                    help="read at most this much training data, e.g. 512M, 16G (default 4G)")
+    p.add_argument("--kernel", type=kernel_choice, action="append", default=None, metavar="OP=IMPL",
+                   help="implementation of one training op (repeatable): OP is cross_entropy, swiglu, rmsnorm or "
+                        "rope; IMPL auto (the measured default for the device), hwrun, inductor, liger (CUDA/ROCm/"
+                        "XPU, pip install hwrun[liger]) or torch (torch's own op). Each choice and why is printed")
     p.add_argument("--device", default="auto", help="auto (detect) or cpu, cuda, xpu, hpu, mps")
     p.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
     p.add_argument("--attention", default="auto", help="auto, sdpa, eager, flash_attention_2, ...")
@@ -102,9 +114,13 @@ def run_train(args: argparse.Namespace) -> int:
         targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()) if args.lora_targets else None
         given_numbers = {"r": args.lora_r, "alpha": args.lora_alpha}  # None: LoraSettings' own default
         lora = LoraSettings(target_modules=targets, **{k: v for k, v in given_numbers.items() if v is not None})
+    kernels = dict(args.kernel or ())
+    if len(kernels) != len(args.kernel or ()):
+        raise TrainingConfigError(f"--kernel names an op twice ({', '.join(f'{o}={i}' for o, i in args.kernel)}); "
+                                  "give each op once.")
     try:
         result = train(
-            run_plan, args.data, lora=lora, qlora=args.qlora, epochs=args.epochs, max_steps=args.max_steps,
+            run_plan, args.data, kernels=kernels or None, lora=lora, qlora=args.qlora, epochs=args.epochs, max_steps=args.max_steps,
             lr=args.lr, batch_size=args.batch_size, grad_accum=args.grad_accum, seed=args.seed,
             output_dir=args.output, resume="auto" if args.resume else False, block_size=args.block_size,
             merge=args.merge, save_steps=args.save_steps, echo=print if args.no_progress else None,
@@ -124,6 +140,12 @@ def run_train(args: argparse.Namespace) -> int:
     for key in ("kept", "plot", "nonfinite"):
         if key in result.reasons:
             print(f"note: {result.reasons[key]}")
+    chosen = {key.removeprefix("kernel "): why for key, why in result.reasons.items() if key.startswith("kernel ")}
+    if chosen:
+        print("kernels: " + ", ".join(f"{op}={why.split(':', 1)[0]}" for op, why in chosen.items()))
+        if getattr(args, "verbose", False):
+            for op, why in chosen.items():
+                print(f"  {op}: {why}")
     last = f"{result.losses[-1][1]:.4f}" if result.losses else "n/a"
     if result.interrupted:
         print(f"stopped by {result.interrupted} at step {result.global_step} (loss {last}); checkpoint saved in "
