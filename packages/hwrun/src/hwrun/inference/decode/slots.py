@@ -3,10 +3,22 @@
 Why: Transformers' continuous batching (`generate_batch`) with sdpa attends every query over the
 padded keys of all requests in the batch and plans each step on the host; on an H200 at 64
 prompts it reached 2,617 tokens/s against 20,386 for a static CUDA-graph batch
-(docs/benchmarks/decode.md). Here each request owns one slot (one row of a static K/V cache,
-hwrun.inference.decode.fused_step with per-row positions). Every decode step runs all slots at once with fixed
-shapes, so it is captured once and replayed; a row attends only to its own keys. Idle slots step
-too (their rows are ignored); that costs nothing extra, as a step reads the weights once for all rows.
+(docs/benchmarks/decode.md). Here each request owns one slot (one row of a static K/V cache, each
+row at its own position). Every decode step runs all slots at once with fixed shapes, so it is
+captured once and replayed; a row attends only to its own keys. Idle slots step too (their rows are
+ignored); that costs nothing extra, as a step reads the weights once for all rows.
+
+The step (`step="auto" | "fused" | "model"`, as for the static decoder): "fused" is
+hwrun.inference.decode.fused_step with per-row positions (Llama, Mistral, Qwen2: q/k/v and gate/up
+read as one matrix each); "model" runs the model's own forward for all slots at once over a
+`SlotCache` (hwrun.inference.decode.slot_cache: each row's K/V written at that row's position, a 4D
+mask per row, per-row `position_ids`), so any family whose attention goes through Transformers'
+attention interface with sdpa or eager attention decodes here; "auto" takes the fused step where it
+applies (an optimisation, not a gate), else the model's own forward, and logs which and why
+(`decoder.step_name`, `decoder.step_reason`). What neither step runs (an encoder-decoder, a class that
+computes attention itself, flash attention, a sliding window shorter than the cache) is a
+`FastDecodeError` naming the reason; hwrun's generate() and server then use Transformers' loop.
+
 The graph is a CUDA graph on NVIDIA/ROCm, an XPU graph on Intel GPUs and an HPU graph on Gaudi in
 lazy mode (the platform's `graph_tools`); elsewhere the same loop runs eagerly, which is how CPU tests prove that its greedy
 tokens equal `model.generate`'s for each prompt. Sampling (temperature, top-p, top-k, seed per
@@ -32,7 +44,8 @@ Two ways to drive it:
   Greedy requests give exactly `model.generate(do_sample=False)`'s tokens; seeded sampled requests
   give the same tokens whatever else is in the batch.
 - **Whole batches:** `decoder.generate(prompts, max_new_tokens, *, eos_token_id="model", sampling=None)`
-  admits prompts into free slots, right-padded prefills in groups of <= `prefill_tokens`, and reads the
+  admits prompts into free slots, padded prefills in groups of <= `prefill_tokens` (right-padded for the
+  fused step, left-padded for the model's own forward), and reads the
   host only every `check_every` steps (sooner when a request's budget ends), retiring finished
   requests and admitting waiting ones while the others continue. It shares the prefill, the sampling
   rows and the graphs with the step-wise API, but not at the same time: it refuses while requests
@@ -50,6 +63,8 @@ from typing import Any
 from ...errors import FastDecodeError
 from .sampling import SamplingParams, SamplingRows, next_tokens
 from .static import (
+    STEPS,
+    cache_keyword,
     capture_graph,
     check_compile_allowed,
     check_decoder_args,
@@ -65,6 +80,29 @@ logger = logging.getLogger(__name__)
 PREFILL_TOKENS = 8192
 
 GREEDY = SamplingParams()
+
+FUSED_REASON = "the fused Llama-family step (q/k/v and gate/up as one matrix each, per-row K/V writes)"
+
+
+def slot_step_support(model: Any, step: str = "auto") -> tuple[str | None, str]:
+    """(step, reason): which step the slot decoder runs `model` with for `step` ("auto", "fused" or "model"):
+    "fused" where `fused_step_support` says it applies (an optimisation), else "model", the model's own
+    forward over a `SlotCache` with per-row positions and masks; (None, why neither can) otherwise."""
+    from .fused_step import fused_step_support
+    from .slot_cache import model_step_support
+
+    if step not in STEPS:
+        raise FastDecodeError(f"step={step!r} is not a decode step; use one of {', '.join(STEPS)}.")
+    unfused = fused_step_support(model) if step != "model" else None
+    if step != "model" and unfused is None:
+        return "fused", FUSED_REASON
+    if step == "fused":
+        return None, f"step='fused' cannot run {type(model).__name__}: {unfused}. Use step='model' or 'auto'"
+    own = model_step_support(model)
+    why = "step='model' given" if step == "model" else f"the fused step does not apply: {unfused}"
+    if own is not None:
+        return None, f"the model's own forward cannot run here ({own}; {why})"
+    return "model", f"the model's own forward over a per-row slot cache ({why})"
 
 
 @dataclass(frozen=True)
@@ -91,25 +129,28 @@ class _Request:
 class SlotDecoder:
     """Continuous batching of any number of prompts through `slots` cache rows of `max_cache_len`
     positions each (a prompt plus its new tokens must fit one row). `use_graphs=None` captures where the
-    model's platform (`platform`, default: the one of `model.device`) has graph tools. See the module
+    model's platform (`platform`, default: the one of `model.device`) has graph tools; `step` picks the
+    fused Llama-family step or the model's own forward ("auto": fused where it applies). See the module
     docstring for the step-wise API (`add`, `step`, `cancel`, `start`) and `generate`."""
 
     def __init__(self, model: Any, *, slots: int, max_cache_len: int, use_graphs: bool | None = None,
                  compile_backend: Any = None, compile_mode: str | None = None, tune: bool = False,
-                 check_every: int = 16, prefill_tokens: int = PREFILL_TOKENS, platform: Any = None) -> None:
+                 check_every: int = 16, prefill_tokens: int = PREFILL_TOKENS, step: str = "auto",
+                 platform: Any = None) -> None:
         import torch
-
-        from .fused_step import FusedLlamaStep, fused_step_support
 
         self.platform = model_platform(model, platform)
         check_compile_allowed(self.platform, compile_backend)
         self.graph_tools = decoder_graph_tools(self.platform) if use_graphs is not False else None
         check_decoder_args(model, slots, max_cache_len, use_graphs, self.graph_tools, self.platform)
-        unsupported = fused_step_support(model)
-        if unsupported is not None:
-            raise FastDecodeError(f"continuous graph decoding runs the fused step, which cannot run "
-                                  f"{type(model).__name__}: {unsupported}. Use decode='generate' "
-                                  "(Transformers' generate_batch).")
+        self.step_name, self.step_reason = slot_step_support(model, step)
+        if self.step_name is None:
+            if step == "fused":
+                raise FastDecodeError(f"{self.step_reason}.")
+            raise FastDecodeError(f"the slot decoder cannot run {type(model).__name__}: {self.step_reason}. "
+                                  "Use decode='generate' (Transformers' generate_batch).")
+        if step == "auto":
+            logger.info("slot decoder step: %s", self.step_reason)
         self.model = model
         self.device = model.device
         self.slots = slots
@@ -117,12 +158,19 @@ class SlotDecoder:
         self.check_every = max(1, check_every)
         self.prefill_tokens = max(1, prefill_tokens)
         self.use_graphs = self.graph_tools is not None if use_graphs is None else use_graphs
-        self.fused = FusedLlamaStep(model, batch_size=slots, max_cache_len=max_cache_len, per_row_positions=True)
         long = dict(dtype=torch.long, device=self.device)
         self.token = torch.zeros((slots, 1), **long)  # each slot's newest token ...
         self.position = torch.zeros((slots, 1), **long)  # ... and its position
         self.count = torch.zeros((slots, 1), **long)  # tokens each slot's request has produced
         self.out = torch.zeros((slots, max_cache_len), **long)  # those tokens
+        self.fused = None
+        self.cache = None
+        if self.step_name == "fused":
+            from .fused_step import FusedLlamaStep
+
+            self.fused = FusedLlamaStep(model, batch_size=slots, max_cache_len=max_cache_len, per_row_positions=True)
+        else:
+            self._build_cache()
         self.sampling = SamplingRows(slots, self.device)
         self._step_fns = {sample: compile_step(lambda s=sample: self._step(s), compile_backend, compile_mode, tune)
                           for sample in (False, True)}
@@ -136,6 +184,23 @@ class SlotDecoder:
         self._owner: list[Any] = [None] * slots  # request id per slot (step-wise API)
         self._requests: dict[Any, _Request] = {}
 
+    def _build_cache(self) -> None:
+        """The model step's per-row cache, allocated now by a one-token prefill of slot 0 (the model's own K/V
+        shapes, dtype and device), outside inference mode so later steps may update it from any mode."""
+        import torch
+
+        from .slot_cache import SlotCache, attention_kind
+
+        config = self.model.config.get_text_config(decoder=True)
+        self.cache = SlotCache(self.slots, self.max_cache_len, config.num_hidden_layers, self.position)
+        self.cache_keyword = cache_keyword(self.model)
+        self.attention = attention_kind(self.model)
+        self.mask_dtype = self.model.dtype
+        self.key_index = torch.arange(self.max_cache_len, device=self.device)
+        with torch.inference_mode(False), torch.no_grad():
+            self._model_prefill(torch.zeros((1, 1), dtype=torch.long, device=self.device),
+                                torch.zeros(1, dtype=torch.long, device=self.device))
+
     @property
     def graph(self) -> Any:
         """The captured greedy step (None before capture or without graphs)."""
@@ -145,7 +210,16 @@ class SlotDecoder:
 
     def _step(self, sample: bool = False) -> None:
         """One decode step of every slot; fixed buffers only (capturable). Idle slots clamp at the end."""
-        last = self.fused(self.token, self.position)
+        if self.fused is not None:
+            last = self.fused(self.token, self.position)
+        else:
+            from .slot_cache import visible_mask
+
+            # each row sees the columns up to its own position (written by this step's update)
+            mask = visible_mask(self.key_index[None, None, :] <= self.position[:, :, None], self.attention,
+                                self.mask_dtype)
+            last = self.model(input_ids=self.token, position_ids=self.position, attention_mask=mask,
+                              **{self.cache_keyword: self.cache}, use_cache=True, logits_to_keep=1).logits[:, -1]
         if sample:
             nxt = next_tokens(last, *self.sampling.all(), self.count).unsqueeze(-1)
         else:
@@ -156,19 +230,25 @@ class SlotDecoder:
         self.position.add_(1).clamp_(max=self.max_cache_len - 1)
 
     def _prefill(self, slots: list[int], prompts: list[list[int]]) -> None:
-        """Prompts (right-padded) into `slots`: their K/V, first token, position and count."""
+        """Prompts into `slots`: their K/V, first token, position and count (no other row is touched). The fused
+        step takes them right-padded, the model step left-padded (each row's last token in the last column)."""
         import torch
 
         lengths = [len(p) for p in prompts]
         width = max(lengths)
+        left = self.fused is None
         ids = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, prompt in enumerate(prompts):
-            ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+            start = width - len(prompt) if left else 0
+            ids[row, start:start + len(prompt)] = torch.tensor(prompt, dtype=torch.long)
         ids = ids.to(self.device)
         rows = torch.tensor(slots, dtype=torch.long, device=self.device)
         lens = torch.tensor(lengths, dtype=torch.long, device=self.device)
-        positions = torch.arange(width, device=self.device).unsqueeze(0).expand(len(prompts), width)
-        logits = self.fused(ids, positions, rows=rows, last_index=lens - 1)
+        if left:
+            logits = self._model_prefill(ids, rows, width - lens)
+        else:
+            positions = torch.arange(width, device=self.device).unsqueeze(0).expand(len(prompts), width)
+            logits = self.fused(ids, positions, rows=rows, last_index=lens - 1)
         if self.sampling.sampling(slots):
             first = next_tokens(logits, *self.sampling.take(rows), torch.zeros_like(rows))
         else:
@@ -178,6 +258,30 @@ class SlotDecoder:
         self.out[rows, 0] = first
         self.count[rows, 0] = 1
         self.prefills += 1
+
+    def _model_prefill(self, ids: Any, rows: Any, pads: Any = None) -> Any:
+        """The model's own forward over left-padded prompts `ids` (pads[i] leading pad columns in row i), their K/V
+        written into cache rows `rows` from column 0; the last column's logits (each row's next token)."""
+        import torch
+
+        from .slot_cache import visible_mask
+
+        batch, width = ids.shape
+        pads = torch.zeros(batch, dtype=torch.long, device=self.device) if pads is None else pads
+        cols = torch.arange(width, device=self.device)
+        positions = (cols[None, :] - pads[:, None]).clamp(min=0)
+        shift = (cols[None, :] + pads[:, None]).clamp(max=width - 1)
+        query, key = cols[None, :, None], cols[None, None, :]
+        # causal over the row's real tokens; a pad column sees only itself (no row is fully masked)
+        visible = (key <= query) & ((key >= pads[:, None, None]) | (key == query))
+        self.cache.prefilling(rows, shift)
+        try:
+            out = self.model(input_ids=ids, position_ids=positions,
+                             attention_mask=visible_mask(visible, self.attention, self.mask_dtype),
+                             **{self.cache_keyword: self.cache}, use_cache=True, logits_to_keep=1)
+        finally:
+            self.cache.decoding()
+        return out.logits[:, -1]
 
     def _admit(self, slots: list[int], prompts: list[list[int]]) -> None:
         """Prefill in groups of at most `prefill_tokens` padded tokens."""

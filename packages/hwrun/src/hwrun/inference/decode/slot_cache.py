@@ -1,0 +1,154 @@
+"""A KV cache with one row per slot at its own position, for running a model's own forward in the slot decoder.
+
+Why: the slot decoder (hwrun.inference.decode.slots) steps every slot at once, each at its own position.
+Transformers' `StaticCache` writes every row at one shared position (`cumulative_length`), so it
+cannot hold slots that joined at different times. `SlotCache` speaks the cache protocol the models
+call (`update(key_states, value_states, layer_idx, ...)` on a `transformers.Cache`, the same in 5.22
+and 5.25) and writes each row's new K/V at that row's own position, read from a device tensor with a
+fixed address (`scatter_`, no host sync), so the decode step is capturable as one device graph. The
+decoder passes the matching 4D attention mask (each row sees the columns up to its own position) and
+per-row `position_ids`; a 4D mask reaches the attention function as it is (masking_utils returns it
+unchanged), so any family whose attention goes through Transformers' attention interface with sdpa or
+eager attention runs here.
+
+A prefill writes only the admitted slots: its prompts are left-padded (every row's last token is the
+last column, so `logits_to_keep=1` gives each row's next-token logits), and `update` shifts each row
+left by its padding as it copies the prompt's K/V into cache columns 0..length-1 of that slot's row.
+The other rows are not touched.
+
+This module imports torch and Transformers at the top: import it where a model is already loaded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import Cache
+from transformers.cache_utils import CacheLayerMixin
+
+#: Attention implementations that take the decoder's 4D mask as it is (sdpa: boolean, eager: additive).
+MASK_ATTENTION = ("sdpa", "eager")
+
+
+def model_step_support(model: Any) -> str | None:
+    """None when the slot decoder can run `model`'s own forward over a `SlotCache`, else the reason it cannot.
+    (Sliding windows shorter than the cache are `static.attention_blocker`'s to refuse, for every step.)"""
+    import inspect
+
+    config = model.config
+    name = type(model).__name__
+    if getattr(config, "is_encoder_decoder", False):
+        return f"{name} is an encoder-decoder model (the slot cache holds decoder self-attention only)"
+    if not any(k in inspect.signature(type(model).forward).parameters for k in ("cache", "past_key_values")):
+        return f"{name}.forward takes no KV cache (neither `cache` nor `past_key_values`)"
+    check = getattr(type(model), "is_backend_compatible", None)
+    if check is not None and not check():
+        return (f"{name} computes attention itself instead of through Transformers' attention interface "
+                "(is_backend_compatible() is False), so it may not honour a per-row 4D mask")
+    attention = attention_kind(model)
+    if attention not in MASK_ATTENTION:
+        return (f"its attention is {attention!r}, which takes no per-row 4D mask; the model step needs "
+                f"{' or '.join(MASK_ATTENTION)} (plan with attention='sdpa')")
+    return None
+
+
+def attention_kind(model: Any) -> str:
+    """The model's attention implementation ("sdpa" or "eager"), which decides the mask's form."""
+    text = model.config.get_text_config(decoder=True)
+    return getattr(text, "_attn_implementation", None) or getattr(model.config, "_attn_implementation", None)
+
+
+def visible_mask(visible: Any, attention: str, dtype: Any) -> Any:
+    """A 4D mask (batch, 1, queries, keys) from a boolean `visible` (batch, queries, keys): boolean for sdpa,
+    additive (0 or the dtype's minimum) for eager, as Transformers' own mask builders make them."""
+    visible = visible[:, None]
+    if attention == "sdpa":
+        return visible
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return mask.masked_fill(~visible, torch.finfo(dtype).min)
+
+
+class SlotLayer(CacheLayerMixin):
+    """One layer's K/V: (slots, kv heads, max_cache_len, head dim), allocated on the first update (the prefill the
+    decoder runs when it is built), where the model's own heads, head size, dtype and device are known."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, slots: int, max_cache_len: int) -> None:
+        super().__init__()
+        self.slots = slots
+        self.max_cache_len = max_cache_len
+        self.mode: tuple | None = None  # set by SlotCache: ("decode", positions) or ("prefill", rows, shift)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.num_heads = key_states.shape[1]
+        shape = (self.slots, self.num_heads, self.max_cache_len)
+        self.keys = torch.zeros((*shape, key_states.shape[-1]), dtype=key_states.dtype, device=self.device)
+        self.values = torch.zeros((*shape, value_states.shape[-1]), dtype=value_states.dtype, device=self.device)
+        self.batch_size = self.slots
+        if not torch.compiler.is_compiling():
+            torch._dynamo.mark_static_address(self.keys)  # fixed addresses, as StaticLayer marks its own
+            torch._dynamo.mark_static_address(self.values)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new K/V (per-row positions when decoding, the admitted rows when prefilling); return what
+        attention reads: the whole cache when decoding, the prompt's own columns when prefilling."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        mode = self.mode
+        if mode is None:
+            raise RuntimeError("SlotCache.update outside a slot decoder step or prefill")
+        if mode[0] == "decode":
+            # each row's one new column at that row's own position: (slots, heads, 1, dim)
+            index = mode[1].view(-1, 1, 1, 1)
+            self.keys.scatter_(2, index.expand_as(key_states), key_states)
+            self.values.scatter_(2, index.expand_as(value_states), value_states)
+            return self.keys, self.values
+        _, rows, shift = mode
+        width = key_states.shape[2]
+        # left-padded prompts: input column c of row i holds position c - pad_i; cache column c gets position c
+        self.keys[rows, :, :width] = key_states.gather(2, shift[:, None, :, None].expand_as(key_states))
+        self.values[rows, :, :width] = value_states.gather(2, shift[:, None, :, None].expand_as(value_states))
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """(kv length, offset): the whole cache when decoding, the prompt when prefilling (the decoder passes its
+        own 4D masks, so Transformers' mask builders never read this)."""
+        return (self.max_cache_len, 0) if self.mode is not None and self.mode[0] == "decode" else (query_length, 0)
+
+    def get_seq_length(self) -> int:
+        """0: rows sit at different positions, so there is no one length (the decoder passes position_ids)."""
+        return 0
+
+    def get_max_length(self) -> int:
+        """The columns each row holds."""
+        return self.max_cache_len
+
+
+class SlotCache(Cache):
+    """A `transformers.Cache` whose layers write per-row positions (decode steps) or whole prompts into chosen
+    rows (prefills). `positions` is the decoder's (slots, 1) long device tensor: where each row's next K/V go."""
+
+    def __init__(self, slots: int, max_cache_len: int, n_layers: int, positions: torch.Tensor) -> None:
+        super().__init__(layers=[SlotLayer(slots, max_cache_len) for _ in range(n_layers)])
+        self.positions = positions
+        self._decode = ("decode", positions.view(-1))  # one tuple, one view: the compiled step sees the same objects
+        self.decoding()
+
+    def _set(self, mode: tuple) -> None:
+        for layer in self.layers:
+            layer.mode = mode
+
+    def decoding(self) -> None:
+        """Decode steps from now on: every row writes its one new column at `positions[row]`."""
+        self._set(self._decode)
+
+    def prefilling(self, rows: torch.Tensor, shift: torch.Tensor) -> None:
+        """The next forward is a left-padded prefill of cache rows `rows`; `shift[i, c]` is the input column whose
+        K/V go to cache column c of row i (its column c + padding, clamped)."""
+        self._set(("prefill", rows, shift))
