@@ -1,17 +1,25 @@
-"""Serving benchmark: `hwrun serve` (and, beside it in the same run, `transformers serve --continuous-batching`)
-under N concurrent streaming clients, with the official async `openai` client as the load generator.
+"""Serving benchmark: `hwrun serve` and, beside it in the same run, `transformers serve --continuous-batching` on the
+same model, under N concurrent streaming clients, with the official async `openai` client as the load generator.
 
-    python tools/bench/serve.py --out DIR                       # H200: ~1.2B Llama from a config, bf16
-    python tools/bench/serve.py --out DIR --transformers-serve  # ... and transformers serve on the same model
-    python tools/bench/serve.py --out DIR --smoke               # the shipped tiny model on CPU (proves it runs)
+    python tools/bench/serve.py --out DIR --engine auto,transformers --compile --transformers-serve \
+        --generate-baseline                                      # H200: ~1.2B Llama from a config, bf16
+    python tools/bench/serve.py --out DIR --smoke --engine slots,transformers --transformers-serve \
+        --concurrency 1,8,32,64 --torch-threads 1                # CPU: the shipped tiny model, float32
 
-Each server runs as its own process on a free 127.0.0.1 port. At each concurrency C (default 1, 8, 32, 64)
-the generator keeps C streaming requests in flight until `--requests` (default max(4C, 16)) are done;
-prompt lengths (words) and output lengths (max_tokens, greedy) are drawn from `--seed`, the same for
-every server. Per level: requests/s, output tokens/s (usage counts), time to first token (first text
-chunk) p50/p99 and inter-token latency (gaps between text chunks, over all requests) p50/p99.
-`--generate-baseline` also times `hwrun.generate`'s batch-1 decode on the same model (the goal: hwrun
-serve's concurrency-1 ITL within 10% of it). Writes DIR/serve.json, DIR/serve.md, DIR/serve.png.
+Each server runs as its own process (no shell) on a free 127.0.0.1 port, offline (HF_HUB_OFFLINE=1), with the
+same dtype, device and torch threads (`--torch-threads N` becomes hwrun's `--torch-threads N` and, for both
+servers, OMP_NUM_THREADS=N). At each concurrency C (default 1, 8, 32, 64) one warm-up burst of C short requests
+runs, then the generator keeps C streaming requests in flight until `--requests` (default max(4C, 16)) are done;
+prompt lengths (words) and output lengths (max_tokens, greedy) are drawn from `--seed`, the same for every
+server. Every request decodes its whole budget: hwrun serve gets `ignore_eos: true` (vLLM's field),
+transformers serve `generation_config: {"eos_token_id": -1}` (its per-request generation settings); the report
+counts the tokens each server says it sent (`usage`) and flags any request short of its max_tokens.
+Per level: requests/s, output tokens/s, time to first token p50/p99, inter-token latency (gaps between text
+chunks, over all requests) p50/p99 and time per output token ((last chunk - first chunk) / (tokens - 1), per
+request) p50/p99. Before the levels, a few greedy prompts are answered by every server; their texts are compared
+(same model, same greedy decode: they should agree). `--generate-baseline` also times `hwrun.generate`'s batch-1
+decode on the same model (the goal: hwrun serve's concurrency-1 ITL within 10% of it). Writes DIR/serve.json,
+DIR/serve.md, DIR/serve.png and each server's log.
 """
 
 from __future__ import annotations
@@ -41,6 +49,11 @@ WORDS = ("the king said unto them and it came to pass that all the people of the
          "done in the city of david where the lord had spoken by the mouth of his servants the prophets saying "
          "behold a time shall come when every man shall sit under his vine").split()
 MODEL_ID = "bench"
+#: Greedy prompts every server answers before the levels (their texts are compared) and their length.
+CHECK_PROMPTS = ("The king said unto them", "And it came to pass", "Behold a time shall come")
+CHECK_TOKENS = 24
+#: Tokens of each warm-up request (one burst of C of them before each level).
+WARMUP_TOKENS = 8
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -58,36 +71,62 @@ def workload(seed: int, count: int, prompt_words: tuple[int, int], new_tokens: t
              rng.randint(*new_tokens)) for _ in range(count)]
 
 
-async def one_request(client, model_id: str, prompt: str, max_tokens: int) -> dict:
-    """Stream one completion; its TTFT, inter-chunk gaps and token count."""
+async def one_request(client, model_id: str, prompt: str, max_tokens: int, extra_body: dict) -> dict:
+    """Stream one greedy completion; its TTFT, inter-chunk gaps, token count (usage) and text."""
     start = time.perf_counter()
     first = last = None
     gaps: list[float] = []
-    tokens = chunks = 0
+    pieces: list[str] = []
+    usage_tokens = None
     stream = await client.completions.create(model=model_id, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                             stream=True, stream_options={"include_usage": True})
+                                             stream=True, stream_options={"include_usage": True},
+                                             extra_body=extra_body)
     async for chunk in stream:
         now = time.perf_counter()
         if chunk.choices and chunk.choices[0].text:
-            chunks += 1
+            pieces.append(chunk.choices[0].text)
             if first is None:
                 first = now
             else:
                 gaps.append(now - last)
             last = now
         if getattr(chunk, "usage", None) is not None:
-            tokens = chunk.usage.completion_tokens
-    return {"ttft": (first - start) if first is not None else None, "gaps": gaps, "tokens": tokens or chunks,
+            usage_tokens = chunk.usage.completion_tokens
+    tokens = usage_tokens if usage_tokens is not None else len(pieces)
+    tpot = (last - first) / (tokens - 1) if first is not None and tokens > 1 else None
+    return {"ttft": (first - start) if first is not None else None, "gaps": gaps, "tokens": tokens,
+            "usage": usage_tokens is not None, "max_tokens": max_tokens, "tpot": tpot, "text": "".join(pieces),
             "seconds": time.perf_counter() - start}
 
 
-async def run_level(base_url: str, model_id: str, concurrency: int, jobs: list[tuple[str, int]]) -> dict:
-    """Keep `concurrency` requests in flight until `jobs` are done; the level's figures."""
+def _client(base_url: str):
     import openai
 
-    client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key=os.environ.get("HWRUN_BENCH_KEY", "none"),
-                                max_retries=0, timeout=3600)
-    await one_request(client, model_id, jobs[0][0], 4)  # the client's own first-call costs stay out of the figures
+    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key=os.environ.get("HWRUN_BENCH_KEY", "none"),
+                              max_retries=0, timeout=3600)
+
+
+async def check_answers(base_url: str, model_id: str, extra_body: dict) -> list[dict]:
+    """The greedy answers to `CHECK_PROMPTS` (`CHECK_TOKENS` each, one at a time): text and token count."""
+    client = _client(base_url)
+    try:
+        answers = []
+        for prompt in CHECK_PROMPTS:
+            result = await one_request(client, model_id, prompt, CHECK_TOKENS, extra_body)
+            answers.append({"prompt": prompt, "text": result["text"], "tokens": result["tokens"]})
+        return answers
+    finally:
+        await client.close()
+
+
+async def run_level(base_url: str, model_id: str, concurrency: int, jobs: list[tuple[str, int]],
+                    extra_body: dict) -> dict:
+    """One warm-up burst of `concurrency` short requests, then `concurrency` requests in flight until `jobs` are
+    done; the level's figures."""
+    client = _client(base_url)
+    # the client's first-call costs and the server's first batch of this size stay out of the figures
+    await asyncio.gather(*(one_request(client, model_id, jobs[i % len(jobs)][0], WARMUP_TOKENS, extra_body)
+                           for i in range(concurrency)))
     queue: asyncio.Queue = asyncio.Queue()
     for job in jobs:
         queue.put_nowait(job)
@@ -98,7 +137,7 @@ async def run_level(base_url: str, model_id: str, concurrency: int, jobs: list[t
         while not queue.empty():
             prompt, max_tokens = queue.get_nowait()
             try:
-                results.append(await one_request(client, model_id, prompt, max_tokens))
+                results.append(await one_request(client, model_id, prompt, max_tokens, extra_body))
             except Exception as exc:  # noqa: BLE001 - counted and shown, the level goes on
                 errors.append(f"{type(exc).__name__}: {exc}"[:200])
 
@@ -108,13 +147,19 @@ async def run_level(base_url: str, model_id: str, concurrency: int, jobs: list[t
     await client.close()
     ttfts = [r["ttft"] for r in results if r["ttft"] is not None]
     gaps = [g for r in results for g in r["gaps"]]
+    tpots = [r["tpot"] for r in results if r["tpot"] is not None]
     tokens = sum(r["tokens"] for r in results)
+    short = [r for r in results if r["tokens"] != r["max_tokens"]]
     ms = lambda v: None if v is None else round(1000 * v, 2)  # noqa: E731
     return {"concurrency": concurrency, "requests": len(results), "errors": len(errors), "error_examples": errors[:3],
             "seconds": round(wall, 3), "requests_per_s": round(len(results) / wall, 3),
-            "output_tokens": tokens, "output_tokens_per_s": round(tokens / wall, 1),
+            "output_tokens": tokens, "output_tokens_requested": sum(r["max_tokens"] for r in results),
+            "requests_not_at_max_tokens": len(short), "tokens_from_usage": all(r["usage"] for r in results),
+            "output_tokens_per_s": round(tokens / wall, 1),
             "ttft_p50_ms": ms(percentile(ttfts, 50)), "ttft_p99_ms": ms(percentile(ttfts, 99)),
-            "itl_p50_ms": ms(percentile(gaps, 50)), "itl_p99_ms": ms(percentile(gaps, 99))}
+            "itl_p50_ms": ms(percentile(gaps, 50)), "itl_p99_ms": ms(percentile(gaps, 99)),
+            "tpot_p50_ms": ms(percentile(tpots, 50)), "tpot_p99_ms": ms(percentile(tpots, 99)),
+            "text_chunks": len(gaps) + len(ttfts)}
 
 
 def free_port() -> int:
@@ -124,13 +169,14 @@ def free_port() -> int:
 
 
 class Server:
-    """A server process; `ready_pattern` on its output (or GET /health 200) means it serves."""
+    """A server process (its own session, never a shell); `listening on URL` in its output or its --port, then
+    GET /health 200, means it serves."""
 
-    def __init__(self, name: str, command: list[str], port: int | None, log: Path) -> None:
+    def __init__(self, name: str, command: list[str], port: int | None, log: Path, env: dict[str, str]) -> None:
         self.name, self.command, self.port, self.log = name, command, port, log
         self.lines: list[str] = []
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        cwd=ROOT)
+                                        cwd=ROOT, env=env, start_new_session=True)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -162,7 +208,9 @@ class Server:
             time.sleep(0.2)
         raise RuntimeError(f"{self.name} was not ready within {timeout:.0f} s: {''.join(self.lines[-20:])}")
 
-    def stop(self, timeout: float = 120) -> int:
+    def stop(self, timeout: float = 120) -> tuple[int, bool]:
+        """SIGTERM, then SIGKILL after `timeout`; whatever it started in its session (transformers serve's model
+        process) and left behind is killed. (exit code, whether something was left behind)."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -170,7 +218,13 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(30)
-        return self.process.returncode
+        try:  # the session this bench created for it (its id is the server's pid): children left behind
+            os.killpg(self.process.pid, signal.SIGKILL)
+            print(f"{self.name}: processes of its session outlived it; killed", flush=True)
+            left = True
+        except ProcessLookupError:
+            left = False
+        return self.process.returncode, left
 
 
 def build_model_folder(folder: Path, device: str) -> Path:
@@ -196,15 +250,15 @@ def build_model_folder(folder: Path, device: str) -> Path:
     return folder
 
 
-def generate_baseline(model: str, new_tokens: int, compile_on: bool) -> dict:
+def generate_baseline(model: str, new_tokens: int, compile_on: bool, dtype: str, threads: int | None) -> dict:
     """`hwrun.generate`'s batch-1 decode on `model`: ms per token (median of 3 calls after a warm one), with
-    torch's threads set as hwrun serve sets them (the same host work per step)."""
+    torch's threads set as the servers' (the same host work per step)."""
     import hwrun
     from hwrun.serve.config import ServeConfig
     from hwrun.serve.startup import apply_torch_threads
 
-    plan = hwrun.plan(model, compile=compile_on)
-    threads, _, _ = apply_torch_threads(plan, ServeConfig())
+    plan = hwrun.plan(model, compile=compile_on, dtype=dtype)
+    threads, _, _ = apply_torch_threads(plan, ServeConfig(torch_threads=threads))
     loaded_model, tokenizer = hwrun.load(plan)
     times = []
     for index in range(4):
@@ -216,22 +270,45 @@ def generate_baseline(model: str, new_tokens: int, compile_on: bool) -> dict:
 
 
 def run_server(name: str, command: list[str], port: int | None, model_id: str, levels: list[int], jobs_of,
-               out: Path, ready_timeout: float) -> dict:
-    server = Server(name, command, port, out / f"{name}.log")
+               out: Path, ready_timeout: float, env: dict[str, str], extra_body: dict) -> dict:
+    server = Server(name, command, port, out / f"{name}.log", env)
+    started = time.perf_counter()
+    result: dict = {}
     try:
         base = server.wait_ready(ready_timeout)
+        ready_s = round(time.perf_counter() - started, 1)
+        answers = asyncio.run(check_answers(base, model_id, extra_body))
         rows = []
         for concurrency in levels:
-            row = asyncio.run(run_level(base, model_id, concurrency, jobs_of(concurrency)))
-            print(f"{name:>20} C={concurrency:<3} {row['output_tokens_per_s']:>9} tok/s  "
+            row = asyncio.run(run_level(base, model_id, concurrency, jobs_of(concurrency), extra_body))
+            print(f"{name:>24} C={concurrency:<3} {row['output_tokens_per_s']:>9} tok/s  "
                   f"{row['requests_per_s']:>7} req/s  TTFT p50/p99 {row['ttft_p50_ms']}/{row['ttft_p99_ms']} ms  "
-                  f"ITL p50/p99 {row['itl_p50_ms']}/{row['itl_p99_ms']} ms  errors {row['errors']}", flush=True)
+                  f"ITL p50/p99 {row['itl_p50_ms']}/{row['itl_p99_ms']} ms  "
+                  f"TPOT p50/p99 {row['tpot_p50_ms']}/{row['tpot_p99_ms']} ms  errors {row['errors']}  "
+                  f"short {row['requests_not_at_max_tokens']}", flush=True)
             rows.append(row)
         engine = next((line.split("engine: ", 1)[1].strip() for line in server.lines if "engine: " in line), None)
-        return {"rows": rows, "engine": engine, "command": command}
+        result.update(rows=rows, engine=engine, command=command, ready_seconds=ready_s, check=answers,
+                      extra_body=extra_body, env={k: env[k] for k in ENV_SHOWN if k in env})
+        return result
     finally:
-        code = server.stop()
+        code, left = server.stop()
+        result.update(exit_code=code, left_processes_behind=left)
         print(f"{name}: exit code {code} after SIGTERM", flush=True)
+
+
+#: The environment variables the report shows for each server.
+ENV_SHOWN = ("OMP_NUM_THREADS", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "CUDA_VISIBLE_DEVICES")
+
+
+def server_env(threads: int | None) -> dict[str, str]:
+    """The servers' environment: this one, offline, with OMP_NUM_THREADS=`threads` when given."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    pythonpath = os.pathsep.join(str(p) for p in sorted((ROOT / "packages").glob("*/src")))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
+    return env
 
 
 def main(argv=None) -> int:
@@ -244,10 +321,19 @@ def main(argv=None) -> int:
     parser.add_argument("--requests", type=int, default=None, help="requests per level (default max(4C, 16))")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--engine", default="auto",
-                        help="hwrun serve --engine, or a comma list to run each (auto, slots, transformers)")
+                        help="hwrun serve --engine, or a comma list to run each (auto, slots, transformers); "
+                             "'none' runs no hwrun serve")
     parser.add_argument("--compile", action="store_true", help="hwrun serve --compile (compiles the slot step)")
     parser.add_argument("--transformers-serve", action="store_true",
-                        help="also run `transformers serve MODEL --continuous-batching` (needs fastapi)")
+                        help="also run `transformers serve MODEL --continuous-batching` (needs fastapi and rich)")
+    parser.add_argument("--transformers-serve-args", default="",
+                        help="extra arguments for transformers serve, space-separated (e.g. '--compile')")
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="torch threads of both servers (hwrun --torch-threads N, OMP_NUM_THREADS=N for both); "
+                             "default: cores - 1 on CPU, each server's own choice (1 for both) on CUDA")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="--max-model-len of both servers (default: the model's context with --smoke, else 1536, "
+                             "which the longest request of the default workload fits)")
     parser.add_argument("--generate-baseline", action="store_true", help="also time hwrun.generate at batch 1")
     parser.add_argument("--ready-timeout", type=float, default=900)
     args = parser.parse_args(argv)
@@ -260,6 +346,10 @@ def main(argv=None) -> int:
     if device == "cpu" and not args.smoke:
         print("no CUDA device: run with --smoke on CPU", file=sys.stderr)
         return 2
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = args.torch_threads if args.torch_threads is not None else (max(1, cores - 1) if device == "cpu"
+                                                                          else None)
     if args.model:
         model = args.model
     elif args.smoke:
@@ -277,18 +367,26 @@ def main(argv=None) -> int:
         return workload(args.seed + concurrency, args.requests or max(4 * concurrency, 16), prompt_words, new_tokens)
 
     most = max(levels)
+    max_len = args.max_model_len if args.max_model_len is not None else (None if args.smoke else 1536)
+    length = [] if max_len is None else ["--max-model-len", str(max_len)]
+    env = server_env(threads)
     python = [sys.executable, "-c", "import sys; from hwrun.cli.main import main; sys.exit(main())"]
-    report: dict = {"model": model, "device": device, "levels": levels, "seed": args.seed, "smoke": args.smoke,
-                    "prompt_words": prompt_words, "new_tokens": new_tokens, "servers": {},
-                    "versions": _versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                    "cores": os.cpu_count(), "load_average_start": _load_average()}
-    for engine in args.engine.split(","):
+    report: dict = {"model": model, "device": device, "dtype": dtype, "torch_threads": threads,
+                    "max_model_len": max_len, "levels": levels, "seed": args.seed, "smoke": args.smoke, "prompt_words": prompt_words, "new_tokens": new_tokens,
+                    "servers": {}, "versions": _versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                    "argv": sys.argv[1:] if argv is None else list(argv), "cores": cores,
+                    "load_average_start": _load_average()}
+    engines = [] if args.engine == "none" else args.engine.split(",")
+    for engine in engines:
         command = [*python, "serve", model, "--port", "0", "--max-concurrency", str(most), "--max-queue",
-                   str(4 * most + 16), "--served-model-name", MODEL_ID, "--engine", engine]
+                   str(4 * most + 16), "--served-model-name", MODEL_ID, "--engine", engine, "--device", device,
+                   "--dtype", dtype, *length]
+        if threads is not None:
+            command += ["--torch-threads", str(threads)]
         if args.compile:
             command.append("--compile")
         result = run_server(f"hwrun-serve-{engine}", command, None, MODEL_ID, levels, jobs_of, out,
-                            args.ready_timeout)
+                            args.ready_timeout, env, {"ignore_eos": True})
         chosen = (result["engine"] or "?").split(" ", 1)[0]
         report["servers"][f"hwrun serve ({engine}: {chosen})" if engine == "auto" else f"hwrun serve ({engine})"] = (
             result)
@@ -298,25 +396,42 @@ def main(argv=None) -> int:
 
         if not is_serve_available():
             report["servers"]["transformers serve"] = {"skipped": "transformers serve needs fastapi, pydantic, "
-                                                                  "uvicorn and openai (pip install fastapi)"}
+                                                                  "uvicorn, rich and openai (transformers[serving])"}
             print(f"transformers serve skipped: {report['servers']['transformers serve']['skipped']}")
         else:
             port = free_port()
             theirs = [sys.executable, "-m", "transformers.cli.transformers", "serve", model, "--continuous-batching",
-                      "--host", "127.0.0.1", "--port", str(port), "--device", device,
-                      "--dtype", "bfloat16" if device == "cuda" else "float32"]
-            report["servers"]["transformers serve"] = run_server("transformers-serve", theirs, port, model, levels,
-                                                                 jobs_of, out, args.ready_timeout)
+                      "--host", "127.0.0.1", "--port", str(port), "--device", device, "--dtype", dtype,
+                      *length, *args.transformers_serve_args.split()]
+            report["servers"]["transformers serve"] = run_server(
+                "transformers-serve", theirs, port, model, levels, jobs_of, out, args.ready_timeout, env,
+                {"generation_config": json.dumps({"eos_token_id": -1})})
         _save(report, out)
+    _compare_answers(report)
     if args.generate_baseline:
-        report["generate_baseline"] = generate_baseline(model, 64 if args.smoke else 256, args.compile)
+        report["generate_baseline"] = generate_baseline(model, 64 if args.smoke else 256, args.compile, dtype,
+                                                        threads)
         print(f"hwrun.generate batch 1: {report['generate_baseline']['ms_per_token']} ms/token "
               f"({report['generate_baseline']['decode']})")
     report["load_average_end"] = _load_average()
+    report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     _save(report, out)
     _plot(report, out)
     print(_markdown(report))
     return 0
+
+
+def _compare_answers(report: dict) -> None:
+    """Whether every server's greedy check answers equal the first server's (texts and token counts)."""
+    served = {name: s["check"] for name, s in report["servers"].items() if "check" in s}
+    if len(served) < 2:
+        return
+    first_name, first = next(iter(served.items()))
+    report["check_agreement"] = {
+        name: {"same_as": first_name,
+               "same_text": [a["text"] == b["text"] for a, b in zip(answers, first, strict=True)],
+               "tokens": [a["tokens"] for a in answers]}
+        for name, answers in served.items()}
 
 
 def _load_average() -> list[float] | None:
@@ -331,7 +446,7 @@ def _versions() -> dict:
     import importlib.metadata as md
 
     versions = {}
-    for name in ("torch", "transformers", "hwrun", "starlette", "uvicorn", "openai"):
+    for name in ("torch", "transformers", "hwrun", "starlette", "uvicorn", "openai", "fastapi", "pydantic", "rich"):
         try:
             versions[name] = md.version(name)
         except md.PackageNotFoundError:
@@ -344,17 +459,49 @@ def _save(report: dict, out: Path) -> None:
     (out / "serve.md").write_text(_markdown(report))
 
 
+def ratios(report: dict, reference: str = "transformers serve") -> list[dict]:
+    """Per hwrun server and concurrency: its output tokens/s, TTFT p99 and TPOT p50 over `reference`'s."""
+    theirs = {r["concurrency"]: r for r in report["servers"].get(reference, {}).get("rows") or []}
+    rows = []
+    for name, server in report["servers"].items():
+        if name == reference:
+            continue
+        for r in server.get("rows") or []:
+            t = theirs.get(r["concurrency"])
+            if t is None:
+                continue
+            div = lambda a, b: None if not a or not b else round(a / b, 2)  # noqa: E731
+            rows.append({"server": name, "concurrency": r["concurrency"],
+                         "tokens_per_s": div(r["output_tokens_per_s"], t["output_tokens_per_s"]),
+                         "ttft_p99": div(r["ttft_p99_ms"], t["ttft_p99_ms"]),
+                         "tpot_p50": div(r["tpot_p50_ms"], t["tpot_p50_ms"])})
+    return rows
+
+
 def _markdown(report: dict) -> str:
-    lines = ["| server | concurrency | requests | req/s | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | "
-             "ITL p99 ms | errors |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| server | streams | requests | req/s | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | "
+             "ITL p99 ms | TPOT p50 ms | TPOT p99 ms | short | errors |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, server in report["servers"].items():
         if "skipped" in server:
-            lines.append(f"| {name} | skipped: {server['skipped']} |||||||||")
+            lines.append(f"| {name} | skipped: {server['skipped']} |||||||||||")
             continue
         for r in server["rows"]:
             lines.append(f"| {name} | {r['concurrency']} | {r['requests']} | {r['requests_per_s']} | "
                          f"{r['output_tokens_per_s']} | {r['ttft_p50_ms']} | {r['ttft_p99_ms']} | {r['itl_p50_ms']} | "
-                         f"{r['itl_p99_ms']} | {r['errors']} |")
+                         f"{r['itl_p99_ms']} | {r.get('tpot_p50_ms')} | {r.get('tpot_p99_ms')} | "
+                         f"{r.get('requests_not_at_max_tokens')} | {r['errors']} |")
+    ratio_rows = ratios(report)
+    if ratio_rows:
+        lines += ["", "| hwrun / transformers serve | streams | output tok/s | TTFT p99 | TPOT p50 |",
+                  "|---|---:|---:|---:|---:|"]
+        lines += [f"| {r['server']} | {r['concurrency']} | {r['tokens_per_s']}× | {r['ttft_p99']}× | "
+                  f"{r['tpot_p50']}× |" for r in ratio_rows]
+    if "check_agreement" in report:
+        lines.append("")
+        for name, check in report["check_agreement"].items():
+            lines.append(f"greedy check, {name} vs {check['same_as']}: same text {check['same_text']}, "
+                         f"tokens {check['tokens']}")
     if "generate_baseline" in report:
         base = report["generate_baseline"]
         lines.append(f"\nhwrun.generate batch 1 ({base['decode']}): {base['ms_per_token']} ms per token")
@@ -372,21 +519,22 @@ def _plot(report: dict, out: Path) -> None:
         return
     panels = [("output_tokens_per_s", "output tokens/s"), ("requests_per_s", "requests/s"),
               ("ttft_p50_ms", "TTFT p50 (ms)"), ("ttft_p99_ms", "TTFT p99 (ms)"),
-              ("itl_p50_ms", "ITL p50 (ms)"), ("itl_p99_ms", "ITL p99 (ms)")]
+              ("tpot_p50_ms", "TPOT p50 (ms)"), ("itl_p99_ms", "ITL p99 (ms)")]
     figure, axes = plt.subplots(2, 3, figsize=(13, 7))
     for axis, (key, label) in zip(axes.flat, panels, strict=True):
         for name, server in report["servers"].items():
             rows = server.get("rows") or []
-            points = [(r["concurrency"], r[key]) for r in rows if r[key] is not None]
+            points = [(r["concurrency"], r.get(key)) for r in rows if r.get(key) is not None]
             if points:
                 axis.plot(*zip(*points, strict=True), marker="o", label=name)
         axis.set_xscale("log", base=2)
         axis.set_xlabel("concurrent streams")
         axis.set_title(label)
         axis.grid(alpha=0.3)
-    axes.flat[0].legend()
-    title = "CPU smoke run (tiny model)" if report["smoke"] else f"{report['device']}: {Path(report['model']).name}"
-    figure.suptitle(f"hwrun serve benchmark, {title}")
+    axes.flat[0].legend(fontsize=8)
+    where = f"{report['device']} ({report['cores']} cores, torch threads {report['torch_threads']})"
+    title = f"tiny model, {where}" if report["smoke"] else f"{where}: {Path(report['model']).name}"
+    figure.suptitle(f"hwrun serve vs transformers serve, {title}")
     figure.tight_layout()
     figure.savefig(out / "serve.png", dpi=110)
 
