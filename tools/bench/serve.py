@@ -315,8 +315,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--smoke", action="store_true", help="the shipped tiny model on CPU, short requests")
-    parser.add_argument("--model", default=None, help="a local model folder (default: built from a config; "
-                                                      "--smoke: the shipped tiny model)")
+    parser.add_argument("--model", default=None, help="a local model folder (default: built from a config into "
+                                                      "--model-dir; --smoke: the shipped tiny model)")
+    parser.add_argument("--model-dir", default=None,
+                        help="where the config-built model is saved once (default: TMPDIR/hwrun-bench-serve-model, "
+                             "outside --out so a device call does not send 2.4 GB of weights back)")
     parser.add_argument("--concurrency", default=None, help="comma list (default 1,8,32,64; --smoke 1,2,4,8)")
     parser.add_argument("--requests", type=int, default=None, help="requests per level (default max(4C, 16))")
     parser.add_argument("--seed", type=int, default=0)
@@ -357,7 +360,10 @@ def main(argv=None) -> int:
 
         model = hwrun.DEFAULT_MODEL
     else:
-        model = str(build_model_folder(out / "model", device))
+        import tempfile
+
+        folder = Path(args.model_dir) if args.model_dir else Path(tempfile.gettempdir()) / "hwrun-bench-serve-model"
+        model = str(build_model_folder(folder, device))
     if Path(model).exists():  # one spelling for both servers (transformers serve names a local model by its path)
         model = str(Path(model).resolve())
     levels = [int(c) for c in (args.concurrency or ("1,2,4,8" if args.smoke else "1,8,32,64")).split(",")]
