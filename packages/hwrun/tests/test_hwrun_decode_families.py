@@ -1,6 +1,7 @@
 """Any family through graph decode: the static graph decoder runs the model's own forward over a StaticCache
 where the fused Llama-family step does not apply, and its greedy tokens equal `model.generate`'s; generate()
-picks it for those families instead of refusing, and says why the slot decoder is not used."""
+picks the graph decoders for those families instead of refusing: the static one for a static batch, the slot
+decoder's model step for continuous batching (tests/test_hwrun_decode_slots_families.py has the rest)."""
 
 from __future__ import annotations
 
@@ -56,18 +57,18 @@ def test_static_graph_decoder_runs_the_models_own_forward(family_dirs, family):
 def test_generate_graph_decode_on_other_families(family_dirs, family):
     plan = hwrun.plan(str(family_dirs[family]), device="cpu")
     model, tokenizer = hwrun.load(plan)
-    result = hwrun.generate(plan, PROMPTS, 12, decode="graphs", model=model, tokenizer=tokenizer)
+    result = hwrun.generate(plan, PROMPTS, 12, decode="graphs", batching="static", model=model, tokenizer=tokenizer)
     assert result.decode == "graphs" and result.batching == "static"
     assert "the model's own forward over a StaticCache" in result.decode_reason
-    assert "slot decoder runs the fused Llama-family step only" in result.batching_reason
     expected = [_reference(model, tokenizer(p, return_tensors="pt")["input_ids"], 12, tokenizer.eos_token_id)[0]
                 for p in PROMPTS]
     assert result.token_ids == expected
-    # asked for continuous batching too: Transformers' generate_batch runs, and the reason says why
-    both = hwrun.generate(plan, PROMPTS, 12, decode="graphs", batching="continuous", model=model, tokenizer=tokenizer)
-    assert both.decode == "generate" and both.batching == "continuous"
-    assert both.decode_reason.startswith("model.generate_batch (hwrun's slot decoder runs the fused Llama-family")
-    assert both.token_ids == expected
+    # several prompts with batching auto (continuous here) or continuous: the slot decoder's model step runs them
+    for batching in ("auto", "continuous"):
+        both = hwrun.generate(plan, PROMPTS, 12, decode="graphs", batching=batching, model=model, tokenizer=tokenizer)
+        assert both.decode == "graphs" and both.batching == "continuous"
+        assert "step: the model's own forward over a per-row slot cache" in both.decode_reason
+        assert both.token_ids == expected
 
 
 def test_the_llama_family_keeps_the_fused_step():

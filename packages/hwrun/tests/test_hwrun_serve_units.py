@@ -601,21 +601,26 @@ def test_choose_engine_on_cpu_is_transformers_and_says_why():
 def test_choose_engine_prefers_slots_where_graphs_exist_and_refuses_what_cannot_run():
     import hwenv
     from hwrun.serve.startup import choose_engine
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2Config, GPT2LMHeadModel, StableLmConfig, StableLmForCausalLM
 
     plan = hwrun.plan(device=hwenv.Accelerator("cuda", 1, memory=(80 * 2**30,)))
     model, _ = hwrun.load(hwrun.plan())
     if _step_api_ready():
         choice = choose_engine(plan, "auto", model)
         assert choice.name == "slots" and "CUDA graph" in choice.reason
+    # any family: the slot decoder runs GPT-2 through the model's own forward (issue 26 point 3)
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64))
     choice = choose_engine(plan, "auto", gpt2)
-    assert choice.name == "transformers" and "fused step cannot run it" in choice.reason
-    with pytest.raises(EngineStartError, match="--engine slots cannot serve this model"):
-        choose_engine(plan, "slots", gpt2)
+    assert choice.name == "slots" and "the model's own forward over a per-row slot cache" in choice.reason
+    # a class that computes attention itself: neither the slot decoder nor Transformers' batching runs it
+    stablelm = StableLmForCausalLM(StableLmConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                                  intermediate_size=64, vocab_size=64))
+    with pytest.raises(EngineStartError, match="--engine slots cannot serve this model.*is_backend_compatible"):
+        choose_engine(plan, "slots", stablelm)
     gaudi = hwrun.plan(device=hwenv.Accelerator("hpu", 1, memory=(96 * 2**30,)))
+    assert choose_engine(gaudi, "auto", gpt2).name == "slots"  # eager steps: Transformers' batching has no Gaudi
     with pytest.raises(EngineStartError, match="no engine can serve this model on hpu"):
-        choose_engine(gaudi, "auto", gpt2)
+        choose_engine(gaudi, "auto", stablelm)
 
 
 # ------------------------------------------------------------------------------------------------ CLIs

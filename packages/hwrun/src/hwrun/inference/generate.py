@@ -164,7 +164,8 @@ def choose_decode(plan: RunPlan, requested: str, batching: str, do_sample: bool 
         raise GenerateError(f"decode={requested!r} is not a decode mode; use one of {', '.join(DECODE)}.")
     graphs = graph_api_of(plan)
     label, graph = graphs if graphs is not None else ("", "graph")
-    loop = (f"hwrun.inference.decode.slots: continuous batching over static cache slots, one {graph} replay per step"
+    loop = (f"hwrun.inference.decode.slots: continuous batching over static cache slots, one {graph} replay per step "
+            "(the fused Llama-family step where it applies, else the model's own forward)"
             if batching == "continuous" else f"static cache + {graph} replay per token (hwrun.inference.decode.static)")
     theirs = "model.generate_batch" if batching == "continuous" else "model.generate"
     blockers = []
@@ -374,14 +375,16 @@ def fit_graph_decode(model: Any, choice: BatchingChoice, decode: str, batching: 
                      n_prompts: int) -> tuple[BatchingChoice, str, str]:
     """(batching choice, decode mode, decode reason) for graph decode, checked against the loaded model.
 
-    The static graph decoder runs any family whose decoder Transformers runs over a static cache: the
-    fused Llama-family step where it applies (an optimisation), else the model's own forward. The slot
-    decoder runs the fused step only (per-row positions through a model's own forward would need a
-    per-row cache and mask it does not build): for another family, `decode="graphs"` with `batching="auto"`
-    runs the static graph decoder, otherwise Transformers' `generate_batch` runs, and the reason says why.
-    Attention the decoders cannot reproduce (a sliding window shorter than the cache) falls back to
+    Both graph decoders run any family the model's own forward can decode for them: the fused
+    Llama-family step where it applies (an optimisation, not a gate), else the model's own forward,
+    over a StaticCache (the static decoder) or a per-row slot cache (the slot decoder). A model the
+    slot decoder cannot run (its attention is not sdpa or eager, a class that computes attention
+    itself, an encoder-decoder) gets the static graph decoder on `decode="graphs"` with
+    `batching="auto"`, otherwise Transformers' `generate_batch`, and the reason says why. Attention
+    the decoders cannot reproduce (a sliding window shorter than the cache) falls back to
     Transformers' loop on `decode="auto"` and raises on `decode="graphs"`."""
     from .decode.fused_step import fused_step_support
+    from .decode.slots import slot_step_support
     from .decode.static import attention_blocker
 
     theirs = "model.generate_batch" if choice.mode == "continuous" else "model.generate"
@@ -398,14 +401,18 @@ def fit_graph_decode(model: Any, choice: BatchingChoice, decode: str, batching: 
     own = f"step: the model's own forward over a StaticCache (the fused step does not apply: {unsupported})"
     if choice.mode != "continuous":
         return choice, "graphs", f"{reason}; {own}"
-    slots_only = f"hwrun's slot decoder runs the fused Llama-family step only ({unsupported})"
+    step, why = slot_step_support(model)
+    if step is not None:
+        logger.info("continuous graph decode: %s", why)
+        return choice, "graphs", f"{reason}; step: {why}"
+    slots_cannot = f"hwrun's slot decoder cannot run it: {why}"
     if decode == "graphs" and batching == "auto":
-        logger.info("%s: the static graph decoder runs the %d prompts", slots_only, n_prompts)
-        static = BatchingChoice("static", f"{n_prompts} prompts and decode='graphs', but {slots_only}: the static "
+        logger.info("%s; the static graph decoder runs the %d prompts", slots_cannot, n_prompts)
+        static = BatchingChoice("static", f"{n_prompts} prompts and decode='graphs', but {slots_cannot}: the static "
                                 "graph decoder, prompts of one length batched together, others one by one")
         return static, "graphs", f"given: static cache + graph replay per token (hwrun.inference.decode.static); {own}"
-    logger.info("continuous graph decode not used: %s; falling back to model.generate_batch", slots_only)
-    return choice, "generate", f"model.generate_batch ({slots_only})"
+    logger.info("continuous graph decode not used: %s; falling back to model.generate_batch", slots_cannot)
+    return choice, "generate", f"model.generate_batch ({slots_cannot})"
 
 
 def graph_compile_backend(plan: RunPlan) -> tuple[Any, str]:

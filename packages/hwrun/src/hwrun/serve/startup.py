@@ -2,8 +2,10 @@
 
 Runs in the engine's worker thread, so the server answers `/health` (503) while the model loads.
 `choose_engine` is the decision: hwrun's slot decoder where the platform has CUDA or XPU graphs and
-the fused step runs the model; Transformers' continuous batching everywhere else it runs; the slot
-decoder eagerly where only it runs (Gaudi, MPS); otherwise an `EngineStartError` with every reason.
+one of its steps runs the model (the fused Llama-family step where it applies, else the model's own
+forward over a per-row slot cache: any family with sdpa or eager attention through Transformers'
+attention interface); Transformers' continuous batching everywhere else it runs; the slot decoder
+eagerly where only it runs (Gaudi, MPS); otherwise an `EngineStartError` with every reason.
 """
 
 from __future__ import annotations
@@ -48,8 +50,7 @@ class Loaded:
 
 def slots_blockers(plan: RunPlan, model: Any) -> list[str]:
     """Why hwrun's slot decoder cannot serve `model` (empty when it can)."""
-    from ..inference.decode.fused_step import fused_step_support
-    from ..inference.decode.slots import SlotDecoder
+    from ..inference.decode.slots import SlotDecoder, slot_step_support
     from .backend_slots import step_api_missing
 
     blockers = []
@@ -60,10 +61,18 @@ def slots_blockers(plan: RunPlan, model: Any) -> list[str]:
         blockers.append(f"{plan.quantization} bitsandbytes weights")
     if plan.device_map == "auto":
         blockers.append("the model is split across devices (device_map='auto')")
-    unsupported = fused_step_support(model)
-    if unsupported is not None:
-        blockers.append(f"the fused step cannot run it ({unsupported})")
+    step, why = slot_step_support(model)
+    if step is None:
+        blockers.append(f"neither of its steps runs it: {why}")
     return blockers
+
+
+def slots_step_note(model: Any) -> str:
+    """Which step the slot decoder runs `model` with, for the engine reason ("" when it cannot run it)."""
+    from ..inference.decode.slots import slot_step_support
+
+    step, why = slot_step_support(model)
+    return f"; step: {why}" if step is not None else ""
 
 
 def transformers_blockers(plan: RunPlan, model: Any) -> list[str]:
@@ -90,7 +99,7 @@ def choose_engine(plan: RunPlan, requested: str, model: Any) -> EngineChoice:
             raise EngineStartError(f"--engine slots cannot serve this model here: {'; '.join(slots)}. "
                                    "Use --engine transformers or auto.")
         how = f"one {graphs[1]} replay per step" if graphs else f"eager steps ({kind} has no CUDA or XPU graphs)"
-        return EngineChoice("slots", f"given: hwrun's slot decoder over a static cache, {how}")
+        return EngineChoice("slots", f"given: hwrun's slot decoder over a static cache, {how}{slots_step_note(model)}")
     if requested == "transformers":
         if theirs:
             raise EngineStartError(f"--engine transformers cannot serve this model here: {'; '.join(theirs)}. "
@@ -98,7 +107,8 @@ def choose_engine(plan: RunPlan, requested: str, model: Any) -> EngineChoice:
         return EngineChoice("transformers", "given: Transformers' continuous batching (init_continuous_batching)")
     if graphs is not None and not slots:
         return EngineChoice("slots", f"{graphs[0]}: hwrun's slot decoder, one {graphs[1]} replay per step over "
-                                     "a static cache (requests join and leave between steps)")
+                                     "a static cache (requests join and leave between steps)"
+                                     f"{slots_step_note(model)}")
     if not theirs:
         why = (f"hwrun's slot decoder cannot: {'; '.join(slots)}" if slots else
                f"{kind} has no CUDA or XPU graphs for hwrun's slot decoder (graph API "
@@ -106,7 +116,7 @@ def choose_engine(plan: RunPlan, requested: str, model: Any) -> EngineChoice:
         return EngineChoice("transformers", f"Transformers' continuous batching (paged cache); {why}")
     if not slots:
         return EngineChoice("slots", f"hwrun's slot decoder, eager steps: Transformers' continuous batching cannot "
-                                     f"run here ({'; '.join(theirs)})")
+                                     f"run here ({'; '.join(theirs)}){slots_step_note(model)}")
     raise EngineStartError(f"no engine can serve this model on {kind}: hwrun's slot decoder: {'; '.join(slots)}; "
                            f"Transformers' continuous batching: {'; '.join(theirs)}. Use `hwrun generate` instead.")
 
