@@ -131,3 +131,174 @@ def test_bad_arguments_are_still_hwdists_errors_with_checks_off(call, words):
     hwdist.init()
     with pytest.raises(hwdist.CollectiveArgumentError, match=words.replace("(", r"\(").replace(")", r"\)")):
         call()
+
+
+# --- validation stays off the hot path: counted, not timed ---------------------------------------------------
+
+_VALIDATORS = ("_prepare", "_reduce_op", "_out_problem", "_exchange", "_raise_or_exchange", "_all_reduce_problem",
+               "_all_gather_problem", "_broadcast_problem", "_reduce_scatter_problem")
+
+
+def _count_validation(monkeypatch) -> dict[str, int]:
+    counts = dict.fromkeys(_VALIDATORS, 0)
+    for name in _VALIDATORS:
+        real = getattr(collectives, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            counts[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(collectives, name, spy)
+    return counts
+
+
+@pytest.mark.parametrize("index", range(7))
+def test_validation_runs_only_when_asked(monkeypatch, index):
+    hwdist.init()
+    counts = _count_validation(monkeypatch)
+    call = _calls()[index]
+    for _ in range(25):
+        call()
+        call(check=False)
+    assert sum(counts.values()) == 0  # 50 good calls, not one check
+    for _ in range(25):
+        call(check=True)
+    assert counts["_prepare"] == 25  # every asked-for call validates its argument once
+    assert counts["_exchange"] == 0  # world size 1: nobody to compare descriptors with
+
+
+def test_checks_on_for_the_group_validate_every_call(monkeypatch):
+    hwdist.init(check=True)
+    hwdist.all_reduce(torch.ones(2))
+    collectives._fast.checked = True  # as at world size 2 with init(check=True) or HWDIST_CHECKS=1
+    counts = _count_validation(monkeypatch)
+    for call in _calls():
+        for _ in range(3):
+            call()
+    assert counts["_prepare"] == 3 * len(_calls())
+    counts["_prepare"] = 0
+    for call in _calls():
+        call(check=False)  # a per-call check=False still wins
+    assert counts["_prepare"] == 0
+
+
+# --- all_gather: the stacked out on gloo (one view, kept) and elsewhere (as it is) --------------------------------
+
+@pytest.fixture
+def views(monkeypatch):
+    """The tensors `.view` was called on (torch.Tensor.view wrapped; undone after the test)."""
+    seen = []
+    real = torch._C.TensorBase.view
+
+    def view(self, *args, **kwargs):
+        seen.append(self)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "view", view)
+    return seen
+
+
+def test_torch_single_tensor_forms_are_used_where_torch_has_them():
+    hwdist.init()
+    hwdist.all_reduce(torch.ones(1))
+    fast = collectives._fast
+    assert fast.all_gather is getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+    assert fast.reduce_scatter is getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+    assert not fast.stacked and fast.keeps  # gloo: a view of out, kept
+    assert {"nccl", "xccl", "hccl"} <= collectives.STACKED_GATHER and "gloo" not in collectives.STACKED_GATHER
+
+
+def test_a_reused_stacked_out_is_viewed_once_and_filled_every_time(views):
+    hwdist.init()
+    out = torch.full((1, 2, 3), float("nan"))
+    for step in range(10):
+        source = torch.arange(6.0).view(2, 3) + step
+        views.clear()
+        assert hwdist.all_gather(source, out=out) is out
+        assert torch.equal(out[0], source)
+        assert [v for v in views if v is out] == ([out] if step == 0 else [])  # the first call's view is kept
+
+
+def test_the_kept_view_follows_changes_to_out():
+    hwdist.init()
+    out = torch.empty(1, 4)
+    hwdist.all_gather(torch.zeros(4), out=out)
+
+    def gathered(value: float) -> list[float]:
+        hwdist.all_gather(torch.full((4,), value), out=out)
+        return out.flatten().tolist()
+
+    before = out._version
+    assert gathered(1.0) == [1.0] * 4 and out._version > before  # writes still count for autograd
+    out.zero_()  # in place: version bump
+    assert gathered(2.0) == [2.0] * 4
+    out.set_(torch.empty(8).untyped_storage(), 0, (1, 4))  # new memory, version bump
+    assert gathered(3.0) == [3.0] * 4
+    out.data = torch.empty(1, 4)  # new memory, no version bump: the data pointer tells
+    assert gathered(4.0) == [4.0] * 4
+    flat = torch.empty(6)  # one out for inputs of other shapes (gloo refuses the kept view; made anew)
+    assert hwdist.all_gather(torch.ones(2, 3), out=flat) is flat and flat.tolist() == [1.0] * 6
+    assert hwdist.all_gather(torch.full((3, 2), 5.0), out=flat).tolist() == [5.0] * 6
+    assert hwdist.all_gather(torch.full((6,), 6.0), out=flat).tolist() == [6.0] * 6
+    square = torch.empty(2, 2)  # (world_size * 2, 2): the form gloo takes for a (2, 2) input
+    hwdist.all_gather(torch.zeros(2, 2), out=square)
+    square.t_()  # not contiguous any more: refused as before, not filled through the kept view
+    with pytest.raises(hwdist.CollectiveArgumentError, match="contiguous"):
+        hwdist.all_gather(torch.zeros(2, 2), out=square)
+
+
+def test_an_out_of_the_wrong_size_is_still_refused_after_a_kept_view():
+    hwdist.init()
+    out = torch.empty(1, 4)
+    hwdist.all_gather(torch.zeros(4), out=out)
+    with pytest.raises(hwdist.CollectiveArgumentError, match=r"all_gather\(out=...\) must be"):
+        hwdist.all_gather(torch.zeros(5), out=out)
+    assert hwdist.all_gather(torch.ones(4), out=out).tolist() == [[1.0] * 4]
+
+
+def test_shutdown_lets_go_of_the_last_out():
+    import gc
+    import weakref
+
+    hwdist.init()
+    out = torch.empty(1, 4)
+    hwdist.all_gather(torch.zeros(4), out=out)
+    ref = weakref.ref(out)
+    del out
+    gc.collect()
+    assert ref() is not None  # kept with its view until the next out or shutdown
+    hwdist.shutdown()
+    gc.collect()
+    assert ref() is None
+
+
+def test_out_none_keeps_nothing():
+    hwdist.init()
+    assert hwdist.all_gather(torch.arange(3.0)).tolist() == [[0.0, 1.0, 2.0]]
+    assert collectives._fast.gather is None
+
+
+def test_backends_that_take_the_stacked_out_get_it_as_is(views):
+    hwdist.init()
+    hwdist.all_reduce(torch.ones(1))
+    fast = collectives._fast
+    given = []
+    fast.stacked, fast.keeps, fast.all_gather = True, False, lambda target, source: given.append((target, source))
+    source, out = torch.ones(2, 3), torch.empty(1, 2, 3)  # as on nccl, xccl, hccl
+    views.clear()
+    for _ in range(3):
+        assert hwdist.all_gather(source, out=out) is out
+    assert all(target is out and src is source for target, src in given) and len(given) == 3
+    assert views == [] and fast.gather is None
+
+
+def test_gloo_gets_the_chunked_form_of_a_stacked_out(views):
+    hwdist.init()
+    hwdist.all_reduce(torch.ones(1))
+    fast = collectives._fast
+    given = []
+    fast.all_gather = lambda target, source: given.append((tuple(target.shape), tuple(source.shape)))
+    hwdist.all_gather(torch.ones(2, 3), out=torch.empty(1, 2, 3))
+    hwdist.all_gather(torch.ones(4), out=torch.empty(4))
+    hwdist.all_gather(torch.tensor(1.0), out=torch.empty(1))
+    assert given == [((2, 3), (2, 3)), ((4,), (4,)), ((1,), (1,))]

@@ -34,6 +34,13 @@ REDUCE_OPS = ("sum", "mean", "max", "min")
 #: Backends whose ReduceOp.AVG we use; elsewhere `mean` is a sum divided by the world size
 #: (gloo in older torch has no AVG, hccl/ccl support varies).
 NATIVE_AVG = frozenset({"nccl", "xccl"})
+#: Backends whose all-gather takes the stacked `(world_size, *shape)` output as it is: they check only
+#: `output.numel() == world_size * input.numel()` (ProcessGroupNCCL/XCCL/HCCL `_allgather_base`); gloo
+#: compares every dim-0 chunk of the output with the input's shape, and unknown backends get that form too.
+STACKED_GATHER = frozenset({"nccl", "xccl", "hccl"})
+#: Backends whose all-gather refuses (in its argument checks, before sending anything) an output whose dim-0
+#: chunks differ from the input's shape: the view of a reused `out` that fits them is kept between calls.
+SHAPED_GATHER = frozenset({"gloo"})
 _OP_CODES = {"all_reduce": 1, "all_gather": 2, "broadcast": 3, "reduce_scatter": 4,
              "all_gather_object": 5, "barrier": 6}
 _OP_NAMES = {code: name for name, code in _OP_CODES.items()}
@@ -187,10 +194,11 @@ def _reduce_op(name: str, op: str, tensor: Any, ctx: DistContext) -> tuple[Any, 
 
 
 class _Fast:
-    """What the hot path needs, decided once per context: the torch calls, the reduce ops, whether checks run."""
+    """What the hot path needs, decided once per context: the torch calls, the reduce ops, whether checks
+    run, whether the backend's all-gather takes the stacked output, and the last gloo all-gather target."""
 
-    __slots__ = ("ctx", "checked", "world_size", "ops", "tensor", "on_device",
-                 "all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor")
+    __slots__ = ("ctx", "checked", "world_size", "ops", "tensor", "on_device", "all_reduce", "broadcast",
+                 "all_gather", "reduce_scatter", "stacked", "keeps", "gather")
 
     def __init__(self, ctx: DistContext) -> None:
         import torch
@@ -213,19 +221,40 @@ class _Fast:
         self.on_device = (operator.attrgetter(flag) if hasattr(torch.Tensor, flag)
                           else lambda tensor: tensor.device.type == kind)
         self.all_reduce, self.broadcast = dist.all_reduce, dist.broadcast
-        self.all_gather_into_tensor, self.reduce_scatter_tensor = dist.all_gather_into_tensor, dist.reduce_scatter_tensor
+        # torch >= 2.15 names the single-tensor forms `*_single`; `*_into_tensor` / `*_tensor` became aliases
+        # that call them (one decorated Python frame more, ~0.3 us)
+        self.all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self.reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        self.stacked = ctx.backend in STACKED_GATHER
+        self.keeps = ctx.backend in SHAPED_GATHER
+        # gloo's all-gather: [out, its version after the last call, data pointer, input shape, version bump of
+        # one call, out viewed as gloo takes it]
+        self.gather: list | None = None
 
-    def takes(self, tensor: Any, check: bool | None) -> bool:
-        """Whether a call on `tensor` may skip the checks: none asked for, a contiguous tensor of the group's device."""
-        return (not (self.checked if check is None else check) and isinstance(tensor, self.tensor)
-                and self.on_device(tensor) and tensor.is_contiguous())
+    def gloo_gather(self, out: Any, tensor: Any, keep: bool = True) -> None:
+        """All-gather into a contiguous `out` in the form gloo takes: gloo compares each dim-0 chunk of the
+        output with the input's shape, so a stacked `(world_size, *shape)` out is viewed as
+        `(world_size * shape[0], *shape[1:])` (a 0-d input: both flat). With `keep` (gloo, a caller's `out`)
+        the view is kept for the next call with the same `out` (one view costs ~1-2 us a call), with what
+        `all_gather` checks before reusing it: `out`'s version counter as this call left it (any in-place
+        change of `out`'s data, shape or strides bumps it), its data pointer (`out.data = ...` does not
+        bump it), and the input's shape (checked when gloo refuses the kept view)."""
+        shape = tensor.shape
+        if not shape:
+            self.all_gather(out.view(-1), tensor.view(1))
+            return
+        target = out if out.dim() == 1 and len(shape) == 1 else out.view(-1, *shape[1:])
+        if not (keep and self.keeps):
+            self.all_gather(target, tensor)
+            return
+        before = out._version
+        self.all_gather(target, tensor)
+        after = out._version  # the collective's own bump is learnt here, not assumed
+        self.gather = [out, after, out.data_ptr(), shape, after - before, target]
 
-    def reduce(self, op: Any, tensor: Any) -> Any:
-        """The torch ReduceOp for `op` on the fast path, or None (unknown op; `mean` divided afterwards or on ints)."""
-        reduce = self.ops.get(op) if type(op) is str else None
-        if reduce is not None and op == "mean" and not tensor.is_floating_point():
-            return None
-        return reduce
+    def forget(self) -> None:
+        """Drop the kept all-gather view (it holds the last `out` alive)."""
+        self.gather = None
 
 
 _fast: _Fast | None = None
@@ -233,12 +262,20 @@ _fast: _Fast | None = None
 
 def _fast_path() -> _Fast:
     """The cached `_Fast` of the current context (rebuilt when `init()` made another one);
-    `NotInitializedError` before `init()`. Kept to attribute reads: it runs on every call."""
+    `NotInitializedError` before `init()`. The public calls inline its first test (an identity check)."""
     global _fast
     fast, ctx = _fast, _context._current
     if fast is None or fast.ctx is not ctx:
+        if fast is not None:
+            fast.forget()
         fast = _fast = _Fast(current())
     return fast
+
+
+def forget() -> None:
+    """Drop what the hot path keeps between calls (the last gloo all-gather view); `shutdown()` calls it."""
+    if _fast is not None:
+        _fast.forget()
 
 
 def _refused(ctx: DistContext, name: str, error: Exception, problem: str | None) -> Exception:
@@ -291,9 +328,14 @@ def _reduce_scatter_problem(ctx: DistContext, tensor: Any, op: Any, out: Any) ->
 
 def all_reduce(tensor: torch.Tensor, op: str = "sum", *, check: bool | None = None) -> torch.Tensor:
     """Reduce `tensor` across ranks in place (`sum`, `mean`, `max`, `min`) and return it."""
-    fast = _fast_path()
-    reduce = fast.reduce(op, tensor) if fast.takes(tensor, check) else None
-    if reduce is None:
+    fast = _fast
+    if fast is None or fast.ctx is not _context._current:
+        fast = _fast_path()
+    # the hot path: no checks asked for, a contiguous tensor of the group's device, an op the backend has
+    reduce = fast.ops.get(op) if type(op) is str else None
+    if (reduce is None or (fast.checked if check is None else check) or not isinstance(tensor, fast.tensor)
+            or not fast.on_device(tensor) or not tensor.is_contiguous()
+            or (op == "mean" and not tensor.is_floating_point())):
         return _all_reduce_checked(fast.ctx, tensor, op, check)
     try:
         fast.all_reduce(tensor, reduce)
@@ -321,17 +363,36 @@ def all_gather(tensor: torch.Tensor, *, out: torch.Tensor | None = None, check: 
     """Every rank's `tensor`, stacked: shape `(world_size, *tensor.shape)`, row r from rank r.
 
     A new tensor, or `out` (that shape, contiguous) reused to avoid an allocation per call; with checks off
-    a flat `out` of `world_size * tensor.numel()` elements is filled as it is (no view: ~0.5-2 us a call)."""
-    fast = _fast_path()
-    if not (fast.takes(tensor, check) and (out is None or (isinstance(out, fast.tensor) and out.is_contiguous()))):
+    any contiguous `out` of `world_size * tensor.numel()` elements is filled as it is (a flat one, say)."""
+    fast = _fast
+    if fast is None or fast.ctx is not _context._current:
+        fast = _fast_path()
+    if ((fast.checked if check is None else check) or not isinstance(tensor, fast.tensor)
+            or not fast.on_device(tensor) or not tensor.is_contiguous()):
         return _all_gather_checked(fast.ctx, tensor, out, check)
-    if out is None:
+    kept, fresh = None, out is None
+    if fresh:
         out = tensor.new_empty((fast.world_size, *tensor.shape))
-    try:  # flat forms: gloo rejects the stacked one (each view costs ~0.5-2 us, so none where already flat)
-        fast.all_gather_into_tensor(out if out.dim() == 1 else out.view(-1),
-                                    tensor if tensor.dim() == 1 else tensor.view(-1))
+    else:
+        # gloo: the view of `out` it takes is kept while the same out comes back unchanged (see gloo_gather)
+        kept = fast.gather
+        if not (kept is not None and kept[0] is out and kept[1] == out._version and kept[2] == out.data_ptr()):
+            kept = None
+            if not (isinstance(out, fast.tensor) and out.is_contiguous()):
+                return _all_gather_checked(fast.ctx, tensor, out, check)
+    try:
+        if kept is not None:
+            fast.all_gather(kept[5], tensor)
+            kept[1] += kept[4]
+        elif fast.stacked:  # nccl, xccl, hccl: the stacked out as it is
+            fast.all_gather(out, tensor)
+        else:
+            fast.gloo_gather(out, tensor, keep=not fresh)
     except Exception as error:
-        raise _refused(fast.ctx, "all_gather", error, _all_gather_problem(fast.ctx, tensor, out)) from error
+        if kept is None or kept[3] == tensor.shape:
+            raise _refused(fast.ctx, "all_gather", error, _all_gather_problem(fast.ctx, tensor, out)) from error
+        fast.gather = None  # kept for an input of another shape, which gloo refused before sending: view anew
+        return all_gather(tensor, out=out, check=check)
     return out
 
 
@@ -351,8 +412,11 @@ def _all_gather_checked(ctx: DistContext, tensor: Any, out: Any, check: bool | N
 
 def broadcast(tensor: torch.Tensor, src: int = 0, *, check: bool | None = None) -> torch.Tensor:
     """Copy rank `src`'s `tensor` into every rank's `tensor` (same dtype and shape) and return it."""
-    fast = _fast_path()
-    if not (type(src) is int and 0 <= src < fast.world_size and fast.takes(tensor, check)):
+    fast = _fast
+    if fast is None or fast.ctx is not _context._current:
+        fast = _fast_path()
+    if (type(src) is not int or not 0 <= src < fast.world_size or (fast.checked if check is None else check)
+            or not isinstance(tensor, fast.tensor) or not fast.on_device(tensor) or not tensor.is_contiguous()):
         return _broadcast_checked(fast.ctx, tensor, src, check)
     try:
         fast.broadcast(tensor, src)
@@ -379,16 +443,23 @@ def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, out: torch.Tensor |
     `(tensor.shape[0] // world_size, *tensor.shape[1:])`; dim 0 must divide by the world size.
 
     A new tensor, or `out` (that shape, contiguous) reused to avoid an allocation per call."""
-    fast = _fast_path()
-    reduce = fast.reduce(op, tensor) if fast.takes(tensor, check) else None
-    if reduce is None or not (out is None or (isinstance(out, fast.tensor) and out.is_contiguous())):
+    fast = _fast
+    if fast is None or fast.ctx is not _context._current:
+        fast = _fast_path()
+    reduce = fast.ops.get(op) if type(op) is str else None
+    if (reduce is None or (fast.checked if check is None else check) or not isinstance(tensor, fast.tensor)
+            or not fast.on_device(tensor) or not tensor.is_contiguous()
+            or (op == "mean" and not tensor.is_floating_point())):
         return _reduce_scatter_checked(fast.ctx, tensor, op, out, check)
     if out is None:
-        if tensor.dim() == 0 or tensor.size(0) % fast.world_size:
+        shape = tensor.shape
+        if not shape or shape[0] % fast.world_size:
             return _reduce_scatter_checked(fast.ctx, tensor, op, out, check)  # refused there, with the reason
-        out = tensor.new_empty((tensor.size(0) // fast.world_size, *tensor.shape[1:]))
+        out = tensor.new_empty((shape[0] // fast.world_size, *shape[1:]))
+    elif not (isinstance(out, fast.tensor) and out.is_contiguous()):
+        return _reduce_scatter_checked(fast.ctx, tensor, op, out, check)
     try:
-        fast.reduce_scatter_tensor(out, tensor, reduce)
+        fast.reduce_scatter(out, tensor, reduce)
     except Exception as error:
         raise _refused(fast.ctx, "reduce_scatter", error, _reduce_scatter_problem(fast.ctx, tensor, op, out)) from error
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -251,6 +252,9 @@ def shutdown(*, adopted: bool = False) -> None:
     since torch does not destroy a gloo group at exit and can abort there ("terminate called")."""
     global _current
     ctx, _current = _current, None
+    collectives = sys.modules.get(f"{__package__}.collectives")  # loaded only if a collective ran
+    if collectives is not None:
+        collectives.forget()  # the hot path's kept all-gather view holds the last `out` alive
     if not adopted and (ctx is None or not ctx.owns_group):
         return
     import torch.distributed as dist
