@@ -18,6 +18,18 @@ One ~1.24B-parameter Llama built from a config (hidden 2048, 16 layers, 32/8 hea
   hwrun_torch_swiglu  as hwrun with swiglu_kernel="torch" (the MLP's SwiGLU backward as compiled torch)
   hwrun_reduce_overhead  as hwrun with torch_compile_mode="reduce-overhead" (CUDA graphs over the step)
   plain_bf16_compile_reduce_overhead  plain Trainer with the same mode: what the flag alone gives
+  The kernel policy's comparison (hwrun.training.kernel_policy; each as hwrun with one kernels= choice):
+  hwrun_swiglu_kernel  swiglu=hwrun (our Triton SwiGLU backward; no longer the default)
+  hwrun_liger_ce       cross_entropy=liger (Liger's fused linear cross-entropy)
+  hwrun_linear_ce      cross_entropy=torch (torch's own chunked F.linear_cross_entropy, where torch has it)
+  hwrun_liger_swiglu   swiglu=liger (Liger's SwiGLU on separate gate/up matmuls)
+  hwrun_liger_rmsnorm  rmsnorm=liger;  hwrun_torch_rmsnorm  rmsnorm=torch (F.rms_norm)
+  hwrun_liger_rope     rope=liger (Liger's rotation, cos/sin table kept);  hwrun_inductor_rope  rope=inductor
+  hwrun_liger_all      all four ops with Liger's kernels
+  plain_liger          plain Trainer, bf16, use_liger_kernel=True (Liger's own patching), eager
+  plain_liger_compile  as plain_liger with torch_compile=True
+  A configuration whose kernels cannot run here (Liger on CPU, torch without its own op) is recorded as
+  skipped, with the policy's reason.
 
 Each configuration runs in its own process (clean CUDA memory, compile caches and accelerate
 state): `--warmup` untimed steps, then `--steps` timed steps; CUDA events at every step end
@@ -49,11 +61,37 @@ FULL = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_
             num_key_value_heads=8, vocab_size=128256, seq=1024, batch=8, warmup=5, steps=10)
 SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=512, seq=64, batch=4, warmup=2, steps=3)
+#: hwrun configurations that differ from `hwrun` by their train(kernels=...) choice (the kernel policy's table).
+KERNEL_CONFIGS = {
+    "hwrun_swiglu_kernel": {"swiglu": "hwrun"},
+    "hwrun_liger_ce": {"cross_entropy": "liger"},
+    "hwrun_linear_ce": {"cross_entropy": "torch"},
+    "hwrun_liger_swiglu": {"swiglu": "liger"},
+    "hwrun_liger_rmsnorm": {"rmsnorm": "liger"},
+    "hwrun_torch_rmsnorm": {"rmsnorm": "torch"},
+    "hwrun_liger_rope": {"rope": "liger"},
+    "hwrun_inductor_rope": {"rope": "inductor"},
+    "hwrun_liger_all": {"cross_entropy": "liger", "swiglu": "liger", "rmsnorm": "liger", "rope": "liger"},
+}
+#: (op, candidate, its configuration, the configuration of the baseline it is measured against): the ratios
+#: that hwrun.training.kernel_policy.MEASUREMENTS takes (candidate tokens/s over baseline tokens/s).
+POLICY_PAIRS = (
+    ("cross_entropy", "hwrun", "inductor", "hwrun", "hwrun_torch_loss"),
+    ("cross_entropy", "liger", "inductor", "hwrun_liger_ce", "hwrun_torch_loss"),
+    ("cross_entropy", "torch", "inductor", "hwrun_linear_ce", "hwrun_torch_loss"),
+    ("swiglu", "hwrun", "inductor", "hwrun_swiglu_kernel", "hwrun_torch_swiglu"),
+    ("swiglu", "liger", "inductor", "hwrun_liger_swiglu", "hwrun_torch_swiglu"),
+    ("rmsnorm", "liger", "inductor", "hwrun_liger_rmsnorm", "hwrun"),
+    ("rmsnorm", "torch", "inductor", "hwrun_torch_rmsnorm", "hwrun"),
+    ("rope", "hwrun", "inductor", "hwrun", "hwrun_inductor_rope"),
+    ("rope", "liger", "inductor", "hwrun_liger_rope", "hwrun_inductor_rope"),
+)
 CONFIGS = ("plain_fp32", "plain_bf16", "plain_bf16_compile", "hwrun", "hwrun_qlora", "hwrun_model_loss", "hwrun_unfused",
            "hwrun_torch_loss", "hwrun_torch_swiglu",
-           "hwrun_reduce_overhead", "plain_bf16_compile_reduce_overhead")
+           "hwrun_reduce_overhead", "plain_bf16_compile_reduce_overhead", *KERNEL_CONFIGS, "plain_liger",
+           "plain_liger_compile")
 PLAIN = ("plain_fp32", "plain_bf16", "plain_bf16_compile")  # the issue's baseline set
-PLAIN_EXTRA = ("plain_bf16_compile_reduce_overhead",)  # context rows, not in the baseline set
+PLAIN_EXTRA = ("plain_bf16_compile_reduce_overhead", "plain_liger", "plain_liger_compile")  # context rows
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -205,6 +243,9 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool, profile: bool =
         torch.cuda.reset_peak_memory_stats()
     out = tempfile.mkdtemp(prefix=f"bench-train-{name}-")
     backend = "aot_eager" if smoke else None  # CPU smoke: same code path, no C++ compile
+    skipped = why_skipped(name, device)
+    if skipped is not None:
+        return {"config": name, "skipped": skipped}
     started = time.perf_counter()
     decisions = {}
     if name in PLAIN or name in PLAIN_EXTRA:
@@ -222,10 +263,12 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool, profile: bool =
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=list(LORA_TARGETS),
                                                  task_type="CAUSAL_LM"))
         compile_kw = {}
-        if name.startswith("plain_bf16_compile"):
+        if name.startswith("plain_bf16_compile") or name == "plain_liger_compile":
             compile_kw = {"torch_compile": True, **({"torch_compile_backend": backend} if backend else {})}
             if name.endswith("reduce_overhead") and not smoke:
                 compile_kw["torch_compile_mode"] = "reduce-overhead"
+        if name.startswith("plain_liger"):
+            compile_kw["use_liger_kernel"] = True  # Transformers applies Liger's own (module-global) patching
         args = TrainingArguments(output_dir=out, per_device_train_batch_size=sizes["batch"], max_steps=total,
                                  save_strategy="no", report_to="none", logging_steps=10_000,
                                  bf16=name != "plain_fp32", use_cpu=not cuda, remove_unused_columns=False,
@@ -246,6 +289,8 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool, profile: bool =
             layers["loss_kernel"] = "torch"
         if name == "hwrun_torch_swiglu":
             layers["swiglu_kernel"] = "torch"
+        if name in KERNEL_CONFIGS:
+            layers["kernels"] = KERNEL_CONFIGS[name]
         overrides = {"torch_compile_mode": "reduce-overhead"} if name == "hwrun_reduce_overhead" and not smoke else {}
         if smoke:
             plan = train_plan(model_dir, device="cpu", dtype="bfloat16", compile=False if qlora else backend)
@@ -274,6 +319,25 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool, profile: bool =
     if profiler is not None and profiler.table:
         result["profile"] = profiler.table
     return result
+
+
+def why_skipped(name: str, device: str) -> str | None:
+    """Why configuration `name` cannot run on `device` here (its kernels, as the kernel policy checks them
+    before any work), or None."""
+    from hwrun.devices import kind_of_device_type
+    from hwrun.training import TrainingConfigError
+    from hwrun.training.kernel_policy import check_kernels, explicit_choice
+
+    kind = kind_of_device_type(device)
+    asks = dict(KERNEL_CONFIGS.get(name, {}))
+    if name.startswith("plain_liger"):
+        asks = {"swiglu": "liger"}  # Transformers' use_liger_kernel needs what every Liger kernel needs
+    try:
+        for op, impl in check_kernels(asks).items():
+            explicit_choice(op, impl, kind)
+    except TrainingConfigError as error:
+        return str(error)
+    return None
 
 
 def child(args: argparse.Namespace) -> int:
@@ -322,6 +386,14 @@ def write_outputs(out: Path, runs: list[dict], meta: dict) -> str:
         ratios["best_plain"] = plain_best["config"]
     if "hwrun" in ok and "hwrun_qlora" in ok and ok["hwrun"]["peak_bytes"] and ok["hwrun_qlora"]["peak_bytes"]:
         ratios["qlora_peak_vs_lora_peak"] = ok["hwrun_qlora"]["peak_bytes"] / ok["hwrun"]["peak_bytes"]
+    def ran(config: str, op: str, impl: str) -> bool:  # the run's own reasons say it ran `impl` for `op`
+        return config in ok and str(ok[config]["decisions"].get(f"kernel {op}", "")).startswith(f"{impl}:")
+
+    policy = [{"op": op, "candidate": impl, "baseline": base, "config": config, "baseline_config": against,
+               "ratio": ok[config]["tokens_per_s"] / ok[against]["tokens_per_s"]}
+              for op, impl, base, config, against in POLICY_PAIRS if ran(config, op, impl) and ran(against, op, base)]
+    if policy:
+        ratios["kernel_policy"] = policy
     lines = [f"LoRA fine-tuning, {meta['parameters'] / 1e9:.2f}B-parameter Llama from config, seq "
              f"{meta['sizes']['seq']}, batch {meta['sizes']['batch']}, r=16 on q/k/v/o; "
              f"{meta['sizes']['warmup']} warm-up + {meta['sizes']['steps']} timed steps, median step. "
@@ -329,6 +401,9 @@ def write_outputs(out: Path, runs: list[dict], meta: dict) -> str:
              "| configuration | tokens/s | vs best plain | median step (ms) | peak memory (GiB) | notes |",
              "|---|---:|---:|---:|---:|---|"]
     for r in results:
+        if "skipped" in r:
+            lines.append(f"| {r['config']} | skipped | | | | {r['skipped'][:160]} |")
+            continue
         if "tokens_per_s" not in r:
             lines.append(f"| {r['config']} | failed | | | | {r.get('error', '')[:120]} |")
             continue
@@ -348,6 +423,12 @@ def write_outputs(out: Path, runs: list[dict], meta: dict) -> str:
                      "(goal >= 1.2x)")
     if "qlora_peak_vs_lora_peak" in ratios:
         lines.append(f"QLoRA peak / LoRA peak: **{ratios['qlora_peak_vs_lora_peak']:.0%}** (goal <= 40%)")
+    if ratios.get("kernel_policy"):
+        lines += ["", "Kernel policy (end to end, candidate / baseline tokens/s; the figures "
+                      "hwrun.training.kernel_policy.MEASUREMENTS takes):", "",
+                  "| op | candidate | vs | ratio | configs |", "|---|---|---|---:|---|"]
+        lines += [f"| {p['op']} | {p['candidate']} | {p['baseline']} | {p['ratio'] - 1:+.1%} | "
+                  f"{p['config']} / {p['baseline_config']} |" for p in ratios["kernel_policy"]]
     table = "\n".join(lines) + "\n"
     (out / "train.md").write_text(table)
     (out / "train.json").write_text(json.dumps({"meta": meta, "results": results, "runs": runs, "ratios": ratios},
@@ -436,13 +517,16 @@ def main(argv: list[str] | None = None) -> int:
             continue
         result = json.loads(result_file.read_text())
         results.append(result)
+        if "skipped" in result:
+            print(f"{name}: skipped: {result['skipped']}", flush=True)
+            continue
         if result.get("profile"):
             (args.out / f"profile-train-{name}.txt").write_text(result.pop("profile"))
         print(f"{name}: {result['tokens_per_s']:,.0f} tokens/s, peak {gib(result['peak_bytes'])} GiB, "
               f"wall {result['wall_s']:.0f}s", flush=True)
         write_outputs(args.out, results, meta)  # after every configuration: a time-out keeps what ran
     print(write_outputs(args.out, results, meta))
-    return 0 if all("tokens_per_s" in r for r in results) else 1
+    return 0 if all("tokens_per_s" in r or "skipped" in r for r in results) else 1
 
 
 if __name__ == "__main__":
