@@ -340,6 +340,8 @@ def main(argv=None) -> int:
     parser.add_argument("--generate-baseline", action="store_true", help="also time hwrun.generate at batch 1")
     parser.add_argument("--ready-timeout", type=float, default=900)
     args = parser.parse_args(argv)
+    # `timeout` (tools/bench/run_h200.sh) sends SIGTERM: unwind, so each running server's `finally` stops it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
