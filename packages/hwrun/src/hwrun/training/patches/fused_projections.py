@@ -272,7 +272,7 @@ def apply_fused_projections(model: Any, swiglu_kernel: str = "auto") -> ModelPat
     """Fuse q/k/v (with their LoRA A matrices) and gate/up in every decoder layer of `model` (a
     PEFT or plain Transformers causal LM with frozen base weights). Explicit, idempotent,
     reversible (`.undo()`); layers or groups that cannot be fused run as before, with the reason
-    logged. `swiglu_kernel` is the fused MLP's SwiGLU backward: 'auto' (Triton on CUDA), 'triton'
+    logged. `swiglu_kernel` is the fused MLP's SwiGLU backward: 'auto' (the kernel policy's choice), 'triton'
     or 'torch'; 'liger' leaves gate/up separate (Liger's SwiGLU kernel takes them as two tensors, see
     `library_kernels.apply_liger_swiglu`)."""
     if swiglu_kernel != "liger":

@@ -7,6 +7,10 @@ its data (three halves read, two written) moves in about 135 us. Here each progr
 (gate, up, d_out) slice and writes both halves of the gradient. It is wrapped as the custom op
 `hwrun::swiglu_backward` so that `torch.compile` keeps it as one call.
 
+Kept, but not the default: end to end it gained 1.8 % on the H200 (88,821 against 87,213 tokens/s,
+docs/benchmarks/train.md, 2026-12-04), below the 2 % a kernel of our own must gain under the kernel
+policy (`hwrun.training.kernel_policy`); `train(kernels={"swiglu": "hwrun"})` selects it.
+
 Under TRITON_INTERPRET=1 set before triton is imported, Triton's interpreter runs the same kernel on
 CPU tensors (how the tests check it without a GPU). This module imports triton: import it only
 where triton is installed (`swiglu` checks first)."""
