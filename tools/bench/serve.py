@@ -1,8 +1,8 @@
 """Serving benchmark: `hwrun serve` and, beside it in the same run, `transformers serve --continuous-batching` on the
 same model, under N concurrent streaming clients, with the official async `openai` client as the load generator.
 
-    python tools/bench/serve.py --out DIR --engine auto,transformers --compile --transformers-serve \
-        --generate-baseline                                      # H200: ~1.2B Llama from a config, bf16
+    python tools/bench/serve.py --out DIR --engine auto --compile --transformers-serve \
+        --generate-baseline                                      # H200: a 0.98B Llama from a config, bf16
     python tools/bench/serve.py --out DIR --smoke --engine slots,transformers --transformers-serve \
         --concurrency 1,8,32,64 --torch-threads 1                # CPU: the shipped tiny model, float32
 
@@ -42,7 +42,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
 
-#: The ~1.2B Llama of tools/bench/decode.py, with the shipped tokenizer's vocabulary (random bf16 weights).
+#: The Llama sizes of tools/bench/decode.py with the shipped tokenizer's 3,072-token vocabulary: 0.98B parameters
+#: (random bf16 weights, ~2.0 GB).
 FULL = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
             num_key_value_heads=8, tie_word_embeddings=True, max_position_embeddings=4096)
 WORDS = ("the king said unto them and it came to pass that all the people of the land went out to see what was "
@@ -228,7 +229,7 @@ class Server:
 
 
 def build_model_folder(folder: Path, device: str) -> Path:
-    """A ~1.2B Llama with random bf16 weights and the shipped tokenizer (nothing to download)."""
+    """The `FULL` Llama (0.98B parameters) with random bf16 weights and the shipped tokenizer (nothing to download)."""
     import shutil
 
     import hwrun
