@@ -44,6 +44,7 @@ from .options import POLICIES
 from .output import OUTPUT_MANIFEST
 from .patches.fused_loss import apply_fused_loss, linear_cross_entropy, prepare_linear_cross_entropy
 from .patches.fused_projections import apply_fused_projections
+from .patches.library_kernels import apply_liger_rope, apply_liger_swiglu, apply_rmsnorm
 from .patches.record import ModelPatch
 from .patches.rope_table import apply_rope_table
 from .patches.swiglu import prepare_swiglu, swiglu
@@ -54,7 +55,7 @@ __all__ = [
     "OUTPUT_MANIFEST", "POLICIES", "ResumeChoice", "check_adapter_weights", "choose_resume", "LoraSettings", "LoraTargets", "ModelPatch", "PackedDataset",
     "QLoRAUnsupportedError",
     "TrainResult", "TrainingConfigError", "TrainingDataError", "TrainingError", "apply_fused_loss",
-    "apply_fused_projections", "apply_rope_table",
+    "apply_fused_projections", "apply_liger_rope", "apply_liger_swiglu", "apply_rmsnorm", "apply_rope_table",
     "build_dataset", "check_checkpoint", "is_adapter_folder", "latest_complete_checkpoint",
     "linear_cross_entropy", "load_adapter_model", "lora_config", "lora_targets", "pack_token_ids", "peft_target_mapping",
     "prepare_linear_cross_entropy",
