@@ -500,7 +500,8 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
           resume: bool | str | None = "auto", block_size: int = 512, merge: bool = False,
           save_steps: int = 100, fused_loss: bool = True, fused_projections: bool = True,
           rope_table: bool = True, loss_kernel: str = "auto", swiglu_kernel: str = "auto",
-          kernels: Mapping[str, str] | None = None, plot: bool = True, callbacks: Sequence[Any] = (), echo: Callable[[str], Any] | None = None,
+          kernels: Mapping[str, str] | None = None, plot: bool = True, callbacks: Sequence[Any] = (),
+          echo: Callable[[str], Any] | None = None,
           overwrite: bool = False, on_nonfinite: str = "stop", max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
           **training_overrides: Any) -> TrainResult:
     """Fine-tune `plan.model` on `data` (text file, JSONL with "text", folder of .txt, or a
