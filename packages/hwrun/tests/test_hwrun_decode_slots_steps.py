@@ -1,5 +1,6 @@
 """The slot decoder's step-wise API (a server admits live requests between steps): add / step / cancel /
-start, TokenEvents with finish reasons, greedy tokens equal to `model.generate`'s, slots freed and reused."""
+start, TokenEvents with finish reasons, greedy tokens equal to `model.generate`'s, slots freed and reused;
+with the fused Llama step and with the model's own forward (step="model")."""
 
 from __future__ import annotations
 
@@ -43,9 +44,10 @@ def _drain(decoder, streams, limit=200):
     raise AssertionError("requests never finished")
 
 
-def test_requests_added_between_steps_give_generates_tokens(loaded):
+@pytest.mark.parametrize("step", ["fused", "model"])
+def test_requests_added_between_steps_give_generates_tokens(loaded, step):
     model, ids = loaded
-    decoder = SlotDecoder(model, slots=2, max_cache_len=64)
+    decoder = SlotDecoder(model, slots=2, max_cache_len=64, step=step)
     assert decoder.free_slots == 2 and decoder.active == set() and decoder.step() == []
     decoder.add("a", ids[0], max_new_tokens=7, eos_token_id=None)
     streams: dict = {}
@@ -69,10 +71,11 @@ def test_requests_added_between_steps_give_generates_tokens(loaded):
     assert streams["c"] == _reference(model, ids[2], 4)
 
 
-def test_first_event_is_the_prefill_token_and_eos_stops_with_it(loaded):
+@pytest.mark.parametrize("step", ["fused", "model"])
+def test_first_event_is_the_prefill_token_and_eos_stops_with_it(loaded, step):
     model, ids = loaded
     free = _reference(model, ids[0], 8)
-    decoder = SlotDecoder(model, slots=3, max_cache_len=64)
+    decoder = SlotDecoder(model, slots=3, max_cache_len=64, step=step)
     decoder.add(1, ids[0], max_new_tokens=1, eos_token_id=None)
     (event,) = decoder.step()
     assert event == TokenEvent(1, free[0], True, "length")
@@ -83,9 +86,10 @@ def test_first_event_is_the_prefill_token_and_eos_stops_with_it(loaded):
     assert streams[2] == free[: free.index(eos) + 1] and reasons == {2: "stop"}
 
 
-def test_cancel_frees_the_slot_before_the_next_step(loaded):
+@pytest.mark.parametrize("step", ["fused", "model"])
+def test_cancel_frees_the_slot_before_the_next_step(loaded, step):
     model, ids = loaded
-    decoder = SlotDecoder(model, slots=2, max_cache_len=64)
+    decoder = SlotDecoder(model, slots=2, max_cache_len=64, step=step)
     decoder.add("x", ids[0], max_new_tokens=20, eos_token_id=None)
     decoder.add("y", ids[1], max_new_tokens=6, eos_token_id=None)
     streams: dict = {}
@@ -150,9 +154,11 @@ def test_seeded_sampled_request_is_the_same_alone_and_beside_others(loaded):
     assert streams["g"] == _reference(model, ids[1], 6) and streams["s"] == alone["s"][:6]
 
 
-def test_start_warms_up_once_and_generate_still_works(loaded, monkeypatch):
+@pytest.mark.parametrize("step", ["fused", "model"])
+def test_start_warms_up_once_and_generate_still_works(loaded, monkeypatch, step):
     model, ids = loaded
-    decoder = SlotDecoder(model, slots=2, max_cache_len=64, compile_backend="eager")
+    decoder = SlotDecoder(model, slots=2, max_cache_len=64, compile_backend="eager", step=step)
+    assert decoder.step_name == step
     calls = []
     original = decoder._step_fns[False]
     decoder._step_fns[False] = lambda: calls.append(1) or original()
