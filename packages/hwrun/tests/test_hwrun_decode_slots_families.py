@@ -271,3 +271,30 @@ def test_fit_graph_decode_keeps_the_fallbacks_for_what_the_slot_decoder_cannot_r
     gpt2 = _load(family_dirs, "gpt2")
     choice, mode, reason = generate_module.fit_graph_decode(gpt2, continuous, "auto", "auto", "CUDA", 20, 3)
     assert (choice, mode) == (continuous, "graphs") and "per-row slot cache" in reason
+
+
+def test_the_server_starts_the_slot_engine_for_another_family_and_answers_like_generate(family_dirs):
+    from hwrun.serve.config import ServeConfig
+    from hwrun.serve.engine import EngineRequest
+    from hwrun.serve.protocol import Sampling
+    from hwrun.serve.startup import load_backend, restore_torch_threads
+
+    plan = hwrun.plan(str(family_dirs["gpt_neox"]), device="cpu")
+    loaded = load_backend(plan, ServeConfig(engine="slots", max_concurrency=2, max_model_len=64, torch_threads=1))
+    try:
+        assert loaded.choice.name == "slots" and "the model's own forward" in loaded.choice.reason
+        backend = loaded.backend
+        prompts = {"a": PROMPTS[1], "b": PROMPTS[2]}
+        for request_id, ids in prompts.items():
+            backend.add(EngineRequest(request_id, tuple(ids), 6, Sampling(temperature=0.0)))
+        streams: dict = {}
+        for _ in range(50):
+            for event in backend.step():
+                streams.setdefault(event.request_id, []).extend(event.token_ids)
+            if not backend.decoder.active:
+                break
+        model = backend.decoder.model
+        assert backend.decoder.step_name == "model"
+        assert streams == {r: _reference(model, ids, 6) for r, ids in prompts.items()}
+    finally:
+        restore_torch_threads(loaded)
