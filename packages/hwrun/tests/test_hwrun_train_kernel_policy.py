@@ -465,3 +465,14 @@ def test_cli_kernel_must_be_op_equals_impl(cli_files, tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["train", "--data", str(data), "--model", str(model), "--kernel", "swiglu"])
     assert info.value.code == 2 and "'swiglu' is not OP=IMPL" in capsys.readouterr().err
+
+
+def test_swiglu_auto_follows_the_policy_not_just_triton(monkeypatch):
+    from hwrun.training.patches.swiglu import auto_swiglu_kernel, triton_swiglu_usable
+
+    assert triton_swiglu_usable("cuda")  # the kernel can run on CUDA (triton is installed here) ...
+    assert auto_swiglu_kernel("auto", "cuda") == "torch"  # ... but at +1.8 % it is not the default
+    monkeypatch.setattr(kernel_policy, "MEASUREMENTS",
+                        (Measurement("swiglu", "hwrun", "inductor", "cuda", 1.03, "test"),))
+    assert auto_swiglu_kernel("auto", "cuda") == "triton"
+    assert auto_swiglu_kernel("auto", "cpu") == "torch"

@@ -16,21 +16,23 @@ _FUNCTION: list[Any] = []  # [the autograd.Function, the Triton op or None], fil
 
 
 def triton_swiglu_usable(kind: str) -> bool:
-    """Whether swiglu_kernel='auto' runs the Triton backward on the platform `kind`: where the kernel
-    policy chooses hwrun's own SwiGLU (measured >= 2 % ahead there; nowhere at present)."""
-    from ..kernel_policy import auto_choice
+    """Whether the Triton backward can run on the platform `kind` (the same `TRITON_KERNELS` rule as
+    the loss kernel: CUDA, with triton installed). Whether 'auto' runs it is the kernel policy's choice."""
+    from .fused_loss import triton_kernel_usable
 
-    return auto_choice("swiglu", kind).impl == "hwrun"
+    return triton_kernel_usable(kind)
 
 
 def auto_swiglu_kernel(kernel: str, device_type: str) -> str:
     """`kernel` with 'auto' resolved for tensors on `device_type`: 'triton' where the kernel policy
-    chooses it, else 'torch'."""
+    chooses hwrun's own SwiGLU (measured >= 2 % ahead there; nowhere at present), else 'torch'."""
     if kernel != "auto":
         return kernel
     from hwrun.devices import kind_of_device_type
 
-    return "triton" if triton_swiglu_usable(kind_of_device_type(device_type)) else "torch"
+    from ..kernel_policy import auto_choice
+
+    return "triton" if auto_choice("swiglu", kind_of_device_type(device_type)).impl == "hwrun" else "torch"
 
 
 def swiglu_backward_torch(y: Any, d_out: Any) -> Any:
