@@ -476,3 +476,25 @@ def test_swiglu_auto_follows_the_policy_not_just_triton(monkeypatch):
                         (Measurement("swiglu", "hwrun", "inductor", "cuda", 1.03, "test"),))
     assert auto_swiglu_kernel("auto", "cuda") == "triton"
     assert auto_swiglu_kernel("auto", "cpu") == "torch"
+
+
+def test_library_patches_compile_in_one_graph():
+    """The per-instance forwards trace without a graph break (train() compiles the whole model)."""
+    from torch._dynamo.utils import counters
+
+    reference = lora(tiny_llama())
+    base = tiny_llama()
+    patches = [apply_rmsnorm(base, "torch"), apply_liger_swiglu(base, function=lambda gate, up: F.silu(gate) * up)]
+    ours = lora(base)
+    ours.load_state_dict(reference.state_dict())
+    patches.append(apply_fused_projections(ours, "liger"))
+    patches.append(apply_liger_rope(ours, function=_reference_rotation))
+    counters.clear()
+    compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
+    loss = compiled(input_ids=IDS, labels=IDS).loss
+    ref_loss = reference(input_ids=IDS, labels=IDS).loss
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    assert not counters["graph_break"]
+    for patch in reversed(patches):
+        patch.undo()
+    assert own_forwards(ours) == set()
