@@ -56,8 +56,9 @@ def test_fused_step_applies_to_llama_family_only(loaded, qwen2):
     assert "gpt2" in fused_step_support(gpt2)
     with pytest.raises(FastDecodeError, match="step='fused' cannot run GPT2LMHeadModel: model_type 'gpt2'"):
         GraphDecoder(gpt2, max_cache_len=32, step="fused")
-    with pytest.raises(FastDecodeError, match="cannot run GPT2LMHeadModel.*decode='generate'"):
-        SlotDecoder(gpt2, slots=2, max_cache_len=32)
+    with pytest.raises(FastDecodeError, match="step='fused' cannot run GPT2LMHeadModel: model_type 'gpt2'"):
+        SlotDecoder(gpt2, slots=2, max_cache_len=32, step="fused")
+    assert SlotDecoder(gpt2, slots=2, max_cache_len=32).step_name == "model"  # issue 26 point 3
     with pytest.raises(FastDecodeError, match="step='quick' is not a decode step"):
         GraphDecoder(model, max_cache_len=32, step="quick")
 

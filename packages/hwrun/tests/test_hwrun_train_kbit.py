@@ -59,3 +59,29 @@ def test_gradients_still_reach_a_lora_adapter_through_checkpointed_layers(tmp_pa
     lora = [p for n, p in model.named_parameters() if "lora_B" in n]
     assert lora and all(p.grad is not None and torch.isfinite(p.grad).all() for p in lora)
     assert all(p.grad is None for n, p in model.named_parameters() if "lora_" not in n)
+
+
+def test_qlora_train_keeps_the_unquantized_weights_in_the_plan_dtype(tmp_path):
+    """Through hwrun.train: a bfloat16 QLoRA run's embedding and norms stay bfloat16 (peft's preparation
+    would make them float32), the reason says so, and the run trains."""
+    import hwrun
+    from hwrun.testing import build_tiny_model
+
+    folder = build_tiny_model(tmp_path / "m")
+    data = tmp_path / "train.txt"
+    data.write_text("The king said to the queen that the castle was cold. " * 40, encoding="utf-8")
+    seen = {}
+
+    from transformers import TrainerCallback
+
+    class Dtypes(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            seen.update({n: p.dtype for n, p in model.named_parameters()
+                         if p.__class__.__name__ != "Params4bit" and "lora_" not in n})
+
+    plan = hwrun.plan(str(folder), device="cpu", dtype="bfloat16")
+    result = hwrun.train(plan, data, qlora=True, max_steps=1, batch_size=2, block_size=16, plot=False,
+                         disable_tqdm=True, output_dir=tmp_path / "out", callbacks=[Dtypes()])
+    assert result.global_step == 1
+    assert "kept in bfloat16" in result.reasons["4-bit base"]
+    assert seen and set(seen.values()) == {torch.bfloat16}, seen

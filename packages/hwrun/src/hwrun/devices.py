@@ -35,6 +35,7 @@ TABLES = (
     "hwrun.training.arguments:NON_BLOCKING_COPIES",
     "hwrun.training.run:TRAIN_COMPILE_DEFAULT",
     "hwrun.training.patches.fused_loss:TRITON_KERNELS",
+    "hwrun.training.kernel_policy:LIGER_DEVICES",
 )
 
 

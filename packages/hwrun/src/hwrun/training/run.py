@@ -358,12 +358,13 @@ def _patch(model: Any, dataset: Any, plan: RunPlan, args: Any, run: RunSettings,
     if run.settings is None:
         patch_last(model, options, stack, reasons)
         return model
-    from peft import get_peft_model, prepare_model_for_kbit_training
+    from peft import get_peft_model
     from transformers import set_seed
 
-    if run.qlora:
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True,
-                                                gradient_checkpointing_kwargs={"use_reentrant": False})
+    if run.qlora:  # not peft's prepare_model_for_kbit_training: it copies the unquantized weights to float32
+        from .kbit import prepare_kbit_base
+
+        reasons["4-bit base"] = prepare_kbit_base(model)
     set_seed(run.seed)  # LoRA A matrices are random: same seed, same adapter init, same run
     targets = lora_targets(getattr(model.config, "model_type", "") or "", run.settings.target_modules)
     model = get_peft_model(model, lora_config(model.config, run.settings, targets))
