@@ -263,6 +263,40 @@ def test_other_families_through_graph_decode_equal_generate(family_dirs, family)
     assert out[: len(expected[0])] == expected[0]
 
 
+@pytest.mark.parametrize("family", ["gpt2", "qwen3"])
+def test_other_families_through_the_slot_decoder_equal_generate(family_dirs, family):
+    import hwrun
+    import torch
+    from hwrun.inference.decode.slots import SlotDecoder
+
+    plan = _plan(str(family_dirs[family]))
+    graph = _graph_name(plan)
+    model, tokenizer = hwrun.load(plan)
+    prompts = PROMPTS[:3]
+    result = hwrun.generate(plan, prompts, 12, decode="graphs", batching="continuous", model=model,
+                            tokenizer=tokenizer)
+    assert result.decode == "graphs" and result.batching == "continuous" and graph in result.decode_reason
+    assert "the model's own forward over a per-row slot cache" in result.decode_reason
+    eos = tokenizer.eos_token_id
+    expected = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(model.device)
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                                 pad_token_id=0)
+        row = out[0, ids.shape[1]:].tolist()
+        expected.append(row[: row.index(eos) + 1] if eos in row else row)
+    assert result.token_ids == expected
+    decoder = SlotDecoder(model, slots=2, max_cache_len=64)
+    decoder.start()
+    assert decoder.step_name == "model" and decoder.use_graphs
+    decoder.add("a", tokenizer(prompts[1])["input_ids"], max_new_tokens=12)
+    tokens = []
+    while decoder.active:
+        tokens += [e.token_id for e in decoder.step()]
+    assert tokens == expected[1]
+
+
 # ---- 6. fused weights as views: no second copy on the device --------------------------------------------
 
 
