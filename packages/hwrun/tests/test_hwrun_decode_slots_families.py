@@ -190,11 +190,13 @@ def test_the_model_step_captures_and_replays_on_the_graph_fakes(family_dirs):
     with fake_gaudi(1, lazy_mode="1") as fake:
         decoder = SlotDecoder(model, slots=2, max_cache_len=32, platform=get_platform("hpu"))
         assert decoder.step_name == "model" and decoder.use_graphs
-        decoder.start()  # the greedy and the sampled step, captured before any request
-        assert fake.graph_events.count("capture_begin") == 2 and "replay" not in fake.graph_events
+        decoder.start()  # the greedy and the sampled step of each bucket (1 and 2 rows), before any request
+        assert fake.graph_events.count("capture_begin") == 4 and "replay" not in fake.graph_events
+        assert sorted(decoder.graphs) == [(False, 1), (False, 2), (True, 1), (True, 2)]
         decoder.add("a", prompt, max_new_tokens=8, eos_token_id=None)
         tokens = [decoder.step()[0].token_id for _ in range(8)]
-        assert fake.graph_events.count("replay") == 8 and fake.graph_events.count("capture_begin") == 2
+        assert fake.graph_events.count("replay") == 8 and fake.graph_events.count("capture_begin") == 4
+        assert decoder.last_rows == 1  # one request: the one-row graph
     assert tokens == expected
     sampled = SamplingParams(temperature=1.2, seed=5)
     want = SlotDecoder(model, slots=2, max_cache_len=32, step="model", use_graphs=False).generate(

@@ -155,14 +155,16 @@ def test_seeded_sampled_request_is_the_same_alone_and_beside_others(loaded):
 
 
 @pytest.mark.parametrize("step", ["fused", "model"])
-def test_start_warms_up_once_and_generate_still_works(loaded, monkeypatch, step):
+def test_start_warms_up_once_and_generate_still_works(loaded, step):
     model, ids = loaded
     decoder = SlotDecoder(model, slots=2, max_cache_len=64, compile_backend="eager", step=step)
-    assert decoder.step_name == step
+    assert decoder.step_name == step and decoder.buckets == (1, 2)
+    decoder.start(sampling=False)
+    assert decoder._warm == {(False, 1), (False, 2)}  # every bucket's greedy step ran once, buffers restored
+    assert not decoder.position.any() and not decoder.count.any()
     calls = []
-    original = decoder._step_fns[False]
-    decoder._step_fns[False] = lambda: calls.append(1) or original()
+    for key, original in list(decoder._step_fns.items()):
+        decoder._step_fns[key] = lambda original=original: calls.append(1) or original()
     decoder.start(sampling=False)
-    decoder.start(sampling=False)
-    assert calls == [1]  # the compiled step ran once, buffers restored
+    assert calls == []  # not again
     assert decoder.generate(ids[:3], 5, eos_token_id=None) == [_reference(model, i, 5) for i in ids[:3]]

@@ -108,7 +108,9 @@ class FusedLlamaStep:
     By default every row decodes at the same position (one `index_copy_` per layer writes K/V);
     `per_row_positions=True` lets each row sit at its own position, which is what continuous batching
     over slots (hwrun.inference.decode.slots) needs: K/V are then written with one `index_put_` per layer at
-    (row, kv head, that row's position).
+    (row, kv head, that row's position), and a decode step may pass fewer rows than `batch_size`: it then
+    runs over the cache's first rows only (views of the same buffers, so each row count has fixed shapes
+    and addresses), and `move_row` copies one row's K/V into another (to keep the busy rows first).
     """
 
     def __init__(self, model: Any, *, batch_size: int, max_cache_len: int, per_row_positions: bool = False) -> None:
@@ -158,6 +160,13 @@ class FusedLlamaStep:
         self.row_index = torch.arange(batch_size, device=device)[:, None].expand(batch_size, self.n_kv)
         self.head_index = torch.arange(self.n_kv, device=device)[None, :].expand(batch_size, self.n_kv)
         self.key_index = torch.arange(max_cache_len, device=device)
+        self.batch_size = batch_size
+
+    def move_row(self, source: int, target: int, columns: int) -> None:
+        """Copy cache row `source`'s K/V (its first `columns` positions, every layer) into row `target`."""
+        for keys, values in zip(self.keys, self.values, strict=True):
+            keys[target, :, :columns] = keys[source, :, :columns]
+            values[target, :, :columns] = values[source, :, :columns]
 
     def reset(self) -> None:
         """Forget every cached position (not needed for correctness: positions overwrite, the mask hides the rest)."""
@@ -177,8 +186,9 @@ class FusedLlamaStep:
     def __call__(self, token_ids: Any, positions: Any, *, rows: Any = None, last_index: Any = None) -> Any:
         """Logits (batch, vocab) of each row's last position; writes K/V of `positions` into the cache.
 
-        T == 1 (`token_ids` of shape (batch, 1)) is one decode step of every cache row; `positions`
-        (batch, 1) are equal across rows unless `per_row_positions`. T > 1 is a prefill starting at
+        T == 1 (`token_ids` of shape (batch, 1)) is one decode step of the cache's first `batch` rows (every
+        row unless `per_row_positions` and fewer rows are passed); `positions` (batch, 1) are equal across
+        rows unless `per_row_positions`. T > 1 is a prefill starting at
         position 0 (causal attention over the prompt itself), written into cache rows `rows` (a long
         tensor; default all rows); prompts of different lengths are right-padded, and `last_index`
         (one per row) says where each row's last real token is (default: the last column).
@@ -198,6 +208,10 @@ class FusedLlamaStep:
             mask = mask.masked_fill(~visible, float("-inf"))[:, None]  # (batch, 1, 1, L)
             if self.per_row_positions:
                 write_at = positions.expand(batch, self.n_kv)  # (batch, kv heads): each row's position
+                # the first `batch` rows: index grids and cache views with fixed shapes and addresses
+                part = batch != self.batch_size
+                row_index = self.row_index[:batch] if part else self.row_index
+                head_index = self.head_index[:batch] if part else self.head_index
         for i, layer in enumerate(self.layers):
             x = self._rms(hidden, layer["norm_in"])
             qkv = F.linear(x, layer["qkv"], layer["qkv_bias"])
@@ -210,7 +224,7 @@ class FusedLlamaStep:
                 # index_put_ on the cache itself: inductor updates it in place. (The same write through
                 # a flattened view was functionalised into a copy of the whole cache, ~1 ms per step
                 # at 64 rows on an H200: tools/bench/profile_decoders.py.)
-                where = (self.row_index, self.head_index, write_at)
+                where = (row_index, head_index, write_at)
                 self.keys[i].index_put_(where, k[:, :, 0])
                 self.values[i].index_put_(where, v[:, :, 0])
             elif rows is not None:
@@ -221,10 +235,13 @@ class FusedLlamaStep:
                 self.values[i].index_copy_(2, slots, v)
             if length == 1:
                 # grouped-query attention over the unrepeated KV heads: (B, kv, rep, d) x (B, kv, d, L)
+                keys, values = self.keys[i], self.values[i]
+                if batch != keys.shape[0]:
+                    keys, values = keys[:batch], values[:batch]
                 qg = q.reshape(batch, self.n_kv, rep, self.head_dim)
-                scores = torch.matmul(qg, self.keys[i].transpose(2, 3)).to(torch.float32) * self.scaling
+                scores = torch.matmul(qg, keys.transpose(2, 3)).to(torch.float32) * self.scaling
                 probs = torch.softmax(scores + mask, dim=-1).to(q.dtype)
-                out = torch.matmul(probs, self.values[i]).reshape(batch, 1, self.q_size)
+                out = torch.matmul(probs, values).reshape(batch, 1, self.q_size)
             else:
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling,
                                                      enable_gqa=rep > 1)

@@ -122,6 +122,19 @@ class SamplingRows:
         """(temperature, top_p, top_k, seed) of every row."""
         return self.temperature, self.top_p, self.top_k, self.seed
 
+    def first(self, rows: int) -> tuple[Any, Any, Any, Any]:
+        """(temperature, top_p, top_k, seed) of the first `rows` rows: views with fixed addresses."""
+        if rows == len(self._sampled):
+            return self.all()
+        return self.temperature[:rows], self.top_p[:rows], self.top_k[:rows], self.seed[:rows]
+
+    def move(self, source: int, target: int) -> None:
+        """Give row `target` row `source`'s parameters (its seed too: a row's noise depends only on its seed
+        and its token counter, so a request that moves keeps its draws)."""
+        for values in self.all():
+            values[target] = values[source]
+        self._sampled[target] = self._sampled[source]
+
 
 def _mul32(x: Any, constant: int) -> Any:
     """(x * constant) mod 2**32 for int64 tensors holding 32-bit values, without int64 overflow

@@ -16,6 +16,11 @@ last column, so `logits_to_keep=1` gives each row's next-token logits), and `upd
 left by its padding as it copies the prompt's K/V into cache columns 0..length-1 of that slot's row.
 The other rows are not touched.
 
+A decode step may run over the first rows only (the slot decoder keeps its busy requests in the lowest
+rows and steps as many as it needs): `decoding(rows)` makes every layer write and return only the
+cache's first `rows` rows (views of the same buffers, so each row count keeps fixed shapes and
+addresses), and `move_row` copies one row's K/V into another.
+
 This module imports torch and Transformers at the top: import it where a model is already loaded.
 """
 
@@ -104,11 +109,15 @@ class SlotLayer(CacheLayerMixin):
         if mode is None:
             raise RuntimeError("SlotCache.update outside a slot decoder step or prefill")
         if mode[0] == "decode":
-            # each row's one new column at that row's own position: (slots, heads, 1, dim)
+            # each stepped row's one new column at that row's own position: (rows, heads, 1, dim), written
+            # into the cache itself (a smaller index leaves the other rows alone); attention reads those rows
             index = mode[1].view(-1, 1, 1, 1)
             self.keys.scatter_(2, index.expand_as(key_states), key_states)
             self.values.scatter_(2, index.expand_as(value_states), value_states)
-            return self.keys, self.values
+            rows = index.shape[0]
+            if rows == self.slots:
+                return self.keys, self.values
+            return self.keys[:rows], self.values[:rows]
         _, rows, shift = mode
         width = key_states.shape[2]
         # left-padded prompts: input column c of row i holds position c - pad_i; cache column c gets position c
@@ -137,16 +146,28 @@ class SlotCache(Cache):
     def __init__(self, slots: int, max_cache_len: int, n_layers: int, positions: torch.Tensor) -> None:
         super().__init__(layers=[SlotLayer(slots, max_cache_len) for _ in range(n_layers)])
         self.positions = positions
-        self._decode = ("decode", positions.view(-1))  # one tuple, one view: the compiled step sees the same objects
+        self.slots = slots
+        # one tuple and one view per row count: a compiled step sees the same objects every time
+        self._decodes: dict[int, tuple] = {}
         self.decoding()
 
     def _set(self, mode: tuple) -> None:
         for layer in self.layers:
             layer.mode = mode
 
-    def decoding(self) -> None:
-        """Decode steps from now on: every row writes its one new column at `positions[row]`."""
-        self._set(self._decode)
+    def decoding(self, rows: int | None = None) -> None:
+        """Decode steps from now on, over the first `rows` rows (default: all): each writes its one new column
+        at `positions[row]`, and attention reads those rows."""
+        rows = self.slots if rows is None else rows
+        if rows not in self._decodes:
+            self._decodes[rows] = ("decode", self.positions.view(-1)[:rows])
+        self._set(self._decodes[rows])
+
+    def move_row(self, source: int, target: int, columns: int) -> None:
+        """Copy row `source`'s K/V (its first `columns` positions, every layer) into row `target`."""
+        for layer in self.layers:
+            layer.keys[target, :, :columns] = layer.keys[source, :, :columns]
+            layer.values[target, :, :columns] = layer.values[source, :, :columns]
 
     def prefilling(self, rows: torch.Tensor, shift: torch.Tensor) -> None:
         """The next forward is a left-padded prefill of cache rows `rows`; `shift[i, c]` is the input column whose

@@ -1,16 +1,27 @@
-"""Continuous batching over a fixed set of cache slots, with the decode step captured as one device graph.
+"""Continuous batching over a fixed set of cache slots, each decode step captured as one device graph.
 
 Why: Transformers' continuous batching (`generate_batch`) with sdpa attends every query over the
 padded keys of all requests in the batch and plans each step on the host; on an H200 at 64
 prompts it reached 2,617 tokens/s against 20,386 for a static CUDA-graph batch
 (docs/benchmarks/decode.md). Here each request owns one slot (one row of a static K/V cache, each
-row at its own position). Every decode step runs all slots at once with fixed shapes, so it is
-captured once and replayed; a row attends only to its own keys. Idle slots step too (their rows are
-ignored); that costs nothing extra, as a step reads the weights once for all rows.
+row at its own position), and a step runs with fixed shapes, so it is captured once and replayed; a
+row attends only to its own keys.
+
+Only the rows in use step. The active requests are kept packed in the lowest slots: when one leaves
+(finished or cancelled) the highest active row moves into its slot (its K/V up to its length in every
+layer, its token, position, token counter, produced tokens and sampling row: `moves` counts them). A
+step runs over the first B rows, B the smallest of `buckets` (default 1, 2, 4, ... and `slots`) that
+holds every active request, through views of the fixed buffers, so each bucket has its own fixed
+shapes and addresses and its own graph (and compiled step). Idle slots are not free: a step's time
+grows with its rows (weights are read once, but each row's attention reads its whole cache row, and
+on CPU every row costs its own arithmetic), so one active request of 64 slots steps one row, not 64.
+Graphs are captured per (bucket, greedy or sampled): lazily, the first time a bucket is needed, or
+all at once by `start()`, which a server calls so that no stream pauses for a capture (or a compile)
+mid-run; each captured graph keeps its own activation memory.
 
 The step (`step="auto" | "fused" | "model"`, as for the static decoder): "fused" is
 hwrun.inference.decode.fused_step with per-row positions (Llama, Mistral, Qwen2: q/k/v and gate/up
-read as one matrix each); "model" runs the model's own forward for all slots at once over a
+read as one matrix each); "model" runs the model's own forward for the stepped slots at once over a
 `SlotCache` (hwrun.inference.decode.slot_cache: each row's K/V written at that row's position, a 4D
 mask per row, per-row `position_ids`), so any family whose attention goes through Transformers'
 attention interface with sdpa or eager attention decodes here; "auto" takes the fused step where it
@@ -22,34 +33,36 @@ computes attention itself, flash attention, a sliding window shorter than the ca
 The graph is a CUDA graph on NVIDIA/ROCm, an XPU graph on Intel GPUs and an HPU graph on Gaudi in
 lazy mode (the platform's `graph_tools`); elsewhere the same loop runs eagerly, which is how CPU tests prove that its greedy
 tokens equal `model.generate`'s for each prompt. Sampling (temperature, top-p, top-k, seed per
-request) runs inside the step (hwrun.inference.decode.sampling); a second graph is captured for it
-the first time a sampled request is active, so greedy batches keep the plain argmax step.
+request) runs inside the step (hwrun.inference.decode.sampling); a bucket's sampled graph is captured
+the first time a sampled request is active at that bucket, so greedy batches keep the plain argmax step.
+A row's noise depends only on its seed and its token counter, both of which move with it.
 
 Two ways to drive it:
 
 - **Step-wise (a server admitting live requests between steps):**
   `decoder.add(request_id, input_ids, *, max_new_tokens, sampling=None, eos_token_id="model")` prefills
-  the prompt into a free slot now (the request joins at the next step); `FastDecodeError` when no
+  the prompt into the lowest free slot now (the request joins at the next step); `FastDecodeError` when no
   slot is free, the id is already active, or prompt + `max_new_tokens` exceeds `max_cache_len`.
   `decoder.step() -> list[TokenEvent]` runs one decode step (one graph replay where the platform has
-  graphs) over all slots and returns one `TokenEvent(request_id, token_id, finished, finish_reason)`
-  per active request: a request's first event is its prefill token; `finish_reason` is `"stop"`
-  (the token is one of its EOS ids, and is included), `"length"` (its `max_new_tokens`-th token) or
-  None. A finished request leaves its slot at once. Each step reads one token per request to the
-  host (one small transfer); each row is one step ahead of what it reported, so a request's last
-  step computes one token nobody reads. `decoder.cancel(request_id)` frees its slot before the next
-  step (an unknown id is a `FastDecodeError`); `decoder.free_slots` (int) and `decoder.active` (set of
-  request ids) describe the state; `decoder.start()` captures the graphs (and runs the compiled
-  step once) if not yet done, so the first request does not pay for it.
-  Greedy requests give exactly `model.generate(do_sample=False)`'s tokens; seeded sampled requests
-  give the same tokens whatever else is in the batch.
+  graphs) over the active requests' bucket and returns one
+  `TokenEvent(request_id, token_id, finished, finish_reason)` per active request: a request's first
+  event is its prefill token; `finish_reason` is `"stop"` (the token is one of its EOS ids, and is
+  included), `"length"` (its `max_new_tokens`-th token) or None. A finished request leaves its slot at
+  once. Each step reads one token per request to the host (one small transfer); each row is one step
+  ahead of what it reported, so a request's last step computes one token nobody reads.
+  `decoder.cancel(request_id)` frees its slot before the next step (an unknown id is a
+  `FastDecodeError`); `decoder.free_slots` (int) and `decoder.active` (set of request ids) describe the
+  state; `decoder.start()` captures every bucket's graphs (or runs each compiled step once) if not yet
+  done, so no request pays for it. Greedy requests give exactly `model.generate(do_sample=False)`'s
+  tokens; seeded sampled requests give the same tokens whatever else is in the batch and however often
+  they move.
 - **Whole batches:** `decoder.generate(prompts, max_new_tokens, *, eos_token_id="model", sampling=None)`
   admits prompts into free slots, padded prefills in groups of <= `prefill_tokens` (right-padded for the
   fused step, left-padded for the model's own forward), and reads the
   host only every `check_every` steps (sooner when a request's budget ends), retiring finished
-  requests and admitting waiting ones while the others continue. It shares the prefill, the sampling
-  rows and the graphs with the step-wise API, but not at the same time: it refuses while requests
-  added with `add()` are active.
+  requests (packing the rest down) and admitting waiting ones while the others continue. It shares the
+  prefill, the sampling rows and the graphs with the step-wise API, but not at the same time: it
+  refuses while requests added with `add()` are active.
 """
 
 from __future__ import annotations
@@ -116,11 +129,27 @@ class TokenEvent:
     finish_reason: str | None = None
 
 
+def bucket_sizes(slots: int, buckets: Sequence[int] | None = None) -> tuple[int, ...]:
+    """The row counts a decode step runs over, ascending: `buckets` (each in 1..slots) or the powers of two
+    below `slots`; `slots` itself is always one (every slot busy)."""
+    if buckets is None:
+        sizes = {1 << i for i in range(slots.bit_length()) if 1 << i < slots}
+    else:
+        sizes = set()
+        for size in buckets:
+            if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= slots:
+                raise FastDecodeError(f"buckets={list(buckets)!r} holds {size!r}: each bucket is a row count "
+                                      f"from 1 to slots={slots} (or leave buckets=None: 1, 2, 4, ... and slots).")
+            sizes.add(size)
+    return tuple(sorted(sizes | {slots}))
+
+
 @dataclass
 class _Request:
-    """A request added with `add()`: its slot, budget, stop ids and how many tokens were reported."""
+    """A request added with `add()`: its slot, prompt length, budget, stop ids and how many tokens were reported."""
 
     slot: int
+    length: int
     budget: int
     eos: frozenset[int]
     reported: int = 0
@@ -130,19 +159,22 @@ class SlotDecoder:
     """Continuous batching of any number of prompts through `slots` cache rows of `max_cache_len`
     positions each (a prompt plus its new tokens must fit one row). `use_graphs=None` captures where the
     model's platform (`platform`, default: the one of `model.device`) has graph tools; `step` picks the
-    fused Llama-family step or the model's own forward ("auto": fused where it applies). See the module
-    docstring for the step-wise API (`add`, `step`, `cancel`, `start`) and `generate`."""
+    fused Llama-family step or the model's own forward ("auto": fused where it applies); `buckets` are
+    the row counts a step runs over (default 1, 2, 4, ... and `slots`; `buckets=[slots]` steps every slot
+    always, one graph). See the module docstring for the step-wise API (`add`, `step`, `cancel`, `start`)
+    and `generate`."""
 
     def __init__(self, model: Any, *, slots: int, max_cache_len: int, use_graphs: bool | None = None,
                  compile_backend: Any = None, compile_mode: str | None = None, tune: bool = False,
                  check_every: int = 16, prefill_tokens: int = PREFILL_TOKENS, step: str = "auto",
-                 platform: Any = None) -> None:
+                 platform: Any = None, buckets: Sequence[int] | None = None) -> None:
         import torch
 
         self.platform = model_platform(model, platform)
         check_compile_allowed(self.platform, compile_backend)
         self.graph_tools = decoder_graph_tools(self.platform) if use_graphs is not False else None
         check_decoder_args(model, slots, max_cache_len, use_graphs, self.graph_tools, self.platform)
+        self.buckets = bucket_sizes(slots, buckets)
         self.step_name, self.step_reason = slot_step_support(model, step)
         if self.step_name is None:
             if step == "fused":
@@ -172,15 +204,16 @@ class SlotDecoder:
         else:
             self._build_cache()
         self.sampling = SamplingRows(slots, self.device)
-        self._step_fns = {sample: compile_step(lambda s=sample: self._step(s), compile_backend, compile_mode, tune)
-                          for sample in (False, True)}
-        self._step_fn = self._step_fns[False]  # the greedy step (kept under its old name)
-        self.graphs: dict[bool, Any] = {}
-        self._warm: set[bool] = set()
+        self._compile = (compile_backend, compile_mode, tune)
+        self._step_fns: dict[tuple[bool, int], Any] = {}  # (sampled, rows) -> the step over the first rows
+        self.graphs: dict[tuple[bool, int], Any] = {}  # (sampled, rows) -> its captured graph
+        self._warm: set[tuple[bool, int]] = set()
         self.compiled = compile_backend is not None
         self.capture_seconds: float | None = None
         self.steps = 0  # decode steps run by the last generate() (for reports)
         self.prefills = 0
+        self.moves = 0  # rows moved down to keep the active ones packed (since construction)
+        self.last_rows = 0  # the rows the latest step ran over
         self._owner: list[Any] = [None] * slots  # request id per slot (step-wise API)
         self._requests: dict[Any, _Request] = {}
 
@@ -203,31 +236,68 @@ class SlotDecoder:
 
     @property
     def graph(self) -> Any:
-        """The captured greedy step (None before capture or without graphs)."""
-        return self.graphs.get(False)
+        """The captured greedy step over every slot (None before capture or without graphs)."""
+        return self.graphs.get((False, self.slots))
+
+    @property
+    def _step_fn(self) -> Any:
+        """The greedy step over every slot (compiled where asked): what tools/bench/profile_decoders.py times."""
+        return self._step_function(False, self.slots)
+
+    def bucket(self, active: int) -> int:
+        """The rows a step runs over with `active` requests (packed in the lowest slots): the smallest bucket
+        that holds them."""
+        return next(size for size in self.buckets if size >= active)
 
     # ---- the step and the prefill (shared by both APIs) -------------------------------------------
 
-    def _step(self, sample: bool = False) -> None:
-        """One decode step of every slot; fixed buffers only (capturable). Idle slots clamp at the end."""
+    def _step(self, sample: bool = False, rows: int | None = None) -> None:
+        """One decode step of the first `rows` slots (default: all); fixed buffers and views of them only
+        (capturable). Idle rows among them step too and clamp at the end; the rows above are not touched."""
+        rows = self.slots if rows is None else rows
+        part = rows != self.slots
+        token = self.token[:rows] if part else self.token
+        position = self.position[:rows] if part else self.position
+        count = self.count[:rows] if part else self.count
         if self.fused is not None:
-            last = self.fused(self.token, self.position)
+            last = self.fused(token, position)
         else:
             from .slot_cache import visible_mask
 
             # each row sees the columns up to its own position (written by this step's update)
-            mask = visible_mask(self.key_index[None, None, :] <= self.position[:, :, None], self.attention,
+            mask = visible_mask(self.key_index[None, None, :] <= position[:, :, None], self.attention,
                                 self.mask_dtype)
-            last = self.model(input_ids=self.token, position_ids=self.position, attention_mask=mask,
+            last = self.model(input_ids=token, position_ids=position, attention_mask=mask,
                               **{self.cache_keyword: self.cache}, use_cache=True, logits_to_keep=1).logits[:, -1]
         if sample:
-            nxt = next_tokens(last, *self.sampling.all(), self.count).unsqueeze(-1)
+            nxt = next_tokens(last, *self.sampling.first(rows), count).unsqueeze(-1)
         else:
             nxt = last.argmax(dim=-1, keepdim=True)
-        self.token.copy_(nxt)
-        self.out.scatter_(1, self.count, nxt)
-        self.count.add_(1).clamp_(max=self.max_cache_len - 1)
-        self.position.add_(1).clamp_(max=self.max_cache_len - 1)
+        token.copy_(nxt)
+        self.out.scatter_(1, count, nxt)  # on the whole buffer: a smaller index writes only the stepped rows
+        count.add_(1).clamp_(max=self.max_cache_len - 1)
+        position.add_(1).clamp_(max=self.max_cache_len - 1)
+
+    def _step_function(self, sample: bool, rows: int) -> Any:
+        """The step over the first `rows` slots, compiled where asked; built once per (sample, rows). Each gets
+        its own code object, so torch.compile keeps one entry per bucket instead of recompiling one past its
+        recompile limit; the model step's cache is told the row count outside the compiled region."""
+        key = (sample, rows)
+        if key not in self._step_fns:
+            def step() -> None:
+                self._step(sample, rows)
+
+            step.__code__ = step.__code__.replace(co_name=f"slot_step_{'sampled' if sample else 'greedy'}_{rows}")
+            compiled = compile_step(step, *self._compile)
+            if self.cache is None:
+                self._step_fns[key] = compiled
+            else:
+                def run() -> None:
+                    self.cache.decoding(rows)
+                    compiled()
+
+                self._step_fns[key] = run
+        return self._step_fns[key]
 
     def _prefill(self, slots: list[int], prompts: list[list[int]]) -> None:
         """Prompts into `slots`: their K/V, first token, position and count (no other row is touched). The fused
@@ -297,34 +367,58 @@ class SlotDecoder:
         if group:
             self._prefill([slots[i] for i in group], [prompts[i] for i in group])
 
-    def _runner(self, sample: bool) -> Any:
-        """The callable that runs one step: the captured graph (captured now if needed) or the step itself."""
+    def _move(self, source: int, target: int, columns: int) -> None:
+        """Row `source`'s whole decoding state into row `target`: its K/V (first `columns` positions, every
+        layer), token, position, token counter, produced tokens and sampling row (seed included, so its noise
+        stream goes on). Outside any graph: the next step reads the fixed buffers."""
+        import torch
+
+        columns = min(columns, self.max_cache_len)
+        with torch.inference_mode():
+            for buffer in (self.token, self.position, self.count, self.out):
+                buffer[target] = buffer[source]
+            self.sampling.move(source, target)
+            if self.fused is not None:
+                self.fused.move_row(source, target, columns)
+            else:
+                self.cache.move_row(source, target, columns)
+        self.moves += 1
+
+    def _runner(self, sample: bool, rows: int | None = None) -> Any:
+        """The callable that runs one step over the first `rows` slots (default: all): the captured graph
+        (captured now if needed) or the step itself."""
+        rows = self.slots if rows is None else rows
+        step = self._step_function(sample, rows)
         if not self.use_graphs:
-            return self._step_fns[sample]
-        if sample not in self.graphs:
-            self.graphs[sample], seconds = capture_graph(
-                self._step_fns[sample], self.device, [self.token, self.position, self.count, self.out],
+            return step
+        key = (sample, rows)
+        if key not in self.graphs:
+            self.graphs[key], seconds = capture_graph(
+                step, self.device, [self.token, self.position, self.count, self.out],
                 tools=self.graph_tools, platform=self.platform)
             self.capture_seconds = (self.capture_seconds or 0.0) + seconds
-        return self.graphs[sample].replay
+        return self.graphs[key].replay
 
     def start(self, *, sampling: bool = True) -> None:
-        """Warm up before the first request: capture the greedy step's graph (and the sampled step's when
-        `sampling`) if not yet captured; without graphs, run a compiled step once (its compilation)."""
+        """Warm up before the first request: capture every bucket's greedy step (and sampled step when
+        `sampling`) if not yet captured; without graphs, run each compiled step once (its compilation). All
+        at once, so that no live stream later waits while a bucket it grew into is captured or compiled."""
         import torch
 
         kinds = (False, True) if sampling else (False,)
         with torch.inference_mode():
             for sample in kinds:
-                if self.use_graphs:
-                    self._runner(sample)
-                elif self.compiled and sample not in self._warm:
-                    buffers = [self.token, self.position, self.count, self.out]
-                    saved = [b.clone() for b in buffers]
-                    self._step_fns[sample]()
-                    for buffer, value in zip(buffers, saved, strict=True):
-                        buffer.copy_(value)
-                self._warm.add(sample)
+                for rows in self.buckets:
+                    key = (sample, rows)
+                    if self.use_graphs:
+                        self._runner(sample, rows)
+                    elif self.compiled and key not in self._warm:
+                        buffers = [self.token, self.position, self.count, self.out]
+                        saved = [b.clone() for b in buffers]
+                        self._step_function(sample, rows)()
+                        for buffer, value in zip(buffers, saved, strict=True):
+                            buffer.copy_(value)
+                    self._warm.add(key)
 
     # ---- step-wise API ------------------------------------------------------------------------------
 
@@ -350,7 +444,7 @@ class SlotDecoder:
 
     def add(self, request_id: Any, input_ids: Sequence[int], *, max_new_tokens: int,
             sampling: SamplingParams | None = None, eos_token_id: Any = "model") -> None:
-        """Prefill `input_ids` into a free slot; the request joins at the next `step()`."""
+        """Prefill `input_ids` into the lowest free slot; the request joins at the next `step()`."""
         import torch
 
         prompt = [int(t) for t in input_ids]
@@ -368,7 +462,23 @@ class SlotDecoder:
         with torch.inference_mode():
             self._prefill([slot], [prompt])
         self._owner[slot] = request_id
-        self._requests[request_id] = _Request(slot, max_new_tokens, frozenset(eos_ids(self.model, eos_token_id)))
+        self._requests[request_id] = _Request(slot, len(prompt), max_new_tokens,
+                                              frozenset(eos_ids(self.model, eos_token_id)))
+
+    def _pack(self) -> None:
+        """Move the highest active rows into the free slots below them, so the active requests hold the lowest
+        slots and the next step runs over as few rows as they need."""
+        while True:
+            busy = [s for s, owner in enumerate(self._owner) if owner is not None]
+            holes = [s for s in range(len(busy)) if self._owner[s] is None]
+            if not holes:
+                return
+            source, target = busy[-1], holes[0]
+            request = self._requests[self._owner[source]]
+            # the row has written K/V at positions 0 .. length + reported - 1 (one step ahead of its reports)
+            self._move(source, target, request.length + request.reported)
+            request.slot = target
+            self._owner[target], self._owner[source] = self._owner[source], None
 
     def cancel(self, request_id: Any) -> None:
         """Drop an active request; its slot is free for the next `add()`."""
@@ -376,19 +486,23 @@ class SlotDecoder:
         if request is None:
             raise FastDecodeError(f"request_id={request_id!r} is not active (finished, cancelled or never added).")
         self._owner[request.slot] = None
+        self._pack()
 
     def step(self) -> list[TokenEvent]:
-        """One decode step over every slot; one `TokenEvent` per active request (its oldest unreported token)."""
+        """One decode step over the active requests' bucket of rows; one `TokenEvent` per active request (its
+        oldest unreported token)."""
         import torch
 
         if not self._requests:
             return []
         items = list(self._requests.items())
+        rows = self.bucket(len(items))  # the active requests hold slots 0 .. len(items) - 1
         with torch.inference_mode():
-            self._runner(self.sampling.sampling(r.slot for _, r in items))()
-            rows = torch.tensor([r.slot for _, r in items], device=self.device)
+            self._runner(self.sampling.sampling(r.slot for _, r in items), rows)()
+            index = torch.tensor([r.slot for _, r in items], device=self.device)
             cols = torch.tensor([r.reported for _, r in items], device=self.device)
-            tokens = self.out[rows, cols].tolist()  # the host's one read per step
+            tokens = self.out[index, cols].tolist()  # the host's one read per step
+        self.last_rows = rows
         events = []
         for (request_id, request), token in zip(items, tokens, strict=True):
             request.reported += 1
@@ -397,6 +511,7 @@ class SlotDecoder:
                 del self._requests[request_id]
                 self._owner[request.slot] = None
             events.append(TokenEvent(request_id, token, reason is not None, reason))
+        self._pack()
         return events
 
     # ---- whole batches ----------------------------------------------------------------------------
@@ -428,24 +543,26 @@ class SlotDecoder:
         eos = set(eos_ids(self.model, eos_token_id))
         results: list[list[int] | None] = [None] * len(prompts)
         waiting = deque(range(len(prompts)))
-        active: dict[int, tuple[int, int, int]] = {}  # slot -> (request, tokens produced, of them checked for EOS)
+        # slot -> (request, tokens produced, of them checked for EOS); always slots 0 .. len(active) - 1
+        active: dict[int, tuple[int, int, int]] = {}
         self.steps = self.prefills = 0
         with torch.inference_mode():
             self.sampling.fill(sampling)
-            run = self._runner(sample)
             while waiting or active:
-                free = [s for s in range(self.slots) if s not in active]
                 admitted = []
-                while free and waiting:
-                    admitted.append((free.pop(0), waiting.popleft()))
+                while len(active) + len(admitted) < self.slots and waiting:
+                    admitted.append((len(active) + len(admitted), waiting.popleft()))
                 if admitted:
                     self._admit([s for s, _ in admitted], [prompts[r] for _, r in admitted])
                     active.update({s: (r, 1, 0) for s, r in admitted})  # the prefill's token, unchecked
+                rows = self.bucket(len(active))
+                run = self._runner(sample, rows)
                 chunk = min(self.check_every, *(budgets[r] - n for r, n, _ in active.values()))
                 for _ in range(chunk):
                     run()
                 self.steps += chunk
-                produced = self.out.cpu()  # one transfer per chunk: the host's only sync
+                self.last_rows = rows
+                produced = self.out[:rows].cpu()  # one transfer per chunk: the host's only sync
                 for slot, (request, n, checked) in list(active.items()):
                     n += chunk
                     fresh = produced[slot, checked:n].tolist() if eos else []
@@ -455,4 +572,17 @@ class SlotDecoder:
                         del active[slot]
                     else:
                         active[slot] = (request, n, n)
+                self._pack_batch(active, prompts)
         return [r if r is not None else [] for r in results]
+
+    def _pack_batch(self, active: dict[int, tuple[int, int, int]], prompts: list[list[int]]) -> None:
+        """generate()'s `_pack`: move the highest active rows into the free slots below them (re-keying `active`)."""
+        while True:
+            holes = [s for s in range(len(active)) if s not in active]
+            if not holes:
+                return
+            source = max(active)
+            request, n, checked = active.pop(source)
+            # n tokens produced: the row has written K/V at positions 0 .. len(prompt) + n - 2
+            self._move(source, holes[0], len(prompts[request]) + n)
+            active[holes[0]] = (request, n, checked)
