@@ -46,6 +46,18 @@ def collectives(results: dict, ctx: hwdist.DistContext) -> None:
     buffer = torch.empty(n, 2, 2)
     results["gather_out_reused"] = hwdist.all_gather(torch.full((2, 2), float(r)), out=buffer) is buffer
     results["gather_out"] = buffer[:, 0, 0].tolist()
+    kept = []  # the same out again (gloo: its kept view), then changed in place, then inputs of other shapes
+    for step in range(3):
+        hwdist.all_gather(torch.full((2, 2), float(r + 10 * step)), out=buffer)
+        kept.append(buffer[:, 1, 1].tolist())
+    buffer.zero_()
+    hwdist.all_gather(torch.full((2, 2), float(r + 100)), out=buffer)
+    kept.append(buffer[:, 1, 1].tolist())
+    flat = torch.empty(n * 6)
+    for shape in ((2, 3), (3, 2), (6,)):
+        hwdist.all_gather(torch.full(shape, float(r + len(shape))), out=flat)
+        kept.append(flat.view(n, 6)[:, 5].tolist())
+    results["gather_out_kept"] = kept
     chunk = torch.empty(1, 3)
     results["reduce_scatter_out_reused"] = hwdist.reduce_scatter(torch.ones(n, 3) * (r + 1), out=chunk) is chunk
     results["reduce_scatter_out"] = chunk.tolist()

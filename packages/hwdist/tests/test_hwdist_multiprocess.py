@@ -140,6 +140,9 @@ def test_out_buffers_are_filled_and_returned(ranks):
     n = len(ranks)
     for result in ranks.values():
         assert result["gather_out_reused"] is True and result["gather_out"] == [float(r) for r in range(n)]
+        assert result["gather_out_kept"] == (
+            [[float(r + 10 * step) for r in range(n)] for step in range(3)] + [[float(r + 100) for r in range(n)]]
+            + [[float(r + dims) for r in range(n)] for dims in (2, 2, 1)])
         assert result["reduce_scatter_out_reused"] is True
         assert result["reduce_scatter_out"] == [[n * (n + 1) / 2] * 3]
 
