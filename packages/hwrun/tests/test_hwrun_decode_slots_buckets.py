@@ -1,0 +1,254 @@
+"""The slot decoder steps only the rows in use: active requests stay packed in the lowest slots (a leaving
+request's slot takes the highest active row: its K/V, position, token counter, produced tokens and sampling row),
+and each step runs over the smallest bucket of rows (1, 2, 4, ... slots) that holds them, one graph per bucket.
+Greedy tokens still equal `model.generate`'s while rows move (fused and model step, Llama and GPT-2), seeded
+sampling is the same alone and beside others however often the request moves, the graph fakes capture one graph
+per bucket used and replay that bucket's, and one active request of 8 slots steps one row."""
+
+from __future__ import annotations
+
+import hwrun
+import pytest
+import torch
+from hwenv.platforms import get_platform
+from hwenv.testing import fake_xpu
+from hwrun.errors import FastDecodeError
+from hwrun.inference.decode import SamplingParams
+from hwrun.inference.decode.slots import SlotDecoder, bucket_sizes
+from hwrun.testing.families import build_tiny_family
+
+TEXTS = ["The king said", "Once upon a time there was a little house", "It was", "The queen", "A dog ran",
+         "She opened the door and saw"]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    plan = hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu")
+    model, tokenizer = hwrun.load(plan)
+    return model, [tokenizer(t)["input_ids"] for t in TEXTS]
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    path = build_tiny_family("gpt2", tmp_path_factory.mktemp("bucket_families") / "gpt2")
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    prompts = [[5, 9, 14], [40, 41, 42, 43, 44, 45, 46, 47, 48], [2, 7, 11, 13, 17], [99], [3, 4], [60, 61, 62, 63]]
+    return model, prompts
+
+
+def _reference(model, ids, n):
+    """`n` greedy tokens of `model.generate` without stopping at EOS: one generate call per token (min_new_tokens
+    would suppress the EOS logit instead of taking it, which the decoder does with eos_token_id=None)."""
+    seq = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            out = model.generate(torch.tensor([seq]), max_new_tokens=1, do_sample=False, pad_token_id=0)
+            seq.append(int(out[0, -1]))
+    return seq[len(ids):]
+
+
+def _step(decoder, streams):
+    for event in decoder.step():
+        streams.setdefault(event.request_id, []).append(event.token_id)
+
+
+def _drain(decoder, streams, rows=None):
+    for _ in range(200):
+        if not decoder.active:
+            return
+        _step(decoder, streams)
+        if rows is not None:
+            rows.append(decoder.last_rows)
+    raise AssertionError("requests never finished")
+
+
+def _packed(decoder):
+    """The active requests hold exactly the lowest slots."""
+    slots = sorted(r.slot for r in decoder._requests.values())
+    return slots == list(range(len(slots)))
+
+
+def test_bucket_sizes():
+    assert bucket_sizes(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert bucket_sizes(6) == (1, 2, 4, 6) and bucket_sizes(1) == (1,)
+    assert bucket_sizes(8, [8]) == (8,) and bucket_sizes(8, [3, 1]) == (1, 3, 8)
+    with pytest.raises(FastDecodeError, match="buckets=\\[0, 4\\] holds 0: each bucket is a row count from 1 to "
+                                              "slots=8"):
+        bucket_sizes(8, [0, 4])
+    with pytest.raises(FastDecodeError, match="holds 9"):
+        bucket_sizes(8, [9])
+
+
+@pytest.mark.parametrize("family", ["llama-fused", "llama-model", "gpt2"])
+def test_tokens_equal_generate_while_rows_move(llama, gpt2, family):
+    model, ids = gpt2 if family == "gpt2" else llama
+    step = "model" if family in ("llama-model", "gpt2") else "fused"
+    decoder = SlotDecoder(model, slots=8, max_cache_len=64, step=step)
+    assert decoder.step_name == step
+    budgets = {"a": 12, "b": 3, "c": 20, "d": 9, "e": 7, "f": 6}
+    streams: dict = {}
+    rows: list[int] = []
+    decoder.add("a", ids[0], max_new_tokens=budgets["a"], eos_token_id=None)
+    _step(decoder, streams)
+    assert decoder.last_rows == 1
+    for name, prompt in zip("bcd", ids[1:4], strict=True):
+        decoder.add(name, prompt, max_new_tokens=budgets[name], eos_token_id=None)
+    _step(decoder, streams)
+    _step(decoder, streams)
+    assert decoder.last_rows == 4 and decoder.moves == 0
+    _step(decoder, streams)  # "b" (slot 1) finishes: "d" (slot 3) moves into slot 1
+    assert "b" not in decoder.active and decoder._requests["d"].slot == 1 and decoder.moves == 1
+    assert _packed(decoder)
+    decoder.cancel("a")  # slot 0 frees: "c" (slot 2) moves down
+    assert decoder._requests["c"].slot == 0 and decoder.moves == 2 and _packed(decoder)
+    _step(decoder, streams)
+    assert decoder.last_rows == 2  # two active requests: the two-row bucket
+    decoder.add("e", ids[4], max_new_tokens=budgets["e"], eos_token_id=None)  # into slot 2, mid-run
+    decoder.add("f", ids[5], max_new_tokens=budgets["f"], eos_token_id=None)
+    assert decoder._requests["f"].slot == 3
+    _drain(decoder, streams, rows)
+    assert rows[0] == 4 and rows[-1] == 1 and rows == sorted(rows, reverse=True)  # shrinking as they finish
+    for name, prompt in zip("bcdef", ids[1:], strict=True):
+        assert streams[name] == _reference(model, prompt, budgets[name]), name
+    assert len(streams["a"]) == 4 and decoder.free_slots == 8 and decoder.moves > 2
+
+
+@pytest.mark.parametrize("family", ["llama-fused", "gpt2"])
+def test_whole_batch_generate_packs_and_shrinks(llama, gpt2, family):
+    model, ids = gpt2 if family == "gpt2" else llama
+    budgets = [3, 14, 5, 9, 4, 11]
+    decoder = SlotDecoder(model, slots=4, max_cache_len=64, check_every=2)
+    rows = decoder.generate(ids, budgets, eos_token_id=None)
+    assert rows == [_reference(model, p, n) for p, n in zip(ids, budgets, strict=True)]
+    assert decoder.moves > 0 and decoder.last_rows == 1  # the longest request ran alone at the end
+
+
+@pytest.mark.parametrize("step", ["fused", "model"])
+def test_one_active_request_of_eight_slots_steps_one_row(llama, step):
+    model, ids = llama
+    decoder = SlotDecoder(model, slots=8, max_cache_len=64, step=step)
+    shapes = []
+    if step == "fused":
+        fused = decoder.fused
+        decoder.fused = lambda token, position, **kw: shapes.append(tuple(token.shape)) or fused(token, position, **kw)
+        hook = None
+    else:
+        hook = model.register_forward_pre_hook(lambda _, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
+                                               with_kwargs=True)
+    try:
+        decoder.add("a", ids[0], max_new_tokens=4, eos_token_id=None)
+        shapes.clear()  # the prefill's
+        streams: dict = {}
+        _drain(decoder, streams)
+        decoder.add("b", ids[1], max_new_tokens=2, eos_token_id=None)
+        decoder.add("c", ids[2], max_new_tokens=2, eos_token_id=None)
+        decoder.add("d", ids[3], max_new_tokens=2, eos_token_id=None)
+        shapes.clear()
+        _step(decoder, streams)
+    finally:
+        if hook is not None:
+            hook.remove()
+    assert shapes == [(4, 1)]  # three active: the four-row bucket
+    assert streams["a"] == _reference(model, ids[0], 4)
+
+
+SEEDED = SamplingParams(temperature=1.3, top_p=0.95, top_k=50, seed=21)
+
+
+def _sampled_run(model, ids, others, cancel_at=None):
+    """A seeded request "s" added after `others` ((prompt index, budget); every other one sampled with its own
+    seed), so it starts in the highest slot; `cancel_at` cancels "o1" before that step. (s's tokens, its first
+    slot, the rows moved)."""
+    decoder = SlotDecoder(model, slots=8, max_cache_len=64)
+    for index, (other, budget) in enumerate(others):
+        decoder.add(f"o{index}", ids[other], max_new_tokens=budget, eos_token_id=None,
+                    sampling=SamplingParams(temperature=0.8, seed=index) if index % 2 else None)
+    decoder.add("s", ids[0], max_new_tokens=14, eos_token_id=None, sampling=SEEDED)
+    start = decoder._requests["s"].slot
+    streams: dict = {}
+    for step in range(30):
+        if not decoder.active:
+            break
+        if step == cancel_at:
+            decoder.cancel("o1")
+        _step(decoder, streams)
+    return streams["s"], start, decoder.moves
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_seeded_sampling_keeps_its_tokens_when_its_row_moves(llama, gpt2, family):
+    model, ids = gpt2 if family == "gpt2" else llama
+    alone, _, _ = _sampled_run(model, ids, [])
+    beside, start, moves = _sampled_run(model, ids, [(1, 3), (2, 5), (3, 20), (4, 2)], cancel_at=4)
+    assert start == 4 and moves == 4  # s: slot 4, then 3 and 0 as o3 and o0 finish; then o2 moves twice
+    assert beside == alone and len(alone) == 14
+    assert alone != _reference(model, ids[0], 14)  # it did sample
+    # the whole-batch API: the second prompt samples as it would alone while shorter ones retire around it
+    rows = SlotDecoder(model, slots=2, max_cache_len=64, check_every=3).generate(
+        [ids[3], ids[0], ids[1]], [2, 14, 4], eos_token_id=None, sampling=SEEDED)
+    assert rows[1] == alone
+
+
+def test_graph_fakes_capture_one_graph_per_bucket_used_and_replay_it(llama):
+    model, ids = llama
+    eager = SlotDecoder(model, slots=4, max_cache_len=64, use_graphs=False)
+    plan = [("add", "a", 0, 9), ("step",), ("add", "b", 1, 4), ("step",), ("add", "c", 2, 6), ("step",),
+            ("step",), ("cancel", "a"), ("step",), ("step",), ("step",), ("step",)]
+
+    def drive(decoder, replays=None):
+        streams: dict = {}
+        for action in plan:
+            if action[0] == "add":
+                decoder.add(action[1], ids[action[2]], max_new_tokens=action[3], eos_token_id=None)
+            elif action[0] == "cancel":
+                decoder.cancel(action[1])
+            elif decoder.active:
+                _step(decoder, streams)
+        _drain(decoder, streams)
+        return streams
+
+    expected = drive(eager)
+    with fake_xpu(1) as fake:
+        decoder = SlotDecoder(model, slots=4, max_cache_len=64, platform=get_platform("xpu"))
+        assert decoder.use_graphs and decoder.buckets == (1, 2, 4)
+        replayed = []
+        real_runner = decoder._runner
+
+        def runner(sample, rows=None):
+            fresh = (sample, rows) not in decoder.graphs
+            replay = real_runner(sample, rows)
+            if fresh:  # record which graph each replay is
+                graph = decoder.graphs[(sample, rows)]
+                original = graph.replay
+                graph.replay = lambda key=(sample, rows): replayed.append(key) or original()
+                replay = graph.replay
+            return replay
+
+        decoder._runner = runner
+        got = drive(decoder)
+        # a alone (1 row), a+b (2), a+b+c (4 rows, also while b finishes), then c alone after a is cancelled
+        assert sorted(decoder.graphs) == [(False, 1), (False, 2), (False, 4)]
+        assert fake.graph_events.count("capture_begin") == 3
+        assert replayed[:3] == [(False, 1), (False, 2), (False, 4)]
+        assert replayed.count((False, 1)) > 1 and fake.graph_events.count("replay") == len(replayed)
+    assert got == expected
+    for name, index, budget in (("b", 1, 4), ("c", 2, 6)):
+        assert got[name] == _reference(model, ids[index], budget)
+
+
+def test_start_captures_every_bucket_once(llama):
+    model, ids = llama
+    with fake_xpu(1) as fake:
+        decoder = SlotDecoder(model, slots=8, max_cache_len=32, platform=get_platform("xpu"), buckets=[1, 8])
+        decoder.start()
+        assert sorted(decoder.graphs) == [(False, 1), (False, 8), (True, 1), (True, 8)]
+        decoder.start()
+        assert fake.graph_events.count("capture_begin") == 4 and "replay" not in fake.graph_events
+        decoder.add("a", ids[0], max_new_tokens=3, eos_token_id=None)
+        decoder.add("b", ids[2], max_new_tokens=3, eos_token_id=None)
+        streams: dict = {}
+        _step(decoder, streams)
+        assert decoder.last_rows == 8  # no 2-row bucket: the next one up
+        assert fake.graph_events.count("capture_begin") == 4
