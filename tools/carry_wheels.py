@@ -7,6 +7,7 @@ image lacks or whose version matters, and downloads cp312 manylinux wheels for t
 
     python3 tools/carry_wheels.py            # then carry ".whl" in the device call
     python3 tools/carry_wheels.py --dry-run  # list what it would fetch
+    python3 tools/carry_wheels.py --extra bitsandbytes  # QLoRA runs: bitsandbytes, slimmed to one CUDA build
 
 The device README's size limit (64 MiB per call, working tree included) is checked at the end.
 """
@@ -40,6 +41,8 @@ ENVIRONMENT = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_p
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64")
 LIMIT = 64 * 2**20
+#: The CUDA build of torch in the GPU image (torch 2.11.0+cu130): the one bitsandbytes library to keep.
+IMAGE_CUDA = "130"
 
 
 def locked_packages(lock: Path) -> dict[str, dict]:
@@ -72,6 +75,29 @@ def to_carry(names: list[str]) -> list[str]:
     return [n for n in names if n in VERSION_SENSITIVE or (n not in IMAGE_HAS and not n.startswith("nvidia-"))]
 
 
+def slim_bitsandbytes(wheel: Path, cuda: str = IMAGE_CUDA) -> int:
+    """Rewrite bitsandbytes' wheel keeping only the native library for CUDA `cuda` and the CPU one (the wheel
+    holds one per CUDA and ROCm version: 43 MB, over the carry limit beside transformers); bytes saved."""
+    import zipfile
+
+    keep = {f"libbitsandbytes_cuda{cuda}.so", "libbitsandbytes_cpu.so"}
+    before = wheel.stat().st_size
+    slim = wheel.with_suffix(".slim")
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(slim, "w", zipfile.ZIP_DEFLATED) as target:
+        names = [n for n in source.namelist()
+                 if not (Path(n).name.startswith("libbitsandbytes_") and Path(n).name not in keep)]
+        if not any(Path(n).name == f"libbitsandbytes_cuda{cuda}.so" for n in names):
+            raise SystemExit(f"{wheel.name} has no libbitsandbytes_cuda{cuda}.so: pick another --cuda")
+        for name in names:
+            data = source.read(name)
+            if name.endswith(".dist-info/RECORD"):  # drop the removed files' lines
+                data = b"\n".join(line for line in data.split(b"\n")
+                                  if not line or line.split(b",")[0].decode() in names or line.startswith(name.encode()))
+            target.writestr(name, data)
+    slim.replace(wheel)
+    return before - wheel.stat().st_size
+
+
 def pip_python() -> str:
     """A Python that has pip: this one, its base interpreter, or `python3` on PATH (uv's venvs have no pip)."""
     import shutil
@@ -94,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dest", type=Path, default=ROOT / ".whl")
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--extra", nargs="*", default=[], help="more root packages (e.g. bitsandbytes)")
+    parser.add_argument("--cuda", default=IMAGE_CUDA, help="the CUDA build whose bitsandbytes library is kept")
     args = parser.parse_args(argv)
     packages = locked_packages(ROOT / "uv.lock")
     wanted = to_carry(closure(packages, ROOTS + tuple(args.extra)))
@@ -110,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([pip_python(), "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                         "--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(args.dest), pin],
                        check=True)
+    for wheel in args.dest.glob("bitsandbytes-*.whl"):
+        if wheel.stat().st_size > 16 * 2**20:
+            saved = slim_bitsandbytes(wheel, args.cuda)
+            print(f"{wheel.name}: kept the CUDA {args.cuda} and CPU libraries only ({saved / 2**20:.0f} MiB less)")
     stale = [w for w in args.dest.glob("*.whl")
              if not any(w.name.lower().startswith(p.split("==")[0].replace("-", "_").lower() + "-" + p.split("==")[1])
                         for p in pins)]
