@@ -59,6 +59,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 FULL = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
             num_key_value_heads=8, vocab_size=128256, seq=1024, batch=8, warmup=5, steps=10)
+#: issue 29's second shape: the same layers with the shipped tokenizer's 3,072-token vocabulary (0.98B
+#: parameters), seq 512 x batch 16 (the same 8,192 tokens a step, a smaller output head).
+SHAPES = {"1.24b-s1024-b8": FULL,
+          "0.98b-s512-b16": dict(FULL, vocab_size=3072, seq=512, batch=16)}
 SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=512, seq=64, batch=4, warmup=2, steps=3)
 #: hwrun configurations that differ from `hwrun` by their train(kernels=...) choice (the kernel policy's table).
@@ -341,7 +345,7 @@ def why_skipped(name: str, device: str) -> str | None:
 
 
 def child(args: argparse.Namespace) -> int:
-    sizes = SMOKE if args.smoke else FULL
+    sizes = SMOKE if args.smoke else SHAPES[args.shape]
     result = run_one(args.one, args.model_dir, sizes, args.smoke, args.profile)
     Path(args.result).write_text(json.dumps(result, default=str))
     return 0
@@ -460,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="output folder for train.json / train.md / train.png")
     parser.add_argument("--smoke", action="store_true", help="tiny model on CPU, to check the script")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="1.24b-s1024-b8",
+                        help="model and batch shape (issue 29's two shapes)")
     parser.add_argument("--configs", default=",".join(CONFIGS),
                         help=f"subset of {','.join(CONFIGS)}; a name listed again runs again (median of its runs)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per configuration")
@@ -474,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--out is required")
     import torch
 
-    sizes = SMOKE if args.smoke else FULL
+    sizes = SMOKE if args.smoke else SHAPES[args.shape]
     cuda = torch.cuda.is_available() and not args.smoke
     if not cuda and not args.smoke:
         print("No CUDA device: run on the H200, or pass --smoke to check the script on CPU.", file=sys.stderr)
@@ -489,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     params = json.loads((model_dir / "bench_params.json").read_text())["parameters"]
     if cuda:
         torch.cuda.empty_cache()
-    meta = {"sizes": sizes, "parameters": params, "device": torch.cuda.get_device_name(0) if cuda else "cpu (smoke)",
+    meta = {"shape": "smoke" if args.smoke else args.shape, "sizes": sizes, "parameters": params, "device": torch.cuda.get_device_name(0) if cuda else "cpu (smoke)",
             "torch": torch.__version__, "python": platform.python_version()}
     try:
         import peft
@@ -502,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     for index, name in enumerate(configs):
         result_file = work / f"{name}-{index}.json"
         argv_child = [sys.executable, os.path.abspath(__file__), "--one", name, "--model-dir", str(model_dir),
-                      "--result", str(result_file), *(["--smoke"] if args.smoke else []),
+                      "--result", str(result_file), "--shape", args.shape, *(["--smoke"] if args.smoke else []),
                       *(["--profile"] if args.profile else [])]
         print(f"--- {name}", flush=True)
         try:
