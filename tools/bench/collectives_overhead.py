@@ -38,7 +38,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_gather_object", "barrier")
 RAW = "raw torch.distributed"
 #: out=None: hwdist allocates the output, so its baseline is the raw call on a new flat output (`torch.empty`, no view)
 NEW_RAW, NEW_OURS = "raw, new output each call", "hwdist, out=None"
@@ -117,8 +117,25 @@ def _raw(op: str, x, out, n: int) -> dict:
     return found
 
 
+def _untensored(op: str, lib, older, n: int) -> dict:
+    """all_gather_object and barrier: no tensor, no check= (barrier is hwdist's descriptor exchange)."""
+    import torch.distributed as dist
+
+    payload, gathered = {"rank": dist.get_rank(), "step": 1}, [None] * n
+    if op == "barrier":
+        found = {RAW: dist.barrier, "hwdist": lib.barrier}
+    else:
+        found = {RAW: lambda: dist.all_gather_object(gathered, payload), "hwdist": lambda: lib.all_gather_object(payload)}
+    if older is not None:
+        found[f"hwdist {older.__label__}"] = getattr(older, op) if op == "barrier" else (
+            lambda: older.all_gather_object(payload))
+    return found
+
+
 def variants(op: str, lib, older, x, out, n: int) -> dict:
     """name -> a no-argument call of `op` on the same tensors; the baseline first."""
+    if op in ("all_gather_object", "barrier"):
+        return _untensored(op, lib, older, n)
 
     def ours(module):  # spelt out: a `**kwargs` call costs ~0.5 us more here, even an empty one
         return {"all_reduce": lambda: module.all_reduce(x), "broadcast": lambda: module.broadcast(x, 0),

@@ -66,7 +66,8 @@ def collectives(results: dict, ctx: hwdist.DistContext) -> None:
     results["reduce_scatter"] = hwdist.reduce_scatter(torch.arange(2.0 * n) + r).tolist()
     results["reduce_scatter_mean"] = hwdist.reduce_scatter(torch.arange(2.0 * n) + r, "mean").tolist()
     results["reduce_scatter_max"] = hwdist.reduce_scatter(torch.arange(2.0 * n) * (r + 1), "max").tolist()
-    hwdist.barrier()
+    for _ in range(3):  # its descriptor tensors are made on the first call and reused
+        hwdist.barrier()
     results["barrier"] = True
     # Mismatches: with checks on (opt-in: check=True, init(check=True) or HWDIST_CHECKS=1) every rank must get
     # an error and none may hang.
@@ -78,6 +79,8 @@ def collectives(results: dict, ctx: hwdist.DistContext) -> None:
         lambda: hwdist.all_reduce(torch.zeros(2), check=True) if r == 0 else hwdist.broadcast(torch.zeros(2), check=True))
     results["reduce_op_mismatch"] = _error(lambda: hwdist.all_reduce(torch.zeros(2), "sum" if r == 0 else "max", check=True))
     results["broadcast_src_mismatch"] = _error(lambda: hwdist.broadcast(torch.zeros(2), src=0 if r == 0 else 1, check=True))
+    results["barrier_mismatch"] = _error(
+        lambda: hwdist.barrier() if r == 0 else hwdist.all_reduce(torch.zeros(2), check=True))
     results["bad_op_on_rank0"] = _error(lambda: hwdist.all_reduce(torch.zeros(2), "bogus" if r == 0 else "sum", check=True))
     results["mean_int"] = _error(lambda: hwdist.all_reduce(torch.zeros(2, dtype=torch.int64), "mean", check=True))
     results["reduce_scatter_indivisible"] = _error(lambda: hwdist.reduce_scatter(torch.zeros(n + 1), check=True))

@@ -168,6 +168,7 @@ def test_reduce_scatter_sum_mean_max(ranks):
     ("op_mismatch", "CollectiveMismatchError", ["all_reduce", "broadcast"]),
     ("reduce_op_mismatch", "CollectiveMismatchError", ["op=sum", "op=max"]),
     ("broadcast_src_mismatch", "CollectiveMismatchError", ["src=0", "src=1"]),
+    ("barrier_mismatch", "CollectiveMismatchError", ["rank 0: barrier", "rank 1: all_reduce float32[2]"]),
     ("mean_int", "CollectiveArgumentError", ["floating-point", "int64"]),
     ("reduce_scatter_indivisible", "CollectiveArgumentError", ["divisible by the world size"]),
     ("gather_bad_out", "CollectiveArgumentError", ["all_gather(out=...) must be", "float32"]),

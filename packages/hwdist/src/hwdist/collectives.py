@@ -116,6 +116,14 @@ def _exchange(ctx: DistContext, name: str, tensor: torch.Tensor | None, extra: i
     rows = gathered.view(ctx.world_size, DESCRIPTOR_LENGTH).cpu().tolist()
     if problem:
         raise CollectiveArgumentError(problem)
+    return _compare(ctx, name, rows, dtypes, same_extra)
+
+
+def _compare(ctx: DistContext, name: str, rows: list[list[int]], dtypes: dict[int, str],
+             same_extra: bool = True) -> list[list[int]]:
+    """`rows` if every rank sent the same descriptor; else the error that names what differs."""
+    import torch
+
     def key(r: list[int]) -> list[int]:
         return r if same_extra else r[:3] + r[4:]
 
@@ -198,7 +206,7 @@ class _Fast:
     run, whether the backend's all-gather takes the stacked output, and the last gloo all-gather target."""
 
     __slots__ = ("ctx", "checked", "world_size", "ops", "tensor", "on_device", "all_reduce", "broadcast",
-                 "all_gather", "reduce_scatter", "stacked", "keeps", "gather")
+                 "all_gather", "reduce_scatter", "stacked", "keeps", "gather", "barrier", "equal")
 
     def __init__(self, ctx: DistContext) -> None:
         import torch
@@ -230,6 +238,8 @@ class _Fast:
         # gloo's all-gather: [out, its version after the last call, data pointer, input shape, version bump of
         # one call, out viewed as gloo takes it]
         self.gather: list | None = None
+        self.barrier: tuple | None = None  # barrier's descriptor tensors, made on its first call
+        self.equal = torch.equal
 
     def gloo_gather(self, out: Any, tensor: Any) -> None:
         """All-gather into a contiguous `out` in the form gloo takes: gloo compares each dim-0 chunk of the
@@ -522,7 +532,30 @@ def all_gather_object(obj: Any) -> list[Any]:
 
 
 def barrier() -> None:
-    """Wait until every rank arrives (a descriptor exchange, so it also times out cleanly)."""
-    ctx = current()
-    if ctx.world_size > 1:
-        _exchange(ctx, "barrier", None)
+    """Wait until every rank arrives (a descriptor exchange, so it also times out cleanly, and a peer in
+    another checked collective is a `CollectiveMismatchError`). Its tensors are made once per context."""
+    fast = _fast
+    if fast is None or fast.ctx is not _context._current:
+        fast = _fast_path()
+    if fast.world_size == 1:
+        return
+    if fast.barrier is None:
+        fast.barrier = _barrier_tensors(fast.ctx)
+    mine, gathered, expected = fast.barrier
+    try:
+        fast.all_gather(gathered, mine)
+    except RuntimeError as error:
+        raise _fail(fast.ctx, "barrier", error) from error
+    if not fast.equal(gathered, expected):
+        _compare(fast.ctx, "barrier", gathered.view(fast.world_size, DESCRIPTOR_LENGTH).cpu().tolist(), {})
+
+
+def _barrier_tensors(ctx: DistContext) -> tuple[Any, Any, Any]:
+    """(this rank's barrier descriptor, the buffer every rank's lands in, what it holds when all are in barrier)."""
+    import torch
+
+    row = [0] * DESCRIPTOR_LENGTH
+    row[0] = _OP_CODES["barrier"]
+    mine = torch.tensor(row, dtype=torch.int64, device=ctx.device)
+    return mine, torch.empty(ctx.world_size * DESCRIPTOR_LENGTH, dtype=torch.int64, device=ctx.device), \
+        mine.repeat(ctx.world_size)
