@@ -146,11 +146,13 @@ def cli_wall_time(folder, new_tokens, cache_dir, device_kind):
     env["PYTHONPATH"] = os.pathsep.join(sys.path[:5] + [env.get("PYTHONPATH", "")])
     entry = "import sys; from hwrun.cli.main import main; sys.exit(main())"  # the `hwrun` script's entry point
     command = [sys.executable, "-c", entry, "generate", "--model", str(folder), "--device", device_kind,
-               "--compile", "--max-new-tokens", str(new_tokens), "--no-stream", "The king said"]
+               "--compile", "--max-new-tokens", str(new_tokens), "--no-stream", "--timings", "The king said"]
     start = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "rc": done.returncode, "stderr_tail": done.stderr[-400:]}
+    phases = [line.strip("[]") for line in done.stderr.splitlines() if line.startswith("[timings: ")]
+    return {"seconds": seconds, "rc": done.returncode, "stderr_tail": done.stderr[-400:],
+            "timings": phases[-1] if phases else None}  # where the time went: start-up, plan, load, generate
 
 
 def main(argv=None):

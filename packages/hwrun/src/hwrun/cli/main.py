@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_gen.add_argument("--seed", type=int, default=None, help="seed for sampling (with --sample)")
     p_gen.add_argument("--no-stream", action="store_true", help="print the text at the end instead of streaming")
     p_gen.add_argument("--json", action="store_true", help="print the result as JSON (no streaming)")
+    p_gen.add_argument("--timings", action="store_true",
+                       help="print where the wall time went: start-up (imports), plan, load, generate")
     p_gen.set_defaults(func=_cmd_generate)
 
     import importlib
@@ -177,7 +179,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from ..errors import GenerateError
     from ..inference.generate import GenerationResult, _check_inputs, generate
     from ..model.load import load
+    from .timings import PhaseClock
 
+    clock = PhaseClock()
     prompts = list(args.prompts)
     if args.batch_file:
         prompts += read_batch_file(args.batch_file)
@@ -188,11 +192,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     run_plan = _plan_from(args, args.model)
     if run_plan.compile is not None and run_plan.accelerator.platform.has_graphs:  # graph decode compiles its step
         announce_compile_cache(run_plan)
+    clock.mark("plan")
     model, tokenizer = load(run_plan)
+    clock.mark("load")
     options = dict(**sampling, decode=args.decode, model=model, tokenizer=tokenizer)
     single = len(prompts) == 1
     stream = single and not args.no_stream and not args.json  # graph decode streams too (each check_every chunk)
-    timing = ""
+    timing, first_token = "", None
     if stream:
         from .streaming import timed_text_streamer
 
@@ -201,6 +207,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         result = generate(run_plan, prompts, args.max_new_tokens, batching=args.batching, streamer=streamer, **options)
         print()
         timing = f" ({streamer.summary(result.total_new_tokens)})"
+        first_token = streamer.first_token_seconds()
     else:
         result = _generate_with_progress(run_plan, prompts, args, options, generate, GenerationResult)
         if not args.json:
@@ -208,14 +215,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                 print(f"{prompt}{text}")
                 if not single:
                     print("---")
+    clock.mark("generate")
     if args.json:
         print(json.dumps({"texts": result.texts, "token_ids": result.token_ids, "new_tokens": result.new_tokens,
                           "seconds": result.seconds, "tokens_per_second": result.tokens_per_second,
                           "batching": result.batching, "batching_reason": result.batching_reason,
-                          "decode": result.decode, "decode_reason": result.decode_reason}, indent=2))
+                          "decode": result.decode, "decode_reason": result.decode_reason,
+                          **({"timings": clock.as_dict()} if args.timings else {})}, indent=2))
     print(f"[{result.total_new_tokens} new tokens in {result.seconds:.2f}s: {result.tokens_per_second:.1f} tokens/s{timing}; "
           f"{run_plan.device} {run_plan.dtype} {run_plan.attention.implementation}; batching: {result.batching} "
           f"({result.batching_reason}); decode: {result.decode}]", file=sys.stderr)
+    if args.timings:
+        print(f"[{clock.summary(first_token)}]", file=sys.stderr)
     return 0
 
 

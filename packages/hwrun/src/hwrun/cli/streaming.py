@@ -27,6 +27,10 @@ def timed_text_streamer(tokenizer: Any) -> Any:
                 self.last = now
             super().put(value)
 
+        def first_token_seconds(self) -> float | None:
+            """Seconds from the streamer's creation to the first new token (None before it)."""
+            return None if self.first is None else self.first - self.started
+
         def summary(self, new_tokens: int) -> str:
             """'first token after X s, then Y tokens/s' (the decode rate without the first call's set-up)."""
             if self.first is None or self.last is None:
