@@ -3,7 +3,8 @@ request's slot takes the highest active row: its K/V, position, token counter, p
 and each step runs over the smallest bucket of rows (1, 2, 4, ... slots) that holds them, one graph per bucket.
 Greedy tokens still equal `model.generate`'s while rows move (fused and model step, Llama and GPT-2), seeded
 sampling is the same alone and beside others however often the request moves, the graph fakes capture one graph
-per bucket used and replay that bucket's, and one active request of 8 slots steps one row."""
+per bucket used and replay that bucket's, and one active request of 8 slots steps one row. With `cache_buckets`,
+a step also attends over only the cache positions its rows have reached (one graph per rows x length bucket)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from hwenv.platforms import get_platform
 from hwenv.testing import fake_xpu
 from hwrun.errors import FastDecodeError
 from hwrun.inference.decode import SamplingParams
-from hwrun.inference.decode.slots import SlotDecoder, bucket_sizes
+from hwrun.inference.decode.slots import SlotDecoder, bucket_sizes, length_buckets
 from hwrun.testing.families import build_tiny_family
 
 TEXTS = ["The king said", "Once upon a time there was a little house", "It was", "The queen", "A dog ran",
@@ -216,23 +217,24 @@ def test_graph_fakes_capture_one_graph_per_bucket_used_and_replay_it(llama):
         replayed = []
         real_runner = decoder._runner
 
-        def runner(sample, rows=None):
-            fresh = (sample, rows) not in decoder.graphs
-            replay = real_runner(sample, rows)
+        def runner(sample, rows=None, columns=None):
+            key = (sample, rows, columns)
+            fresh = key not in decoder.graphs
+            replay = real_runner(*key)
             if fresh:  # record which graph each replay is
-                graph = decoder.graphs[(sample, rows)]
+                graph = decoder.graphs[key]
                 original = graph.replay
-                graph.replay = lambda key=(sample, rows): replayed.append(key) or original()
+                graph.replay = lambda: replayed.append(key) or original()
                 replay = graph.replay
             return replay
 
         decoder._runner = runner
         got = drive(decoder)
         # a alone (1 row), a+b (2), a+b+c (4 rows, also while b finishes), then c alone after a is cancelled
-        assert sorted(decoder.graphs) == [(False, 1), (False, 2), (False, 4)]
+        assert sorted(decoder.graphs) == [(False, 1, 64), (False, 2, 64), (False, 4, 64)]
         assert fake.graph_events.count("capture_begin") == 3
-        assert replayed[:3] == [(False, 1), (False, 2), (False, 4)]
-        assert replayed.count((False, 1)) > 1 and fake.graph_events.count("replay") == len(replayed)
+        assert replayed[:3] == [(False, 1, 64), (False, 2, 64), (False, 4, 64)]
+        assert replayed.count((False, 1, 64)) > 1 and fake.graph_events.count("replay") == len(replayed)
     assert got == expected
     for name, index, budget in (("b", 1, 4), ("c", 2, 6)):
         assert got[name] == _reference(model, ids[index], budget)
@@ -243,7 +245,7 @@ def test_start_captures_every_bucket_once(llama):
     with fake_xpu(1) as fake:
         decoder = SlotDecoder(model, slots=8, max_cache_len=32, platform=get_platform("xpu"), buckets=[1, 8])
         decoder.start()
-        assert sorted(decoder.graphs) == [(False, 1), (False, 8), (True, 1), (True, 8)]
+        assert sorted(decoder.graphs) == [(False, 1, 32), (False, 8, 32), (True, 1, 32), (True, 8, 32)]
         decoder.start()
         assert fake.graph_events.count("capture_begin") == 4 and "replay" not in fake.graph_events
         decoder.add("a", ids[0], max_new_tokens=3, eos_token_id=None)
@@ -252,3 +254,77 @@ def test_start_captures_every_bucket_once(llama):
         _step(decoder, streams)
         assert decoder.last_rows == 8  # no 2-row bucket: the next one up
         assert fake.graph_events.count("capture_begin") == 4
+
+
+def test_length_buckets():
+    assert length_buckets(1536) == (128, 256, 512, 1024, 1536) and length_buckets(64, 8) == (8, 16, 32, 64)
+    assert length_buckets(100) == (100,)
+    with pytest.raises(FastDecodeError, match="cache_buckets=\\[0\\] holds 0: each is a cache length from 1 to "
+                                              "max_cache_len=16"):
+        SlotDecoder(hwrun.load(hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu"))[0], slots=2, max_cache_len=16,
+                    cache_buckets=[0])
+
+
+@pytest.mark.parametrize("family", ["llama-fused", "llama-model", "gpt2"])
+def test_cache_buckets_attend_over_the_positions_reached(llama, gpt2, family):
+    model, ids = gpt2 if family == "gpt2" else llama
+    step = "model" if family in ("llama-model", "gpt2") else "fused"
+    decoder = SlotDecoder(model, slots=4, max_cache_len=64, step=step, cache_buckets=length_buckets(64, 8))
+    assert decoder.cache_buckets == (8, 16, 32, 64)
+    seen = []
+    if step == "model":
+        hook = model.register_forward_pre_hook(
+            lambda _, args, kwargs: seen.append(tuple(kwargs["attention_mask"].shape)), with_kwargs=True)
+    prompts = {"a": [5, 9, 14], "b": list(range(40, 50)), "c": [2, 7, 11, 13]}
+    budgets = {"a": 28, "b": 12, "c": 20}
+    try:
+        streams: dict = {}
+        decoder.add("a", prompts["a"], max_new_tokens=budgets["a"], eos_token_id=None)
+        columns = []
+        for _ in range(6):
+            _step(decoder, streams)
+            columns.append(decoder.last_columns)
+        decoder.add("b", prompts["b"], max_new_tokens=budgets["b"], eos_token_id=None)
+        decoder.add("c", prompts["c"], max_new_tokens=budgets["c"], eos_token_id=None)
+        while decoder.active:
+            _step(decoder, streams)
+            columns.append(decoder.last_columns)
+    finally:
+        if step == "model":
+            hook.remove()
+    # a at positions 3..8: 8 columns while its position is below 8, then 16; b's 10 prompt tokens keep 16; a's
+    # last position is 30 (31 columns): 32, never all 64
+    assert columns[:7] == [8, 8, 8, 8, 8, 16, 16] and columns[-1] == 32 and max(columns) == 32
+    assert columns == sorted(columns)
+    if step == "model":
+        decode = [shape for shape in seen if shape[2] == 1]  # (rows, 1, 1, columns) decode masks
+        assert [shape[-1] for shape in decode] == columns
+    for name in "abc":
+        assert streams[name] == _reference(model, prompts[name], budgets[name]), name
+    # the whole-batch API bounds each chunk by the furthest position it reaches: same tokens
+    rows = SlotDecoder(model, slots=2, max_cache_len=64, step=step, check_every=4,
+                       cache_buckets=length_buckets(64, 8)).generate(ids[:3], [20, 9, 25], eos_token_id=None)
+    assert rows == [_reference(model, p, n) for p, n in zip(ids[:3], [20, 9, 25], strict=True)]
+    # a chunk of 4 steps from position 5 ends at position 8: the chunk needs 9 columns (16), not 8
+    one = SlotDecoder(model, slots=1, max_cache_len=64, step=step, check_every=4, cache_buckets=length_buckets(64, 8))
+    prompt = [5, 9, 14, 7, 3]
+    assert one.generate([prompt], 5, eos_token_id=None) == [_reference(model, prompt, 5)]
+    assert one.steps == 4 and one.last_columns == 16
+
+
+def test_graph_fakes_capture_one_graph_per_rows_and_length_bucket(llama):
+    model, ids = llama
+    eager = SlotDecoder(model, slots=2, max_cache_len=32, use_graphs=False)
+    eager.add("a", ids[2], max_new_tokens=20, eos_token_id=None)
+    expected = [eager.step()[0].token_id for _ in range(20)]
+    with fake_xpu(1) as fake:
+        decoder = SlotDecoder(model, slots=2, max_cache_len=32, platform=get_platform("xpu"),
+                              cache_buckets=[8, 16])
+        decoder.add("a", ids[2], max_new_tokens=20, eos_token_id=None)
+        tokens = [decoder.step()[0].token_id for _ in range(20)]
+        # 3 prompt tokens + 20 steps: positions 3..22, so 8, then 16, then 32 columns, one row
+        assert sorted(decoder.graphs) == [(False, 1, 8), (False, 1, 16), (False, 1, 32)]
+        assert fake.graph_events.count("capture_begin") == 3 and fake.graph_events.count("replay") == 20
+        decoder.start(sampling=False)  # the rest: 2 rows x 3 lengths
+        assert fake.graph_events.count("capture_begin") == 6
+    assert tokens == expected

@@ -192,7 +192,7 @@ def test_the_model_step_captures_and_replays_on_the_graph_fakes(family_dirs):
         assert decoder.step_name == "model" and decoder.use_graphs
         decoder.start()  # the greedy and the sampled step of each bucket (1 and 2 rows), before any request
         assert fake.graph_events.count("capture_begin") == 4 and "replay" not in fake.graph_events
-        assert sorted(decoder.graphs) == [(False, 1), (False, 2), (True, 1), (True, 2)]
+        assert sorted(decoder.graphs) == [(False, 1, 32), (False, 2, 32), (True, 1, 32), (True, 2, 32)]
         decoder.add("a", prompt, max_new_tokens=8, eos_token_id=None)
         tokens = [decoder.step()[0].token_id for _ in range(8)]
         assert fake.graph_events.count("replay") == 8 and fake.graph_events.count("capture_begin") == 4

@@ -160,7 +160,7 @@ def test_start_warms_up_once_and_generate_still_works(loaded, step):
     decoder = SlotDecoder(model, slots=2, max_cache_len=64, compile_backend="eager", step=step)
     assert decoder.step_name == step and decoder.buckets == (1, 2)
     decoder.start(sampling=False)
-    assert decoder._warm == {(False, 1), (False, 2)}  # every bucket's greedy step ran once, buffers restored
+    assert decoder._warm == {(False, 1, 64), (False, 2, 64)}  # every bucket's greedy step ran once, buffers restored
     assert not decoder.position.any() and not decoder.count.any()
     calls = []
     for key, original in list(decoder._step_fns.items()):

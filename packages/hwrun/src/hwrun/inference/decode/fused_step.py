@@ -109,8 +109,8 @@ class FusedLlamaStep:
     `per_row_positions=True` lets each row sit at its own position, which is what continuous batching
     over slots (hwrun.inference.decode.slots) needs: K/V are then written with one `index_put_` per layer at
     (row, kv head, that row's position), and a decode step may pass fewer rows than `batch_size`: it then
-    runs over the cache's first rows only (views of the same buffers, so each row count has fixed shapes
-    and addresses), and `move_row` copies one row's K/V into another (to keep the busy rows first).
+    runs over the cache's first rows only, and may attend over its first `columns` positions only (views of
+    the same buffers, so each row count and length has fixed shapes and addresses), and `move_row` copies one row's K/V into another (to keep the busy rows first).
     """
 
     def __init__(self, model: Any, *, batch_size: int, max_cache_len: int, per_row_positions: bool = False) -> None:
@@ -183,7 +183,8 @@ class FusedLlamaStep:
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
         return weight * h.to(x.dtype)
 
-    def __call__(self, token_ids: Any, positions: Any, *, rows: Any = None, last_index: Any = None) -> Any:
+    def __call__(self, token_ids: Any, positions: Any, *, rows: Any = None, last_index: Any = None,
+                 columns: int | None = None) -> Any:
         """Logits (batch, vocab) of each row's last position; writes K/V of `positions` into the cache.
 
         T == 1 (`token_ids` of shape (batch, 1)) is one decode step of the cache's first `batch` rows (every
@@ -191,7 +192,9 @@ class FusedLlamaStep:
         rows unless `per_row_positions`. T > 1 is a prefill starting at
         position 0 (causal attention over the prompt itself), written into cache rows `rows` (a long
         tensor; default all rows); prompts of different lengths are right-padded, and `last_index`
-        (one per row) says where each row's last real token is (default: the last column).
+        (one per row) says where each row's last real token is (default: the last column). `columns` bounds a
+        decode step's attention to the cache's first positions (each row's position must be below it, or the
+        row is idle); default: all `max_cache_len`.
         """
         import torch
         import torch.nn.functional as F
@@ -203,7 +206,9 @@ class FusedLlamaStep:
         rep = self.n_heads // self.n_kv
         slots = positions[0]
         if length == 1:
-            visible = self.key_index <= positions[:, :, None]  # (batch, 1, L)
+            columns = self.max_cache_len if columns is None else columns
+            key_index = self.key_index if columns == self.max_cache_len else self.key_index[:columns]
+            visible = key_index <= positions[:, :, None]  # (batch, 1, columns)
             mask = torch.zeros(visible.shape, dtype=torch.float32, device=hidden.device)
             mask = mask.masked_fill(~visible, float("-inf"))[:, None]  # (batch, 1, 1, L)
             if self.per_row_positions:
@@ -236,8 +241,8 @@ class FusedLlamaStep:
             if length == 1:
                 # grouped-query attention over the unrepeated KV heads: (B, kv, rep, d) x (B, kv, d, L)
                 keys, values = self.keys[i], self.values[i]
-                if batch != keys.shape[0]:
-                    keys, values = keys[:batch], values[:batch]
+                if batch != keys.shape[0] or columns != self.max_cache_len:
+                    keys, values = keys[:batch, :, :columns], values[:batch, :, :columns]
                 qg = q.reshape(batch, self.n_kv, rep, self.head_dim)
                 scores = torch.matmul(qg, keys.transpose(2, 3)).to(torch.float32) * self.scaling
                 probs = torch.softmax(scores + mask, dim=-1).to(q.dtype)

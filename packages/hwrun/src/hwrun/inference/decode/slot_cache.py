@@ -17,9 +17,10 @@ left by its padding as it copies the prompt's K/V into cache columns 0..length-1
 The other rows are not touched.
 
 A decode step may run over the first rows only (the slot decoder keeps its busy requests in the lowest
-rows and steps as many as it needs): `decoding(rows)` makes every layer write and return only the
-cache's first `rows` rows (views of the same buffers, so each row count keeps fixed shapes and
-addresses), and `move_row` copies one row's K/V into another.
+rows and steps as many as it needs): `decoding(rows, columns)` makes every layer write into the cache
+and return only its first `rows` rows and `columns` positions for attention (views of the same buffers,
+so each row count and length keeps fixed shapes and addresses), and `move_row` copies one row's K/V
+into another.
 
 This module imports torch and Transformers at the top: import it where a model is already loaded.
 """
@@ -114,10 +115,10 @@ class SlotLayer(CacheLayerMixin):
             index = mode[1].view(-1, 1, 1, 1)
             self.keys.scatter_(2, index.expand_as(key_states), key_states)
             self.values.scatter_(2, index.expand_as(value_states), value_states)
-            rows = index.shape[0]
-            if rows == self.slots:
+            rows, columns = index.shape[0], mode[2]
+            if rows == self.slots and columns == self.max_cache_len:
                 return self.keys, self.values
-            return self.keys[:rows], self.values[:rows]
+            return self.keys[:rows, :, :columns], self.values[:rows, :, :columns]
         _, rows, shift = mode
         width = key_states.shape[2]
         # left-padded prompts: input column c of row i holds position c - pad_i; cache column c gets position c
@@ -126,9 +127,9 @@ class SlotLayer(CacheLayerMixin):
         return key_states, value_states
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """(kv length, offset): the whole cache when decoding, the prompt when prefilling (the decoder passes its
-        own 4D masks, so Transformers' mask builders never read this)."""
-        return (self.max_cache_len, 0) if self.mode is not None and self.mode[0] == "decode" else (query_length, 0)
+        """(kv length, offset): the columns attention reads when decoding, the prompt when prefilling (the decoder
+        passes its own 4D masks, so Transformers' mask builders never read this)."""
+        return (self.mode[2], 0) if self.mode is not None and self.mode[0] == "decode" else (query_length, 0)
 
     def get_seq_length(self) -> int:
         """0: rows sit at different positions, so there is no one length (the decoder passes position_ids)."""
@@ -147,21 +148,22 @@ class SlotCache(Cache):
         super().__init__(layers=[SlotLayer(slots, max_cache_len) for _ in range(n_layers)])
         self.positions = positions
         self.slots = slots
-        # one tuple and one view per row count: a compiled step sees the same objects every time
-        self._decodes: dict[int, tuple] = {}
+        self.max_cache_len = max_cache_len
+        # one tuple and one view per (rows, columns): a compiled step sees the same objects every time
+        self._decodes: dict[tuple[int, int], tuple] = {}
         self.decoding()
 
     def _set(self, mode: tuple) -> None:
         for layer in self.layers:
             layer.mode = mode
 
-    def decoding(self, rows: int | None = None) -> None:
+    def decoding(self, rows: int | None = None, columns: int | None = None) -> None:
         """Decode steps from now on, over the first `rows` rows (default: all): each writes its one new column
-        at `positions[row]`, and attention reads those rows."""
-        rows = self.slots if rows is None else rows
-        if rows not in self._decodes:
-            self._decodes[rows] = ("decode", self.positions.view(-1)[:rows])
-        self._set(self._decodes[rows])
+        at `positions[row]`, and attention reads those rows' first `columns` positions (default: all)."""
+        key = (self.slots if rows is None else rows, self.max_cache_len if columns is None else columns)
+        if key not in self._decodes:
+            self._decodes[key] = ("decode", self.positions.view(-1)[:key[0]], key[1])
+        self._set(self._decodes[key])
 
     def move_row(self, source: int, target: int, columns: int) -> None:
         """Copy row `source`'s K/V (its first `columns` positions, every layer) into row `target`."""

@@ -15,9 +15,14 @@ holds every active request, through views of the fixed buffers, so each bucket h
 shapes and addresses and its own graph (and compiled step). Idle slots are not free: a step's time
 grows with its rows (weights are read once, but each row's attention reads its whole cache row, and
 on CPU every row costs its own arithmetic), so one active request of 64 slots steps one row, not 64.
-Graphs are captured per (bucket, greedy or sampled): lazily, the first time a bucket is needed, or
-all at once by `start()`, which a server calls so that no stream pauses for a capture (or a compile)
-mid-run; each captured graph keeps its own activation memory.
+Optionally (`cache_buckets`, e.g. `length_buckets(max_cache_len)`: 128, 256, 512, ... and
+`max_cache_len`), a step also attends over only the first C cache positions, C the smallest cache
+bucket past the furthest position its rows reach (the host knows every row's position), so short
+requests in a long cache do not read the whole row; off by default (None: every position), as it
+multiplies the graphs. Graphs are captured per (rows, cache length, greedy or sampled): lazily, the
+first time one is needed, or all at once by `start()`, which a server calls so that no stream pauses
+for a capture (or a compile) mid-run; each captured graph keeps its own activation memory, and each
+compiled one is its own compilation.
 
 The step (`step="auto" | "fused" | "model"`, as for the static decoder): "fused" is
 hwrun.inference.decode.fused_step with per-row positions (Llama, Mistral, Qwen2: q/k/v and gate/up
@@ -144,6 +149,17 @@ def bucket_sizes(slots: int, buckets: Sequence[int] | None = None) -> tuple[int,
     return tuple(sorted(sizes | {slots}))
 
 
+def length_buckets(max_cache_len: int, smallest: int = 128) -> tuple[int, ...]:
+    """Cache lengths for `SlotDecoder(cache_buckets=...)`: the powers of two from `smallest` below `max_cache_len`,
+    and `max_cache_len`."""
+    sizes = []
+    size = smallest
+    while size < max_cache_len:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, max_cache_len)
+
+
 @dataclass
 class _Request:
     """A request added with `add()`: its slot, prompt length, budget, stop ids and how many tokens were reported."""
@@ -161,13 +177,15 @@ class SlotDecoder:
     model's platform (`platform`, default: the one of `model.device`) has graph tools; `step` picks the
     fused Llama-family step or the model's own forward ("auto": fused where it applies); `buckets` are
     the row counts a step runs over (default 1, 2, 4, ... and `slots`; `buckets=[slots]` steps every slot
-    always, one graph). See the module docstring for the step-wise API (`add`, `step`, `cancel`, `start`)
+    always, one graph); `cache_buckets` the cache lengths its attention may be bounded to (default None:
+    all `max_cache_len` positions; `length_buckets(max_cache_len)` gives powers of two). See the module docstring for the step-wise API (`add`, `step`, `cancel`, `start`)
     and `generate`."""
 
     def __init__(self, model: Any, *, slots: int, max_cache_len: int, use_graphs: bool | None = None,
                  compile_backend: Any = None, compile_mode: str | None = None, tune: bool = False,
                  check_every: int = 16, prefill_tokens: int = PREFILL_TOKENS, step: str = "auto",
-                 platform: Any = None, buckets: Sequence[int] | None = None) -> None:
+                 platform: Any = None, buckets: Sequence[int] | None = None,
+                 cache_buckets: Sequence[int] | None = None) -> None:
         import torch
 
         self.platform = model_platform(model, platform)
@@ -175,6 +193,7 @@ class SlotDecoder:
         self.graph_tools = decoder_graph_tools(self.platform) if use_graphs is not False else None
         check_decoder_args(model, slots, max_cache_len, use_graphs, self.graph_tools, self.platform)
         self.buckets = bucket_sizes(slots, buckets)
+        self.cache_buckets = self._cache_buckets(max_cache_len, cache_buckets)
         self.step_name, self.step_reason = slot_step_support(model, step)
         if self.step_name is None:
             if step == "fused":
@@ -205,15 +224,17 @@ class SlotDecoder:
             self._build_cache()
         self.sampling = SamplingRows(slots, self.device)
         self._compile = (compile_backend, compile_mode, tune)
-        self._step_fns: dict[tuple[bool, int], Any] = {}  # (sampled, rows) -> the step over the first rows
-        self.graphs: dict[tuple[bool, int], Any] = {}  # (sampled, rows) -> its captured graph
-        self._warm: set[tuple[bool, int]] = set()
+        # (sampled, rows, columns) -> the step over the first rows, attending over the first columns; its graph
+        self._step_fns: dict[tuple[bool, int, int], Any] = {}
+        self.graphs: dict[tuple[bool, int, int], Any] = {}
+        self._warm: set[tuple[bool, int, int]] = set()
         self.compiled = compile_backend is not None
         self.capture_seconds: float | None = None
         self.steps = 0  # decode steps run by the last generate() (for reports)
         self.prefills = 0
         self.moves = 0  # rows moved down to keep the active ones packed (since construction)
-        self.last_rows = 0  # the rows the latest step ran over
+        self.last_rows = 0  # the rows the latest step ran over ...
+        self.last_columns = 0  # ... and the cache positions it attended over
         self._owner: list[Any] = [None] * slots  # request id per slot (step-wise API)
         self._requests: dict[Any, _Request] = {}
 
@@ -234,39 +255,59 @@ class SlotDecoder:
             self._model_prefill(torch.zeros((1, 1), dtype=torch.long, device=self.device),
                                 torch.zeros(1, dtype=torch.long, device=self.device))
 
+    @staticmethod
+    def _cache_buckets(max_cache_len: int, cache_buckets: Sequence[int] | None) -> tuple[int, ...]:
+        if cache_buckets is None:
+            return (max_cache_len,)
+        sizes = set()
+        for size in cache_buckets:
+            if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= max_cache_len:
+                raise FastDecodeError(f"cache_buckets={list(cache_buckets)!r} holds {size!r}: each is a cache length "
+                                      f"from 1 to max_cache_len={max_cache_len} (length_buckets(max_cache_len) "
+                                      "gives powers of two; None attends over every position).")
+            sizes.add(size)
+        return tuple(sorted(sizes | {max_cache_len}))
+
     @property
     def graph(self) -> Any:
-        """The captured greedy step over every slot (None before capture or without graphs)."""
-        return self.graphs.get((False, self.slots))
+        """The captured greedy step over every slot and position (None before capture or without graphs)."""
+        return self.graphs.get((False, self.slots, self.max_cache_len))
 
     @property
     def _step_fn(self) -> Any:
         """The greedy step over every slot (compiled where asked): what tools/bench/profile_decoders.py times."""
-        return self._step_function(False, self.slots)
+        return self._step_function(False, self.slots, self.max_cache_len)
 
     def bucket(self, active: int) -> int:
         """The rows a step runs over with `active` requests (packed in the lowest slots): the smallest bucket
         that holds them."""
         return next(size for size in self.buckets if size >= active)
 
+    def cache_bucket(self, columns: int) -> int:
+        """The cache positions a step attends over when its rows need the first `columns`: the smallest cache
+        bucket that holds them."""
+        return next(size for size in self.cache_buckets if size >= min(columns, self.max_cache_len))
+
     # ---- the step and the prefill (shared by both APIs) -------------------------------------------
 
-    def _step(self, sample: bool = False, rows: int | None = None) -> None:
-        """One decode step of the first `rows` slots (default: all); fixed buffers and views of them only
-        (capturable). Idle rows among them step too and clamp at the end; the rows above are not touched."""
+    def _step(self, sample: bool = False, rows: int | None = None, columns: int | None = None) -> None:
+        """One decode step of the first `rows` slots (default: all), attending over the first `columns` cache
+        positions (default: all; every active row's position must be below it); fixed buffers and views of them
+        only (capturable). Idle rows among them step too and clamp at the end; the rows above are not touched."""
         rows = self.slots if rows is None else rows
+        columns = self.max_cache_len if columns is None else columns
         part = rows != self.slots
         token = self.token[:rows] if part else self.token
         position = self.position[:rows] if part else self.position
         count = self.count[:rows] if part else self.count
         if self.fused is not None:
-            last = self.fused(token, position)
+            last = self.fused(token, position, columns=columns)
         else:
             from .slot_cache import visible_mask
 
             # each row sees the columns up to its own position (written by this step's update)
-            mask = visible_mask(self.key_index[None, None, :] <= position[:, :, None], self.attention,
-                                self.mask_dtype)
+            keys = self.key_index if columns == self.max_cache_len else self.key_index[:columns]
+            mask = visible_mask(keys[None, None, :] <= position[:, :, None], self.attention, self.mask_dtype)
             last = self.model(input_ids=token, position_ids=position, attention_mask=mask,
                               **{self.cache_keyword: self.cache}, use_cache=True, logits_to_keep=1).logits[:, -1]
         if sample:
@@ -278,22 +319,24 @@ class SlotDecoder:
         count.add_(1).clamp_(max=self.max_cache_len - 1)
         position.add_(1).clamp_(max=self.max_cache_len - 1)
 
-    def _step_function(self, sample: bool, rows: int) -> Any:
-        """The step over the first `rows` slots, compiled where asked; built once per (sample, rows). Each gets
-        its own code object, so torch.compile keeps one entry per bucket instead of recompiling one past its
-        recompile limit; the model step's cache is told the row count outside the compiled region."""
-        key = (sample, rows)
+    def _step_function(self, sample: bool, rows: int, columns: int) -> Any:
+        """The step over the first `rows` slots and `columns` positions, compiled where asked; built once per
+        (sample, rows, columns). Each gets its own code object, so torch.compile keeps one entry per bucket
+        instead of recompiling one past its recompile limit; the model step's cache is told the rows and
+        columns outside the compiled region."""
+        key = (sample, rows, columns)
         if key not in self._step_fns:
             def step() -> None:
-                self._step(sample, rows)
+                self._step(sample, rows, columns)
 
-            step.__code__ = step.__code__.replace(co_name=f"slot_step_{'sampled' if sample else 'greedy'}_{rows}")
+            kind = "sampled" if sample else "greedy"
+            step.__code__ = step.__code__.replace(co_name=f"slot_step_{kind}_{rows}_{columns}")
             compiled = compile_step(step, *self._compile)
             if self.cache is None:
                 self._step_fns[key] = compiled
             else:
                 def run() -> None:
-                    self.cache.decoding(rows)
+                    self.cache.decoding(rows, columns)
                     compiled()
 
                 self._step_fns[key] = run
@@ -384,14 +427,15 @@ class SlotDecoder:
                 self.cache.move_row(source, target, columns)
         self.moves += 1
 
-    def _runner(self, sample: bool, rows: int | None = None) -> Any:
-        """The callable that runs one step over the first `rows` slots (default: all): the captured graph
-        (captured now if needed) or the step itself."""
+    def _runner(self, sample: bool, rows: int | None = None, columns: int | None = None) -> Any:
+        """The callable that runs one step over the first `rows` slots and `columns` positions (default: all):
+        the captured graph (captured now if needed) or the step itself."""
         rows = self.slots if rows is None else rows
-        step = self._step_function(sample, rows)
+        columns = self.max_cache_len if columns is None else columns
+        step = self._step_function(sample, rows, columns)
         if not self.use_graphs:
             return step
-        key = (sample, rows)
+        key = (sample, rows, columns)
         if key not in self.graphs:
             self.graphs[key], seconds = capture_graph(
                 step, self.device, [self.token, self.position, self.count, self.out],
@@ -400,25 +444,24 @@ class SlotDecoder:
         return self.graphs[key].replay
 
     def start(self, *, sampling: bool = True) -> None:
-        """Warm up before the first request: capture every bucket's greedy step (and sampled step when
-        `sampling`) if not yet captured; without graphs, run each compiled step once (its compilation). All
-        at once, so that no live stream later waits while a bucket it grew into is captured or compiled."""
+        """Warm up before the first request: capture every (rows, cache length) bucket's greedy step (and
+        sampled step when `sampling`) if not yet captured; without graphs, run each compiled step once (its
+        compilation). All at once, so that no live stream later waits while a bucket it grew into is captured
+        or compiled."""
         import torch
 
         kinds = (False, True) if sampling else (False,)
         with torch.inference_mode():
-            for sample in kinds:
-                for rows in self.buckets:
-                    key = (sample, rows)
-                    if self.use_graphs:
-                        self._runner(sample, rows)
-                    elif self.compiled and key not in self._warm:
-                        buffers = [self.token, self.position, self.count, self.out]
-                        saved = [b.clone() for b in buffers]
-                        self._step_function(sample, rows)()
-                        for buffer, value in zip(buffers, saved, strict=True):
-                            buffer.copy_(value)
-                    self._warm.add(key)
+            for key in ((s, r, c) for s in kinds for r in self.buckets for c in self.cache_buckets):
+                if self.use_graphs:
+                    self._runner(*key)
+                elif self.compiled and key not in self._warm:
+                    buffers = [self.token, self.position, self.count, self.out]
+                    saved = [b.clone() for b in buffers]
+                    self._step_function(*key)()
+                    for buffer, value in zip(buffers, saved, strict=True):
+                        buffer.copy_(value)
+                self._warm.add(key)
 
     # ---- step-wise API ------------------------------------------------------------------------------
 
@@ -497,12 +540,14 @@ class SlotDecoder:
             return []
         items = list(self._requests.items())
         rows = self.bucket(len(items))  # the active requests hold slots 0 .. len(items) - 1
+        # a row at position p (its prompt and reported tokens) writes column p and attends over 0 .. p
+        columns = self.cache_bucket(max(r.length + r.reported for _, r in items) + 1)
         with torch.inference_mode():
-            self._runner(self.sampling.sampling(r.slot for _, r in items), rows)()
+            self._runner(self.sampling.sampling(r.slot for _, r in items), rows, columns)()
             index = torch.tensor([r.slot for _, r in items], device=self.device)
             cols = torch.tensor([r.reported for _, r in items], device=self.device)
             tokens = self.out[index, cols].tolist()  # the host's one read per step
-        self.last_rows = rows
+        self.last_rows, self.last_columns = rows, columns
         events = []
         for (request_id, request), token in zip(items, tokens, strict=True):
             request.reported += 1
@@ -556,12 +601,14 @@ class SlotDecoder:
                     self._admit([s for s, _ in admitted], [prompts[r] for _, r in admitted])
                     active.update({s: (r, 1, 0) for s, r in admitted})  # the prefill's token, unchecked
                 rows = self.bucket(len(active))
-                run = self._runner(sample, rows)
                 chunk = min(self.check_every, *(budgets[r] - n for r, n, _ in active.values()))
+                # n tokens produced: position len + n - 1 now, len + n + chunk - 2 at the chunk's last step
+                columns = self.cache_bucket(max(len(prompts[r]) + n for r, n, _ in active.values()) + chunk - 1)
+                run = self._runner(sample, rows, columns)
                 for _ in range(chunk):
                     run()
                 self.steps += chunk
-                self.last_rows = rows
+                self.last_rows, self.last_columns = rows, columns
                 produced = self.out[:rows].cpu()  # one transfer per chunk: the host's only sync
                 for slot, (request, n, checked) in list(active.items()):
                     n += chunk
