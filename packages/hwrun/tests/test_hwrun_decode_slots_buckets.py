@@ -328,3 +328,19 @@ def test_graph_fakes_capture_one_graph_per_rows_and_length_bucket(llama):
         decoder.start(sampling=False)  # the rest: 2 rows x 3 lengths
         assert fake.graph_events.count("capture_begin") == 6
     assert tokens == expected
+
+
+def test_each_bucket_compiles_once_past_dynamos_recompile_limit(llama):
+    """10 compiled steps (5 row buckets x greedy/sampled) > torch._dynamo's recompile limit of 8 per code object:
+    each step has its own code object, so every one is compiled (none falls back to eager) and none again later."""
+    from torch._dynamo.utils import counters
+
+    model, ids = llama
+    decoder = SlotDecoder(model, slots=16, max_cache_len=32, compile_backend="eager", step="fused")
+    before = counters["stats"]["unique_graphs"]
+    decoder.start()
+    assert len(decoder._warm) == 10 and counters["stats"]["unique_graphs"] - before == 10
+    for index in range(16):
+        decoder.add(index, ids[index % len(ids)][:4], max_new_tokens=3, eos_token_id=None)
+        decoder.step()
+    assert counters["stats"]["unique_graphs"] - before == 10
