@@ -1,7 +1,8 @@
 """The `slots` backend: hwrun's slot decoder (`hwrun.inference.decode.slots.SlotDecoder`) driven step by step.
 
-Each request owns one slot (a row of the static K/V cache); every `decoder.step()` decodes all slots at
-once, as one graph replay where the platform has CUDA or XPU graphs. The engine admits waiting requests
+Each request owns one slot (a row of the static K/V cache); every `decoder.step()` decodes the active
+requests at once (packed in the lowest slots, over the smallest bucket of rows that holds them), as one
+graph replay where the platform has CUDA, XPU or HPU graphs. The engine admits waiting requests
 into `decoder.free_slots` between steps; `decoder.cancel` frees a slot at the next step. This module
 only adapts the decoder's step API (`add`, `step` -> `TokenEvent`s, `cancel`, `free_slots`, `start`) to
 the engine's `Backend`; sampling, EOS and budgets are the decoder's.
