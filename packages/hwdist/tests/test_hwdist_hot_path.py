@@ -302,3 +302,21 @@ def test_gloo_gets_the_chunked_form_of_a_stacked_out(views):
     hwdist.all_gather(torch.ones(4), out=torch.empty(4))
     hwdist.all_gather(torch.tensor(1.0), out=torch.empty(1))
     assert given == [((2, 3), (2, 3)), ((4,), (4,)), ((1,), (1,))]
+
+
+def test_an_out_made_in_inference_mode_gathers_and_is_not_kept():
+    """Inference tensors have no version counter: the gloo path gathers into them without keeping a view
+    (a review found a CollectiveError here)."""
+    hwdist.init()
+    with torch.inference_mode():
+        out = torch.empty(1, 4)
+        hwdist.all_gather(torch.ones(4), out=out)
+        hwdist.all_gather(torch.full((4,), 2.0), out=out)
+    assert out.tolist() == [[2.0, 2.0, 2.0, 2.0]]
+
+
+def test_zero_size_inputs_gather_into_a_stacked_out():
+    """A zero-size dimension other than dim 0: the view of `out` names its sizes (-1 cannot be inferred)."""
+    hwdist.init()
+    out = torch.empty(1, 2, 0)
+    assert hwdist.all_gather(torch.empty(2, 0), out=out).shape == (1, 2, 0)

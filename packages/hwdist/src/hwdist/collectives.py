@@ -247,14 +247,17 @@ class _Fast:
         `(world_size * shape[0], *shape[1:])` (a 0-d input: both flat). On gloo (`keeps`) the view is kept
         for the next call with the same `out` (one view costs ~1-2 us a call), with what
         `all_gather` checks before reusing it: `out`'s version counter as this call left it (any in-place
-        change of `out`'s data, shape or strides bumps it), its data pointer (`out.data = ...` does not
-        bump it), and the input's shape (checked when gloo refuses the kept view)."""
+        change of `out` through its own methods bumps it: `resize_`, `set_`, `t_`, ...), its data pointer
+        (`out.data = ...` does not bump the counter), and the input's shape (checked when gloo refuses the
+        kept view). Not detected: `out.data = ` a tensor of another layout or dtype over the same memory (same
+        pointer, counter kept); give such an `out` a new tensor instead. An `out` made under
+        `torch.inference_mode()` is never kept (no version counter)."""
         shape = tensor.shape
         if not shape:
             self.all_gather(out.view(-1), tensor.view(1))
             return
-        target = out if out.dim() == 1 and len(shape) == 1 else out.view(-1, *shape[1:])
-        if not self.keeps:
+        target = out if out.dim() == 1 and len(shape) == 1 else out.view(self.world_size * shape[0], *shape[1:])
+        if not self.keeps or out.is_inference():  # inference tensors have no version counter: nothing to key on
             self.all_gather(target, tensor)
             return
         before = out._version
