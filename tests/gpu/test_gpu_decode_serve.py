@@ -128,7 +128,7 @@ def test_seeded_request_is_the_same_alone_and_in_a_batch_of_four(loaded):
         decoder.add("s", ids[0], max_new_tokens=12, eos_token_id=None, sampling=params)
         streams: dict = {}
         _drain(decoder, streams)
-        assert decoder.use_graphs and decoder.graphs.get(True) is not None  # the sampled step was captured
+        assert decoder.use_graphs and any(key[0] for key in decoder.graphs)  # a sampled step was captured
         return streams
 
     alone, beside = run([]), run([1, 2, 3])
@@ -182,6 +182,32 @@ def test_step_api_adds_at_different_steps_and_cancels_under_graphs(loaded):
     assert len(streams["b"]) == 5  # nothing of b after its cancel
     assert decoder.free_slots == 3 and decoder.active == set()
     assert streams["a"] == _reference(model, prompt_of["a"], budgets["a"])
+    assert decoder.moves > 0  # c moved down when b was cancelled, then a finished
+
+
+def test_one_request_of_eight_slots_replays_the_one_row_graph(loaded):
+    """Row buckets under real graphs: a lone request replays the 1-row graph (it attends over its own row
+    only), three requests the 4-row one, and the tokens equal model.generate's."""
+    from hwrun.inference.decode.slots import SlotDecoder
+
+    plan, model, tokenizer = loaded
+    _graph_name(plan)
+    ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    decoder = SlotDecoder(model, slots=8, max_cache_len=64)
+    decoder.start(sampling=False)
+    assert {key[1] for key in decoder.graphs} == {1, 2, 4, 8}
+    decoder.add("a", ids[0], max_new_tokens=12, eos_token_id=None)
+    decoder.step()
+    assert decoder.last_rows == 1
+    for name, prompt in (("b", ids[1]), ("c", ids[2])):
+        decoder.add(name, prompt, max_new_tokens=12, eos_token_id=None)
+    streams: dict = {}
+    for event in decoder.step():
+        streams.setdefault(event.request_id, []).append(event.token_id)
+    assert decoder.last_rows == 4
+    _drain(decoder, streams)
+    for name, prompt in (("b", ids[1]), ("c", ids[2])):
+        assert streams[name] == _reference(model, prompt, 12)
 
 
 # ---- 4. streaming from the graph decoder ---------------------------------------------------------------

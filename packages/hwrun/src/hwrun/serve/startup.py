@@ -212,6 +212,15 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return eos_of(model, tokenizer)
 
 
+def served_buckets(slots: int, compiled: bool) -> tuple[int, ...] | None:
+    """The slot decoder's row buckets for the server: its default (1, 2, 4, ... and `slots`) without compile;
+    with compile, where each bucket is one compile per greedy/sampled step at start-up, only 1, 8 and `slots`
+    (one stream, light load, full load)."""
+    if not compiled:
+        return None
+    return tuple(sorted({1, min(8, slots), slots}))
+
+
 def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, max_len: int) -> Backend:
     from ..inference.decode import SamplingParams
     from ..inference.decode.slots import SlotDecoder
@@ -219,9 +228,13 @@ def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, max_len: int)
     from .backend_slots import SlotsBackend
 
     compile_backend = plan.compile.backend if plan.compile is not None else None
+    buckets = served_buckets(config.max_concurrency, compile_backend is not None)
     decoder = SlotDecoder(model, slots=config.max_concurrency, max_cache_len=max_len,
                           use_graphs=graph_api_of(plan) is not None, compile_backend=compile_backend,
-                          platform=plan.accelerator.platform)
+                          platform=plan.accelerator.platform, buckets=buckets)
+    logger.info("slot engine: steps run over %s rows (one graph each, greedy and sampled, captured at start)%s",
+                ", ".join(map(str, decoder.buckets)),
+                "; fewer row buckets because each one is compiled" if buckets is not None else "")
     backend = SlotsBackend(decoder, sampling_class=SamplingParams)
     backend.start()
     return backend
