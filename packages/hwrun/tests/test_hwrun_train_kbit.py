@@ -45,6 +45,27 @@ def test_peft_would_double_the_unquantized_bytes(tmp_path):
     assert _bytes(theirs) == 2 * _bytes(ours)
 
 
+def test_lora_trains_the_same_parameters_as_after_peft_preparation(tmp_path):
+    """The README's "same trainable set": after prepare_kbit_base + get_peft_model the trainable parameters are
+    exactly those after peft's prepare_model_for_kbit_training + get_peft_model (names, count, sizes)."""
+    from hwrun.training.kbit import prepare_kbit_base
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    ours, theirs = _tiny_bf16(tmp_path / "a"), _tiny_bf16(tmp_path / "b")
+    prepare_kbit_base(ours)
+    prepare_model_for_kbit_training(theirs, use_gradient_checkpointing=True,
+                                    gradient_checkpointing_kwargs={"use_reentrant": False})
+    ours, theirs = get_peft_model(ours, config), get_peft_model(theirs, config)
+
+    def trainable(model):
+        return {n: tuple(p.shape) for n, p in model.named_parameters() if p.requires_grad}
+
+    assert trainable(ours) and trainable(ours) == trainable(theirs)
+    assert len(trainable(ours)) == 4 * ours.config.num_hidden_layers  # A and B of q and v in every layer
+    assert all("lora_" in name for name in trainable(ours))
+
+
 def test_gradients_still_reach_a_lora_adapter_through_checkpointed_layers(tmp_path):
     """Non-reentrant checkpointing needs no input-gradient hook: LoRA weights get gradients, the base none."""
     from hwrun.training.kbit import prepare_kbit_base

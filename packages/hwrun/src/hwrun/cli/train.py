@@ -142,7 +142,7 @@ def run_train(args: argparse.Namespace) -> int:
             print(f"note: {result.reasons[key]}")
     chosen = {key.removeprefix("kernel "): why for key, why in result.reasons.items() if key.startswith("kernel ")}
     if chosen:
-        print("kernels: " + ", ".join(f"{op}={why.split(':', 1)[0]}" for op, why in chosen.items()))
+        print("kernels: " + ", ".join(f"{op}={_impl_of(why)}" for op, why in chosen.items()))
         if getattr(args, "verbose", False):
             for op, why in chosen.items():
                 print(f"  {op}: {why}")
@@ -157,3 +157,10 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"loss curve: {result.loss_plot}")
     print(f'generate with: hwrun generate --model {result.output_dir} "Once upon a time"')
     return 0
+
+
+def _impl_of(why: str) -> str:
+    """The implementation a kernel reason names (every reason of hwrun.training.kernel_policy starts with it and
+    a colon), with " (not applied)" when the run could not apply it."""
+    impl = why.split(":", 1)[0]
+    return f"{impl} (not applied)" if "(not applied:" in why else impl

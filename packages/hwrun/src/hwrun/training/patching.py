@@ -112,6 +112,30 @@ def patch_lora(model: Any, options: PatchOptions, blocker: str | None, stack: Pa
     reasons["projections"] = stack.add("fused projections", patch).reason
 
 
+def swiglu_blocker(model: Any, projections: str | None) -> str | None:
+    """None when some MLP of `model` runs the SwiGLU op on its fused gate/up output (where hwrun's SwiGLU
+    choices, 'hwrun' and 'inductor', apply), else why none does; `projections` is the fused-projections reason."""
+    from .patches.fused_projections import _SILU
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    whys = []
+    for module in base.modules():
+        group = vars(module).get("_hwrun_gate_up")
+        if group is None:
+            continue
+        if group.lora:
+            whys.append("LoRA adapts gate/up, so the fused MLP runs act(gate) * up through the adapters")
+        elif type(getattr(module, "act_fn", None)).__name__ not in _SILU:
+            whys.append(f"the activation is {type(getattr(module, 'act_fn', None)).__name__}, not SiLU")
+        elif group.sizes[0] != group.sizes[1]:
+            whys.append("gate and up differ in size")
+        else:
+            return None
+    if whys:
+        return whys[0]
+    return f"gate/up are not fused ({projections or 'fused_projections did not run'})"
+
+
 def _library_kernels_base(model: Any, options: PatchOptions, stack: PatchStack, reasons: dict) -> None:
     """Library kernels on the base model, before LoRA wraps it (PEFT replaces the projections, not the norms
     or MLPs, so per-instance forwards stay): RMSNorm (Liger's or torch's) and Liger's SwiGLU."""

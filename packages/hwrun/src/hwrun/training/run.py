@@ -176,7 +176,6 @@ def _validate(plan: RunPlan, data: Any, options: dict[str, Any]) -> RunSettings:
 
     check_all(plan, {**options, "data": data},
               (lambda: check_kernel(options["loss_kernel"]), lambda: check_swiglu_kernel(options["swiglu_kernel"])))
-    asks = _check_kernel_asks(plan, options)
     if plan.adapter is not None:
         raise TrainingConfigError(
             f"plan.model={plan.model!r} with adapter {plan.adapter!r}: train() fine-tunes a base model "
@@ -194,6 +193,7 @@ def _validate(plan: RunPlan, data: Any, options: dict[str, Any]) -> RunSettings:
                                   "pass lora=True, or drop merge.")
     if qlora:
         _check_qlora(plan)
+    asks = _check_kernel_asks(plan, options, lora=settings is not None, qlora=qlora)
     kind = "qlora" if qlora else ("lora" if settings is not None else "full")
     return RunSettings(options, settings, qlora, {"kind": kind, "model": plan.model}, asks)
 
@@ -203,20 +203,32 @@ _KERNEL_NEEDS = {("cross_entropy", None): "fused_loss", ("swiglu", "hwrun"): "fu
                  ("swiglu", "inductor"): "fused_projections", ("rope", "hwrun"): "rope_table"}
 
 
-def _check_kernel_asks(plan: RunPlan, options: Mapping[str, Any]) -> dict[str, str]:
+def _check_kernel_asks(plan: RunPlan, options: Mapping[str, Any], *, lora: bool, qlora: bool) -> dict[str, str]:
     """The explicit kernel choices (`kernels=`, and the older `loss_kernel`/`swiglu_kernel`), checked against
     the kernel policy's candidates, the plan's device and the run's other options, before any work."""
-    from .kernel_policy import check_kernels, resolve
+    from .kernel_policy import check_kernels, legacy_spellings, resolve
 
     asks = check_kernels(options["kernels"], options["loss_kernel"], options["swiglu_kernel"])
-    resolve(plan.accelerator.kind, asks)  # an explicit choice that cannot run on this device raises here
-    for op, impl in dict(options["kernels"] or {}).items():
+    given = dict(options["kernels"] or {})
+    spelled = {op: how for op, how in legacy_spellings(options["loss_kernel"], options["swiglu_kernel"]).items()
+               if given.get(op, "auto") == "auto"}  # asked through an older keyword only
+    resolve(plan.accelerator.kind, asks, spelled)  # an explicit choice that cannot run on this device raises here
+    for op, impl in given.items():
         if impl == "auto":
             continue
         needs = _KERNEL_NEEDS.get((op, None)) or _KERNEL_NEEDS.get((op, impl))
         if needs is not None and options[needs] is False:
             raise TrainingConfigError(f"kernels[{op!r}]={impl!r} runs inside hwrun's {needs.replace('_', ' ')}, "
                                       f"but {needs}=False switches that off. Fix: drop one of the two.")
+    swiglu = asks.get("swiglu")
+    if swiglu in ("hwrun", "inductor") and (not lora or qlora):
+        asked = spelled.get("swiglu", f"kernels['swiglu']={swiglu!r}")
+        why = ("this is a full fine-tune (no LoRA), and hwrun fuses the projections of LoRA runs only" if not lora
+               else "qlora=True: the 4-bit base layers are not plain Linear layers, so gate/up stay separate")
+        raise TrainingConfigError(f"{asked} runs on hwrun's fused gate/up projections, which this run cannot "
+                                  f"have: {why}. Fix: drop the SwiGLU choice (or choose 'liger', which runs on "
+                                  "separate gate and up where Liger runs)"
+                                  f"{'' if lora else ', or train with lora=True'}.")
     return asks
 
 
@@ -370,8 +382,22 @@ def _patch(model: Any, dataset: Any, plan: RunPlan, args: Any, run: RunSettings,
     model = get_peft_model(model, lora_config(model.config, run.settings, targets))
     reasons["lora"] = f"r={run.settings.r} on {_adapted(model.peft_config['default'])} ({targets.reason})"
     patch_lora(model, options, _fusion_blocker(args, run.qlora), stack, reasons)
+    _note_unapplied_swiglu(model, choices["swiglu"], "swiglu" in run.kernel_asks, reasons)
     patch_last(model, options, stack, reasons)
     return model
+
+
+def _note_unapplied_swiglu(model: Any, choice: Any, explicit: bool, reasons: dict) -> None:
+    """After the fused projections: an explicit or own-kernel SwiGLU choice that no MLP runs gets
+    "(not applied: why)" on its reason (LoRA on gate/up, LoRA dropout there, fusion blocked)."""
+    from .patching import swiglu_blocker
+
+    if choice.impl not in ("hwrun", "inductor") or not (explicit or choice.impl == "hwrun"):
+        return
+    why = swiglu_blocker(model, reasons.get("projections"))
+    if why is not None:
+        reasons["kernel swiglu"] = f"{choice.reason} (not applied: {why})"
+        logger.warning("kernels['swiglu']=%r is not applied: %s.", choice.impl, why)
 
 
 @dataclass

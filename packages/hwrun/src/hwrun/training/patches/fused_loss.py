@@ -217,10 +217,11 @@ def linear_cross_entropy(hidden: Any, weight: Any, targets: Any, *, num_items_in
 LOSS_IMPLS = ("hwrun", "liger", "torch")
 
 
-def library_linear_cross_entropy(impl: str):
+def library_linear_cross_entropy(impl: str, chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
     """`f(hidden, weight, targets, num_items_in_batch) -> loss` for `impl` 'liger' or 'torch', with the
     reduction of Transformers' ForCausalLMLoss (sum / num_items_in_batch when given, else the mean over the
-    targets that are not -100)."""
+    targets that are not -100). 'torch' computes `chunk_tokens` tokens per chunk; Liger chooses its own
+    chunking (it takes no chunk size), so `chunk_tokens` is unused there."""
     import torch
     import torch.nn.functional as F
 
@@ -234,7 +235,7 @@ def library_linear_cross_entropy(impl: str):
         # The chunked path (the logits never exist whole), in hwrun's chunk size: with its own "auto" chunking
         # (16 rows per chunk at the test model's 4096 x 128 head) torch 2.15 sums the chunks' losses in bf16 on CPU
         # and the mean lands 2.6 % off (8.56 against 8.34); with 1024-token chunks it is within bf16 rounding.
-        options = torch.nn.LinearCrossEntropyOptions(chunking_method=None, batch_chunk_size=DEFAULT_CHUNK_TOKENS)
+        options = torch.nn.LinearCrossEntropyOptions(chunking_method=None, batch_chunk_size=int(chunk_tokens))
 
         def compute(hidden, weight, targets, reduction):
             return F.linear_cross_entropy(hidden, weight, targets, reduction=reduction, ignore_index=IGNORE_INDEX,
@@ -289,12 +290,19 @@ def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     `compiled=True` when the model will run under `torch.compile` (the loss takes its fusable form);
     `kernel` as in `linear_cross_entropy` ('auto': the Triton chunk kernel where the model runs on CUDA).
     `impl` 'liger' or 'torch' computes the same loss with Liger's fused linear cross-entropy or torch's own
-    chunked `F.linear_cross_entropy` instead (`kernel` is then unused)."""
+    chunked `F.linear_cross_entropy` instead (`kernel` is then unused; `chunk_tokens` is torch's chunk size,
+    unused by Liger, which chunks on its own). A second call with the same `impl` changes nothing; with
+    another `impl` it is refused (undo the first patch)."""
     check_kernel(kernel)
     if impl not in LOSS_IMPLS:
         raise TrainingConfigError(f"impl={impl!r} is not one of {LOSS_IMPLS}.")
-    if getattr(model, _FLAG, False):
-        return FusedLossPatch(model, True, "already applied")
+    running = getattr(model, _FLAG, False)
+    if running:
+        if running in (True, impl):
+            return FusedLossPatch(model, True, "already applied")
+        raise TrainingConfigError(f"apply_fused_loss(impl={impl!r}): this model already computes its loss with "
+                                  f"impl={running!r} (patched earlier). Fix: undo that patch first (its .undo()), "
+                                  "then apply this one.")
     asked = kernel
     parameter = next(iter(model.parameters()), None)
     kernel = auto_kernel(kernel, parameter.device.type if parameter is not None else "cpu")  # resolved once, here
@@ -308,7 +316,7 @@ def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 
     original = type(model).forward
     decoder = model.get_decoder()
-    library = library_linear_cross_entropy(impl) if impl != "hwrun" else None
+    library = library_linear_cross_entropy(impl, chunk_tokens) if impl != "hwrun" else None
     if library is None:
         prepare_linear_cross_entropy(kernel)
 
@@ -337,7 +345,7 @@ def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                                       attentions=outputs.attentions)
 
     model.forward = forward
-    setattr(model, _FLAG, True)
+    setattr(model, _FLAG, impl)  # which loss runs, so a second call can tell
     if library is not None:
         what = {"liger": "Liger's fused linear cross-entropy",
                 "torch": "torch's own chunked F.linear_cross_entropy"}[impl]

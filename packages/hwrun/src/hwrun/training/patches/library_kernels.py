@@ -15,12 +15,14 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from ...errors import TrainingConfigError
 from .record import ModelPatch
 
 logger = logging.getLogger(__name__)
 
 #: RMSNorm classes computing `weight * (x / rms(x)).to(dtype)` (no +1 offset, no bias): Liger's "llama"
-#: casting mode and torch's rms_norm compute the same. Gemma-style norms (weight + 1) are not among them.
+#: casting mode and torch's rms_norm compute the same formula, equal to these classes within rounding (in bf16
+#: torch's rms_norm differs from LlamaRMSNorm by up to 2 ulp). Gemma-style norms (weight + 1) are not among them.
 RMSNORM_CLASSES = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
 #: MLP classes of the form `down(act(gate(x)) * up(x))`.
 SWIGLU_CLASSES = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
@@ -73,9 +75,9 @@ def liger_rope_function() -> Callable[..., Any]:
 RMSNORM_FUNCTIONS = {"liger": liger_rmsnorm_function, "torch": torch_rmsnorm_function}
 
 
-def _set_forward(module: Any, forward: Callable[..., Any], undo: list[Callable[[], None]]) -> None:
+def _set_forward(module: Any, forward: Callable[..., Any], undo: list[Callable[[], None]], impl: str) -> None:
     module.forward = types.MethodType(forward, module)
-    setattr(module, _FLAG, True)
+    setattr(module, _FLAG, impl)  # which implementation runs, so a second call can tell
 
     def restore() -> None:
         if _FLAG in vars(module):
@@ -83,6 +85,17 @@ def _set_forward(module: Any, forward: Callable[..., Any], undo: list[Callable[[
             delattr(module, _FLAG)
 
     undo.append(restore)
+
+
+def _already(module: Any, what: str, impl: str) -> ModelPatch:
+    """A second call on a patched model: nothing to do for the same `impl`, refused for another (the old one
+    would keep running while the patch said otherwise)."""
+    running = getattr(module, _FLAG)
+    if running == impl:
+        return ModelPatch(True, "already applied")
+    raise TrainingConfigError(f"{what} {impl!r} cannot be applied: this model's {type(module).__name__} already "
+                              f"runs {running!r} (patched earlier). Fix: undo that patch first (its .undo()), "
+                              "then apply this one.")
 
 
 def _done(what: str, patched: int, skipped: dict[str, str], undo: list[Callable[[], None]]) -> ModelPatch:
@@ -97,6 +110,10 @@ def _done(what: str, patched: int, skipped: dict[str, str], undo: list[Callable[
 def apply_rmsnorm(model: Any, impl: str, function: Callable[[Any, Any, float], Any] | None = None) -> ModelPatch:
     """Run every Llama-style RMSNorm of `model` through `impl`'s kernel ('liger' or 'torch'), per instance
     (explicit, idempotent, reversible with `.undo()`); other norms keep their own forward, with the reason."""
+    if impl not in RMSNORM_FUNCTIONS:
+        raise TrainingConfigError(f"apply_rmsnorm: impl={impl!r} is not one of {sorted(RMSNORM_FUNCTIONS)} "
+                                  "('liger': Liger's RMSNorm kernel, 'torch': torch.nn.functional.rms_norm); the "
+                                  "model's own RMSNorm needs no patch.")
     kernel = function or RMSNORM_FUNCTIONS[impl]()
     undo: list[Callable[[], None]] = []
     skipped: dict[str, str] = {}
@@ -106,7 +123,7 @@ def apply_rmsnorm(model: Any, impl: str, function: Callable[[Any, Any, float], A
         if not name.endswith("RMSNorm"):
             continue
         if getattr(module, _FLAG, False):
-            return ModelPatch(True, "already applied")
+            return _already(module, "RMSNorm", impl)
         if name not in RMSNORM_CLASSES or not hasattr(module, "variance_epsilon"):
             skipped[name] = f"not one of {sorted(RMSNORM_CLASSES)} (its formula may differ)"
             continue
@@ -117,7 +134,7 @@ def apply_rmsnorm(model: Any, impl: str, function: Callable[[Any, Any, float], A
         def forward(self, hidden_states, kernel=kernel):
             return kernel(hidden_states, self.weight, self.variance_epsilon)
 
-        _set_forward(module, forward, undo)
+        _set_forward(module, forward, undo, impl)
         patched += 1
     return _done(f"{impl} RMSNorm", patched, skipped, undo)
 
@@ -135,7 +152,7 @@ def apply_liger_swiglu(model: Any, function: Callable[[Any, Any], Any] | None = 
         if not name.endswith("MLP"):
             continue
         if getattr(module, _FLAG, False):
-            return ModelPatch(True, "already applied")
+            return _already(module, "SwiGLU", "liger")
         act = type(getattr(module, "act_fn", None)).__name__
         if name not in SWIGLU_CLASSES or act not in _SILU:
             skipped[name] = f"not a SiLU gate/up MLP of {sorted(SWIGLU_CLASSES)} (activation {act})"
@@ -147,7 +164,7 @@ def apply_liger_swiglu(model: Any, function: Callable[[Any, Any], Any] | None = 
         def forward(self, x, kernel=kernel):
             return self.down_proj(kernel(self.gate_proj(x), self.up_proj(x)))
 
-        _set_forward(module, forward, undo)
+        _set_forward(module, forward, undo, "liger")
         patched += 1
     return _done("Liger SwiGLU", patched, skipped, undo)
 
