@@ -552,6 +552,8 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     `pip install hwrun[liger]`) or 'torch' (torch's own op, where torch has one); result.reasons has every
     op's choice and why ("kernel <op>"). `loss_kernel` and `swiglu_kernel` are the older spelling for two
     of them: 'triton' is kernels[op]='hwrun', 'torch' is 'inductor', 'auto' the policy's choice.
+    swiglu 'hwrun'/'inductor' run on the fused gate/up projections: refused for full fine-tuning and QLoRA,
+    and marked "(not applied: why)" in the reason where no MLP runs them (e.g. LoRA on gate/up).
     """
     options = {name: value for name, value in locals().items()
                if name not in ("plan", "data", "training_overrides")}
