@@ -344,3 +344,73 @@ def test_each_bucket_compiles_once_past_dynamos_recompile_limit(llama):
         decoder.add(index, ids[index % len(ids)][:4], max_new_tokens=3, eos_token_id=None)
         decoder.step()
     assert counters["stats"]["unique_graphs"] - before == 10
+
+
+# ---- review fixes (2026-12-05) ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", ["fused", "model"])
+def test_a_one_token_prompt_admitted_beside_another_is_a_prefill_not_a_step(llama, step):
+    """A one-token prompt prefilled into row 1 took the fused step's decode path (length 1), writing rows 0..0 and
+    corrupting both requests; a prefill passes its rows, so it is one whatever its length."""
+    model, prompts = llama
+    longer, one = prompts[0], prompts[0][:1]
+    decoder = SlotDecoder(model, slots=2, max_cache_len=48, step=step)
+    decoder.add("a", longer, max_new_tokens=6, eos_token_id=None)
+    decoder.add("b", one, max_new_tokens=6, eos_token_id=None)
+    streams: dict = {}
+    _drain(decoder, streams)
+    assert streams["a"] == _reference(model, longer, 6) and streams["b"] == _reference(model, one, 6)
+    rows = SlotDecoder(model, slots=2, max_cache_len=48, step=step, prefill_tokens=len(longer)).generate(
+        [longer, one], 6, eos_token_id=None)
+    assert rows == [_reference(model, longer, 6), _reference(model, one, 6)]
+
+
+def test_unseeded_prompts_admitted_into_freed_rows_draw_their_own_seeds(gpt2):
+    """A freed row kept the seed of the request it held (or of one moved into it): equal unseeded prompts
+    admitted later repeated each other's samples."""
+    model, prompts = gpt2
+    torch.manual_seed(0)
+    rows = SlotDecoder(model, slots=2, max_cache_len=32, step="model", check_every=1).generate(
+        [prompts[0]] * 4, [2, 8, 8, 8], eos_token_id=None, sampling=SamplingParams(temperature=1.0))
+    assert len({tuple(r) for r in rows[1:]}) == 3, rows
+
+
+def test_longrope_and_dynamic_rope_are_refused_for_slots_with_the_reason():
+    """Longrope switches to its long factors for the whole batch once any row passes the original context, and
+    dynamic RoPE rescales from the batch's longest row: rows would change each other's tokens."""
+    from hwrun.inference.decode.slots import slot_step_support
+    from transformers import AutoModelForCausalLM, LlamaConfig, Phi3Config
+
+    phi3 = AutoModelForCausalLM.from_config(Phi3Config(
+        vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=16, pad_token_id=0,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 4,
+                         "long_factor": [8.0, 16.0, 32.0, 64.0]}))
+    step, why = slot_step_support(phi3, max_cache_len=48)
+    assert step is None and "'longrope'" in why and "original_max_position_embeddings=16" in why
+    assert slot_step_support(phi3, max_cache_len=16)[0] == "model"  # every position within the original context
+    with pytest.raises(FastDecodeError, match="longrope"):
+        SlotDecoder(phi3, slots=2, max_cache_len=48)
+    llama = AutoModelForCausalLM.from_config(LlamaConfig(
+        vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64,
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}))
+    step, why = slot_step_support(llama, max_cache_len=32)
+    assert step is None and "'dynamic'" in why
+
+
+def test_generate_compiles_few_row_buckets():
+    """generate()'s slot decoder with a compiled step keeps 1, 8 and the batch (a draining batch would compile
+    once per power of two mid-run otherwise); uncompiled it keeps every power of two."""
+    from hwrun.inference.decode.slots import compiled_buckets
+
+    assert compiled_buckets(64, compiled=True) == (1, 8, 64)
+    assert compiled_buckets(16, compiled=False) is None
+    plan = hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu")
+    model, _ = hwrun.load(plan)
+    from hwrun.inference.generate import _decoder
+
+    compiled = _decoder(model, 16, 40, False, "eager", slots=True, platform=plan.accelerator.platform)
+    plain = _decoder(model, 16, 40, False, None, slots=True, platform=plan.accelerator.platform)
+    assert compiled.buckets == (1, 8, 16) and plain.buckets == (1, 2, 4, 8, 16)

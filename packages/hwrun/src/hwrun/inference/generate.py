@@ -401,7 +401,7 @@ def fit_graph_decode(model: Any, choice: BatchingChoice, decode: str, batching: 
     own = f"step: the model's own forward over a StaticCache (the fused step does not apply: {unsupported})"
     if choice.mode != "continuous":
         return choice, "graphs", f"{reason}; {own}"
-    step, why = slot_step_support(model)
+    step, why = slot_step_support(model, max_cache_len=needed)
     if step is not None:
         logger.info("continuous graph decode: %s", why)
         return choice, "graphs", f"{reason}; step: {why}"
@@ -436,7 +436,7 @@ def graph_compile_backend(plan: RunPlan) -> tuple[Any, str]:
 
 def _decoder(model: Any, batch: int, needed: int, use_graphs: bool | None, backend: Any, *, slots: bool = False,
              platform: Any = None) -> Any:
-    from .decode.slots import SlotDecoder
+    from .decode.slots import SlotDecoder, compiled_buckets
     from .decode.static import GraphDecoder
 
     length = -(-needed // CACHE_BUCKET) * CACHE_BUCKET
@@ -446,8 +446,10 @@ def _decoder(model: Any, batch: int, needed: int, use_graphs: bool | None, backe
            kind)
     if key not in per_model:
         cls, size = (SlotDecoder, "slots") if slots else (GraphDecoder, "batch_size")
+        # compiled slot steps: few row buckets, or a draining batch compiles once per bucket mid-run
+        extra = {"buckets": compiled_buckets(batch, backend is not None)} if slots else {}
         per_model[key] = cls(model, **{size: batch}, max_cache_len=length, use_graphs=use_graphs,
-                             compile_backend=backend, platform=platform)
+                             compile_backend=backend, platform=platform, **extra)
     return per_model[key]
 
 

@@ -155,7 +155,7 @@ def _load(plan: RunPlan, config: ServeConfig, start: float, threads: int | None,
     backend: Backend | None = None
     if choice.name == "slots":
         try:
-            backend = _slots_backend(plan, model, config, max_len)
+            backend = _slots_backend(plan, model, config, max_len, eos)
         except FastDecodeError as exc:
             if config.engine == "slots":
                 raise EngineStartError(f"--engine slots: the slot decoder refused this model: {exc}") from exc
@@ -213,15 +213,14 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
 
 
 def served_buckets(slots: int, compiled: bool) -> tuple[int, ...] | None:
-    """The slot decoder's row buckets for the server: its default (1, 2, 4, ... and `slots`) without compile;
-    with compile, where each bucket is one compile per greedy/sampled step at start-up, only 1, 8 and `slots`
-    (one stream, light load, full load)."""
-    if not compiled:
-        return None
-    return tuple(sorted({1, min(8, slots), slots}))
+    """The slot decoder's row buckets for the server (`hwrun.inference.decode.slots.compiled_buckets`): the
+    decoder's default without compile; 1, 8 and `slots` with it (each bucket is compiled at start-up)."""
+    from ..inference.decode.slots import compiled_buckets
+
+    return compiled_buckets(slots, compiled)
 
 
-def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, max_len: int) -> Backend:
+def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, max_len: int, eos: tuple[int, ...] = ()) -> Backend:
     from ..inference.decode import SamplingParams
     from ..inference.decode.slots import SlotDecoder
     from ..inference.generate import graph_api_of
@@ -232,10 +231,11 @@ def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, max_len: int)
     decoder = SlotDecoder(model, slots=config.max_concurrency, max_cache_len=max_len,
                           use_graphs=graph_api_of(plan) is not None, compile_backend=compile_backend,
                           platform=plan.accelerator.platform, buckets=buckets)
-    logger.info("slot engine: steps run over %s rows (one graph each, greedy and sampled, captured at start)%s",
-                ", ".join(map(str, decoder.buckets)),
+    logger.info("slot engine: steps run over %s rows (%s)%s", ", ".join(map(str, decoder.buckets)),
+                "one graph each, greedy and sampled, captured at start" if decoder.use_graphs else "eager steps",
                 "; fewer row buckets because each one is compiled" if buckets is not None else "")
-    backend = SlotsBackend(decoder, sampling_class=SamplingParams)
+    # the stop ids the transformers engine uses too: the model's, else the tokenizer's EOS
+    backend = SlotsBackend(decoder, sampling_class=SamplingParams, eos_token_id=list(eos) or None)
     backend.start()
     return backend
 

@@ -205,7 +205,8 @@ class FusedLlamaStep:
         cos, sin = self.rotary(hidden, positions)
         rep = self.n_heads // self.n_kv
         slots = positions[0]
-        if length == 1:
+        decode = length == 1 and rows is None  # a one-token prompt into chosen rows is a prefill
+        if decode:
             columns = self.max_cache_len if columns is None else columns
             key_index = self.key_index if columns == self.max_cache_len else self.key_index[:columns]
             visible = key_index <= positions[:, :, None]  # (batch, 1, columns)
@@ -225,7 +226,7 @@ class FusedLlamaStep:
             k = k.view(batch, length, self.n_kv, self.head_dim).transpose(1, 2)
             v = v.view(batch, length, self.n_kv, self.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            if length == 1 and self.per_row_positions:
+            if decode and self.per_row_positions:
                 # index_put_ on the cache itself: inductor updates it in place. (The same write through
                 # a flattened view was functionalised into a copy of the whole cache, ~1 ms per step
                 # at 64 rows on an H200: tools/bench/profile_decoders.py.)
@@ -238,7 +239,7 @@ class FusedLlamaStep:
             else:
                 self.keys[i].index_copy_(2, slots, k)
                 self.values[i].index_copy_(2, slots, v)
-            if length == 1:
+            if decode:
                 # grouped-query attention over the unrepeated KV heads: (B, kv, rep, d) x (B, kv, d, L)
                 keys, values = self.keys[i], self.values[i]
                 if batch != keys.shape[0] or columns != self.max_cache_len:

@@ -59,6 +59,30 @@ def model_step_support(model: Any) -> str | None:
     return None
 
 
+def rope_blocker(config: Any, max_cache_len: int | None = None) -> str | None:
+    """Why a slot step (fused or the model's own) cannot run `config`'s RoPE per row, else None. A slot step runs
+    rows at different positions in one batch, but "dynamic" RoPE rescales its frequencies on the host from the
+    batch's longest position, and "longrope" picks its long or short factors from the batch's largest
+    position id: a long row would change its neighbours' tokens. Longrope is fine while every position stays
+    within `original_max_position_embeddings` (`max_cache_len` None: not known, refused)."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    params = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    groups = [v for v in params.values() if isinstance(v, dict)] if isinstance(params, dict) else []
+    for group in groups or [params]:
+        kind = group.get("rope_type") or group.get("type") if isinstance(group, dict) else None
+        if kind == "dynamic":
+            return ("its RoPE is 'dynamic' (frequencies rescaled from the batch's longest position), so rows at "
+                    "different positions would change each other's tokens")
+        if kind == "longrope":
+            original = group.get("original_max_position_embeddings") or getattr(
+                text, "original_max_position_embeddings", None)
+            if original is None or max_cache_len is None or max_cache_len > original:
+                return (f"its RoPE is 'longrope', which switches to its long factors for the whole batch once any "
+                        f"row passes original_max_position_embeddings={original} (cache of {max_cache_len} "
+                        "positions): a long row would change its neighbours' tokens")
+    return None
+
+
 def attention_kind(model: Any) -> str:
     """The model's attention implementation ("sdpa" or "eager"), which decides the mask's form."""
     text = model.config.get_text_config(decoder=True)

@@ -102,15 +102,19 @@ GREEDY = SamplingParams()
 FUSED_REASON = "the fused Llama-family step (q/k/v and gate/up as one matrix each, per-row K/V writes)"
 
 
-def slot_step_support(model: Any, step: str = "auto") -> tuple[str | None, str]:
+def slot_step_support(model: Any, step: str = "auto", max_cache_len: int | None = None) -> tuple[str | None, str]:
     """(step, reason): which step the slot decoder runs `model` with for `step` ("auto", "fused" or "model"):
     "fused" where `fused_step_support` says it applies (an optimisation), else "model", the model's own
-    forward over a `SlotCache` with per-row positions and masks; (None, why neither can) otherwise."""
+    forward over a `SlotCache` with per-row positions and masks; (None, why neither can) otherwise, e.g. a
+    RoPE whose frequencies depend on the batch's longest row (`slot_cache.rope_blocker`, for `max_cache_len`)."""
     from .fused_step import fused_step_support
-    from .slot_cache import model_step_support
+    from .slot_cache import model_step_support, rope_blocker
 
     if step not in STEPS:
         raise FastDecodeError(f"step={step!r} is not a decode step; use one of {', '.join(STEPS)}.")
+    rope = rope_blocker(model.config, max_cache_len)
+    if rope is not None:
+        return None, f"neither slot step runs {type(model).__name__}: {rope}"
     unfused = fused_step_support(model) if step != "model" else None
     if step != "model" and unfused is None:
         return "fused", FUSED_REASON
@@ -147,6 +151,15 @@ def bucket_sizes(slots: int, buckets: Sequence[int] | None = None) -> tuple[int,
                                       f"from 1 to slots={slots} (or leave buckets=None: 1, 2, 4, ... and slots).")
             sizes.add(size)
     return tuple(sorted(sizes | {slots}))
+
+
+def compiled_buckets(slots: int, compiled: bool) -> tuple[int, ...] | None:
+    """Row buckets for a decoder whose step is compiled: each bucket is one compile (greedy and sampled), so
+    only 1, 8 and `slots` (one stream, light load, full load); None (the default powers of two) when not
+    compiled. `generate()` and the server use it."""
+    if not compiled:
+        return None
+    return tuple(sorted({1, min(8, slots), slots}))
 
 
 def length_buckets(max_cache_len: int, smallest: int = 128) -> tuple[int, ...]:
@@ -194,7 +207,7 @@ class SlotDecoder:
         check_decoder_args(model, slots, max_cache_len, use_graphs, self.graph_tools, self.platform)
         self.buckets = bucket_sizes(slots, buckets)
         self.cache_buckets = self._cache_buckets(max_cache_len, cache_buckets)
-        self.step_name, self.step_reason = slot_step_support(model, step)
+        self.step_name, self.step_reason = slot_step_support(model, step, max_cache_len)
         if self.step_name is None:
             if step == "fused":
                 raise FastDecodeError(f"{self.step_reason}.")
@@ -598,6 +611,11 @@ class SlotDecoder:
                 while len(active) + len(admitted) < self.slots and waiting:
                     admitted.append((len(active) + len(admitted), waiting.popleft()))
                 if admitted:
+                    if sampling.seed is None and not sampling.greedy and self.prefills:
+                        # a freed row keeps the seed of the request it held (or of one moved into it): unseeded
+                        # prompts admitted later draw their own, or equal prompts would repeat their samples
+                        for slot, _ in admitted:
+                            self.sampling.set(slot, sampling)
                     self._admit([s for s, _ in admitted], [prompts[r] for _, r in admitted])
                     active.update({s: (r, 1, 0) for s, r in admitted})  # the prefill's token, unchecked
                 rows = self.bucket(len(active))
