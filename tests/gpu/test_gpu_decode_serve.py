@@ -257,10 +257,25 @@ def family_dirs(tmp_path_factory):
     return {"gpt2": first, "qwen3": build_tiny_family("qwen3", root / "qwen3", tokenizer_source=first)}
 
 
+def _generate_rows(model, tokenizer, prompts, n):
+    """Each prompt's `n` greedy tokens from `model.generate` alone, up to and including its first EOS."""
+    import torch
+
+    eos = tokenizer.eos_token_id
+    rows = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(model.device)
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                                 pad_token_id=0)
+        row = out[0, ids.shape[1]:].tolist()
+        rows.append(row[: row.index(eos) + 1] if eos in row else row)
+    return rows
+
+
 @pytest.mark.parametrize("family", ["gpt2", "qwen3"])
 def test_other_families_through_graph_decode_equal_generate(family_dirs, family):
     import hwrun
-    import torch
     from hwrun.inference.decode.static import GraphDecoder
 
     plan = _plan(str(family_dirs[family]))
@@ -271,15 +286,7 @@ def test_other_families_through_graph_decode_equal_generate(family_dirs, family)
                             tokenizer=tokenizer)
     assert result.decode == "graphs" and graph in result.decode_reason
     assert "the model's own forward over a StaticCache" in result.decode_reason
-    eos = tokenizer.eos_token_id
-    expected = []
-    for prompt in prompts:
-        ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(model.device)
-        with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
-                                 pad_token_id=0)
-        row = out[0, ids.shape[1]:].tolist()
-        expected.append(row[: row.index(eos) + 1] if eos in row else row)
+    expected = _generate_rows(model, tokenizer, prompts, 12)
     assert result.token_ids == expected
     # the decoder itself: the model's own forward, its step captured as a graph
     decoder = GraphDecoder(model, batch_size=1, max_cache_len=48)
@@ -292,7 +299,6 @@ def test_other_families_through_graph_decode_equal_generate(family_dirs, family)
 @pytest.mark.parametrize("family", ["gpt2", "qwen3"])
 def test_other_families_through_the_slot_decoder_equal_generate(family_dirs, family):
     import hwrun
-    import torch
     from hwrun.inference.decode.slots import SlotDecoder
 
     plan = _plan(str(family_dirs[family]))
@@ -303,15 +309,7 @@ def test_other_families_through_the_slot_decoder_equal_generate(family_dirs, fam
                             tokenizer=tokenizer)
     assert result.decode == "graphs" and result.batching == "continuous" and graph in result.decode_reason
     assert "the model's own forward over a per-row slot cache" in result.decode_reason
-    eos = tokenizer.eos_token_id
-    expected = []
-    for prompt in prompts:
-        ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(model.device)
-        with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
-                                 pad_token_id=0)
-        row = out[0, ids.shape[1]:].tolist()
-        expected.append(row[: row.index(eos) + 1] if eos in row else row)
+    expected = _generate_rows(model, tokenizer, prompts, 12)
     assert result.token_ids == expected
     decoder = SlotDecoder(model, slots=2, max_cache_len=64)
     decoder.start()
