@@ -65,14 +65,17 @@ WORKERS = 4
 def outcomes(tmp_path_factory) -> dict:
     """Every case run once, concurrently: id -> (checksums before, checksums after, the finished process)."""
 
-    def one(case):
-        folder = _user_folder(tmp_path_factory.mktemp(case.id) / "work", case.files)
+    def one(case, folder):
+        folder = _user_folder(folder / "work", case.files)
         before = _checksums(folder)
         result = _run(case, folder)
         return case.id, (before, _checksums(folder), result)
 
+    # the folders are made here, not in the threads: pytest's temporary-folder factory is not thread-safe (made
+    # from 4 threads, the cases failed here with FileExistsError and "... is not a normalized and relative path")
+    folders = [tmp_path_factory.mktemp(case.id) for case in CASES]
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        return dict(pool.map(one, CASES))
+        return dict(pool.map(one, CASES, folders))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
