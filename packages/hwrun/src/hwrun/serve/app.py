@@ -205,7 +205,7 @@ async def _generate(request: Request, kind: str) -> Response:
         run = Run(state, kind, parsed, len(ids), arrived)
         try:
             state.engine.submit(EngineRequest(run.rid, tuple(ids), budget, parsed.sampling, parsed.ignore_eos),
-                                run.events.put_nowait)
+                                run.deliver)
         except QueueFullError as exc:
             raise RequestError(f"the server is at capacity ({exc}; --max-concurrency {state.config.max_concurrency}, "
                                f"--max-queue {state.config.max_queue}); retry after Retry-After seconds.",

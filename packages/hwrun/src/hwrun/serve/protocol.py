@@ -14,6 +14,7 @@ import json
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -275,6 +276,18 @@ def chunk_body(kind: str, rid: str, model: str, created: int, *, text: str | Non
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
         obj = "text_completion"
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+
+
+def text_chunk_encoder(kind: str, rid: str, model: str, created: int) -> Callable[[str], bytes]:
+    """`encode(text)`: the same bytes as `sse(chunk_body(kind, rid, model, created, text=text))`, with the chunk's fixed
+    JSON rendered once per request (only the text is encoded per chunk: streaming sends one chunk per step)."""
+    marker = "hwrun-text-\u2063"
+    whole = sse(chunk_body(kind, rid, model, created, text=marker)).decode()
+    head, found, tail = whole.partition(json.dumps(marker, ensure_ascii=False))
+    if not found or marker in head or marker in tail:  # cannot happen with JSON; the slow path stays exact
+        return lambda text: sse(chunk_body(kind, rid, model, created, text=text))
+    dumps = json.JSONEncoder(ensure_ascii=False).encode
+    return lambda text: (head + dumps(text) + tail).encode()
 
 
 def usage_chunk(kind: str, rid: str, model: str, created: int, prompt_tokens: int,

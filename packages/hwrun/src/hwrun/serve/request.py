@@ -13,7 +13,16 @@ from starlette.responses import JSONResponse, Response
 
 from ..errors import RequestError
 from .engine import GENERIC_FAILURE, EngineEvent
-from .protocol import ParsedRequest, chunk_body, error_body, new_id, response_body, sse, usage_chunk
+from .protocol import (
+    ParsedRequest,
+    chunk_body,
+    error_body,
+    new_id,
+    response_body,
+    sse,
+    text_chunk_encoder,
+    usage_chunk,
+)
 from .state import ServeState
 from .text import TextStream
 
@@ -85,22 +94,49 @@ class Run:
         self.completion_tokens = 0
         self.arrived = arrived
         self.last: float | None = None
-        self.events: asyncio.Queue[EngineEvent] = asyncio.Queue()
+        self._inbox: list[EngineEvent] = []  # events delivered, not yet read by `pieces()`
+        self._waiter: asyncio.Future[None] | None = None  # set while `pieces()` waits for an event
         self.text = TextStream(state.tokenizer, parsed.stop)
         self.finish_reason: str | None = None
         self.outcome: str | None = None  # the engine's finish reason (one of FINISH_REASONS) once finished
         self.error: str | None = None
         self.done = False
 
+    def deliver(self, event: EngineEvent) -> None:
+        """The engine's sink for this request (called on the event loop): keep `event` and wake `pieces()`."""
+        self._inbox.append(event)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _take(self, wait: float) -> list[EngineEvent] | None:
+        """Every event that arrived since the last call, waiting up to `wait` seconds for one; None when none came.
+        One timer per wait (not a task per event, as `asyncio.wait_for` makes on Python 3.11)."""
+        if not self._inbox:
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(wait, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+            if not self._inbox:
+                return None
+        events = list(self._inbox)
+        self._inbox.clear()
+        return events
+
     async def pieces(self) -> AsyncIterator[str]:
-        """Text pieces as the tokens arrive; sets `finish_reason` (or `error`) at the end."""
+        """Text pieces as the tokens arrive; sets `finish_reason` (or `error`) at the end. The text of every event
+        that arrived while the consumer was busy (a loaded server) goes out as one piece: the same text and token
+        counts, fewer chunks."""
         metrics = self.state.metrics
         # the engine fails a request without tokens after `stall_seconds`; this bound holds if its worker hangs
         wait = 2 * self.state.engine.stall_seconds
         while not self.done:
-            try:
-                event = await asyncio.wait_for(self.events.get(), wait)
-            except TimeoutError:
+            events = await self._take(wait)
+            if events is None:
                 logger.error("request %s got no engine event for %.0f s (the engine is stuck): it fails",
                              self.rid, wait)
                 self.state.engine.cancel(self.rid)
@@ -108,34 +144,47 @@ class Run:
                 self._finish(None)
                 return
             now = time.perf_counter()
-            if event.token_ids:
-                count = len(event.token_ids)
-                if self.last is None:
-                    metrics.ttft.observe(now - self.arrived)
-                else:
-                    metrics.itl.observe((now - self.last) / count, count)
-                self.last = now
-                self.completion_tokens += count
-                metrics.generation_tokens += count
-                piece = self.text.push(event.token_ids)
-                if piece:
-                    yield piece
-                if self.text.stopped:  # a stop string: the request ends here, the engine stops it
-                    self.state.engine.cancel(self.rid)
-                    self._finish("stop")
-                    return
-            if event.finished:
-                self.outcome = event.finish_reason
-                if event.finish_reason in ("stop", "length"):
-                    tail = self.text.finish()
-                    if tail:
-                        yield tail
-                    self._finish(event.finish_reason)
-                elif event.finish_reason == "cancelled":
+            out: list[str] = []
+            end: EngineEvent | None = None
+            stopped = False
+            for event in events:
+                if event.token_ids:
+                    count = len(event.token_ids)
+                    if self.last is None:
+                        metrics.ttft.observe(now - self.arrived)
+                    else:
+                        metrics.itl.observe((now - self.last) / count, count)
+                    self.last = now
+                    self.completion_tokens += count
+                    metrics.generation_tokens += count
+                    piece = self.text.push(event.token_ids)
+                    if piece:
+                        out.append(piece)
+                    if self.text.stopped:  # a stop string: the request ends here, the engine stops it
+                        stopped = True
+                        break
+                if event.finished:
+                    end = event
+                    if event.finish_reason in ("stop", "length"):
+                        tail = self.text.finish()
+                        if tail:
+                            out.append(tail)
+                    break
+            if out:
+                yield "".join(out)
+            if stopped:
+                self.state.engine.cancel(self.rid)
+                self._finish("stop")
+                return
+            if end is not None:
+                self.outcome = end.finish_reason
+                if end.finish_reason in ("stop", "length"):
+                    self._finish(end.finish_reason)
+                elif end.finish_reason == "cancelled":
                     self.error = "the request was cancelled by the server (shutting down)."
                     self._finish(None)
                 else:  # the details stay in the log; the client gets a generic message and the request id
-                    logger.error("request %s failed in the engine: %s", self.rid, event.error or "(no detail)")
+                    logger.error("request %s failed in the engine: %s", self.rid, end.error or "(no detail)")
                     self.error = f"{GENERIC_FAILURE} (request {self.rid})."
                     self._finish(None)
                 return
@@ -159,8 +208,9 @@ class Run:
         try:
             if self.kind == "chat":
                 yield sse(chunk_body("chat", self.rid, model, self.created, role=True, text=""))
+            encode_text = text_chunk_encoder(self.kind, self.rid, model, self.created)
             async for piece in self.pieces():
-                yield sse(chunk_body(self.kind, self.rid, model, self.created, text=piece))
+                yield encode_text(piece)
             if self.error is not None:
                 yield sse(error_body(self.error, error_type="server_error", code="generation_failed"))
             else:
@@ -194,6 +244,12 @@ class Run:
                                 status_code=503 if self.outcome == "cancelled" else 500)
         return JSONResponse(response_body(self.kind, self.rid, self.state.config.model_id, text, self.finish_reason,
                                           self.prompt_tokens, self.completion_tokens, self.created))
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    """Ends a `Run._take` wait (its time ran out)."""
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 async def _disconnected(request: Request) -> None:
