@@ -760,3 +760,84 @@ def test_served_buckets_are_fewer_when_each_one_compiles():
     assert served_buckets(4, compiled=True) == (1, 4)
     assert served_buckets(1, compiled=True) == (1,)
     assert bucket_sizes(4, served_buckets(4, compiled=True)) == (1, 4)
+
+
+# ------------------------------------------------------------------------------- per-token host work
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_text_chunk_encoder_sends_the_same_bytes_as_the_generic_chunk(kind):
+    """The per-request template gives byte for byte what `sse(chunk_body(...))` gives, for any text and model id."""
+    model = 'odd "model"\\ name é'
+    encode = protocol.text_chunk_encoder(kind, "cmpl-x", model, 7)
+    for text in ["", "a", ' "quoted" \\ back', "é 中文 😀", "\n\t\x00\u2028", "hwrun-text-\u2063", "}]}"]:
+        assert encode(text) == protocol.sse(protocol.chunk_body(kind, "cmpl-x", model, 7, text=text)), text
+
+
+class _FakeEngine:
+    def __init__(self, stall_seconds: float = 60.0) -> None:
+        self.stall_seconds = stall_seconds
+        self.cancelled: list[str] = []
+
+    def cancel(self, request_id: str) -> None:
+        self.cancelled.append(request_id)
+
+
+def _run_of(tokenizer, stall_seconds: float = 60.0, **body):
+    from types import SimpleNamespace
+
+    from hwrun.serve.request import Run
+
+    state = SimpleNamespace(metrics=Metrics(), engine=_FakeEngine(stall_seconds), tokenizer=tokenizer,
+                            config=SimpleNamespace(model_id=MODEL_ID))
+    return Run(state, "completion", _completion(**body), 3, time.perf_counter())
+
+
+def _stream_text(run, events, *, together: bool) -> list[str]:
+    """The text pieces of `run` when `events` arrive all before it reads (`together`) or one per read."""
+    async def main() -> list[str]:
+        pieces, stream = [], run.pieces()
+        if together:
+            for event in events:
+                run.deliver(event)
+            return [piece async for piece in stream]
+        loop = asyncio.get_running_loop()
+        for index, event in enumerate(events):
+            loop.call_later(0.001 * (index + 1), run.deliver, event)
+        async for piece in stream:
+            pieces.append(piece)
+        return pieces
+
+    return asyncio.run(asyncio.wait_for(main(), 30))
+
+
+@pytest.mark.parametrize("stop", [None, ["three"]])
+def test_events_that_arrive_together_go_out_as_one_piece_with_the_same_text_and_counts(tokenizer, stop):
+    """A loaded server coalesces the tokens already delivered into one chunk: the text, the token count (usage),
+    the finish reason and the metrics equal those of one chunk per token; only the number of pieces drops."""
+    ids = tokenizer("one two three four five é 中文", add_special_tokens=False)["input_ids"]
+    events = [EngineEvent("r", (i,)) for i in ids] + [EngineEvent("r", (), True, "length")]
+    body = {"stop": stop} if stop else {}
+    runs = {together: _run_of(tokenizer, **body) for together in (True, False)}
+    pieces = {together: _stream_text(run, events, together=together) for together, run in runs.items()}
+    expected = tokenizer.decode(ids, skip_special_tokens=True)
+    if stop:
+        expected = expected[:expected.index("three")]
+    for together, run in runs.items():
+        assert "".join(pieces[together]) == expected
+        assert run.finish_reason == ("stop" if stop else "length") and run.error is None and run.done
+        assert run.state.metrics.generation_tokens == run.completion_tokens
+        assert run.state.engine.cancelled == ([run.rid] if stop else [])  # a stop string cancels its request
+    assert runs[True].completion_tokens == runs[False].completion_tokens
+    assert len(pieces[True]) == 1 < len(pieces[False])
+    assert runs[True].state.metrics.itl.count == runs[False].state.metrics.itl.count
+
+
+def test_a_request_without_events_fails_after_twice_the_stall_seconds(tokenizer):
+    """The wait for the next event is bounded (one timer per wait): a silent engine fails the request, which
+    cancels it in the engine and reports a generic error."""
+    run = _run_of(tokenizer, stall_seconds=0.05)
+    start = time.monotonic()
+    assert _stream_text(run, [], together=True) == []
+    assert 0.09 < time.monotonic() - start < 5
+    assert run.error is not None and run.outcome == "error" and run.state.engine.cancelled == [run.rid]
