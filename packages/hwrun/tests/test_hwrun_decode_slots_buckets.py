@@ -151,8 +151,10 @@ def test_one_active_request_of_eight_slots_steps_one_row(llama, step):
     finally:
         if hook is not None:
             hook.remove()
-    assert shapes == [(4, 1)]  # three active: the four-row bucket
+    # the three requests added together are prefilled in one forward (3 rows), then the four-row bucket steps
+    assert shapes[0][0] == 3 and shapes[1:] == [(4, 1)], shapes
     assert streams["a"] == _reference(model, ids[0], 4)
+    assert [streams[n] for n in "bcd"] == [_reference(model, ids[i], 1) for i in (1, 2, 3)]
 
 
 SEEDED = SamplingParams(temperature=1.3, top_p=0.95, top_k=50, seed=21)
@@ -414,3 +416,23 @@ def test_generate_compiles_few_row_buckets():
     compiled = _decoder(model, 16, 40, False, "eager", slots=True, platform=plan.accelerator.platform)
     plain = _decoder(model, 16, 40, False, None, slots=True, platform=plan.accelerator.platform)
     assert compiled.buckets == (1, 8, 16) and plain.buckets == (1, 2, 4, 8, 16)
+
+
+@pytest.mark.parametrize("step", ["fused", "model"])
+def test_requests_added_together_share_one_prefill_and_a_pending_one_can_move_or_leave(llama, step):
+    """add() only reserves a slot; the next step() prefills every request added since in padded groups (one
+    forward here). A pending request can be cancelled (no prefill, its slot freed) or moved down when a lower
+    request leaves before the step; the tokens still equal model.generate's."""
+    model, ids = llama
+    decoder = SlotDecoder(model, slots=4, max_cache_len=64, step=step)
+    decoder.add("a", ids[0], max_new_tokens=3, eos_token_id=None)
+    decoder.add("b", ids[1], max_new_tokens=3, eos_token_id=None)
+    decoder.add("c", ids[2], max_new_tokens=3, eos_token_id=None)
+    assert decoder.prefills == 0 and decoder.free_slots == 1
+    decoder.cancel("a")  # pending: nothing to undo; c (pending, highest) moves into slot 0
+    assert decoder.free_slots == 2 and decoder.moves == 1
+    streams: dict = {}
+    _step(decoder, streams)
+    assert decoder.prefills == 1  # b and c in one forward
+    _drain(decoder, streams)
+    assert streams == {"b": _reference(model, ids[1], 3), "c": _reference(model, ids[2], 3)}

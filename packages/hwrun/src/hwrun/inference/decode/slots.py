@@ -45,8 +45,9 @@ A row's noise depends only on its seed and its token counter, both of which move
 Two ways to drive it:
 
 - **Step-wise (a server admitting live requests between steps):**
-  `decoder.add(request_id, input_ids, *, max_new_tokens, sampling=None, eos_token_id="model")` prefills
-  the prompt into the lowest free slot now (the request joins at the next step); `FastDecodeError` when no
+  `decoder.add(request_id, input_ids, *, max_new_tokens, sampling=None, eos_token_id="model")` gives
+  the prompt the lowest free slot; the next `step()` prefills every request added since, in padded groups of
+  <= `prefill_tokens` (requests arriving together share one forward), and they join that step; `FastDecodeError` when no
   slot is free, the id is already active, or prompt + `max_new_tokens` exceeds `max_cache_len`.
   `decoder.step() -> list[TokenEvent]` runs one decode step (one graph replay where the platform has
   graphs) over the active requests' bucket and returns one
@@ -182,6 +183,7 @@ class _Request:
     budget: int
     eos: frozenset[int]
     reported: int = 0
+    prompt: list[int] | None = None  # until the next step() prefills it (with every request added since)
 
 
 class SlotDecoder:
@@ -500,9 +502,8 @@ class SlotDecoder:
 
     def add(self, request_id: Any, input_ids: Sequence[int], *, max_new_tokens: int,
             sampling: SamplingParams | None = None, eos_token_id: Any = "model") -> None:
-        """Prefill `input_ids` into the lowest free slot; the request joins at the next `step()`."""
-        import torch
-
+        """Give `input_ids` the lowest free slot; the next `step()` prefills it (with every request added since,
+        in padded groups) and the request joins that step."""
         prompt = [int(t) for t in input_ids]
         if request_id in self._requests:
             raise FastDecodeError(f"request_id={request_id!r} is already active; use a new id or cancel it first.")
@@ -515,11 +516,11 @@ class SlotDecoder:
             raise FastDecodeError(f"sampling={sampling!r} must be a SamplingParams or None (greedy).")
         slot = self._owner.index(None)
         self.sampling.set(slot, sampling)
-        with torch.inference_mode():
-            self._prefill([slot], [prompt])
         self._owner[slot] = request_id
+        # the prefill waits for the next step(), which prefills every request added since in padded groups
+        # (one forward for requests that arrive together, instead of one each)
         self._requests[request_id] = _Request(slot, len(prompt), max_new_tokens,
-                                              frozenset(eos_ids(self.model, eos_token_id)))
+                                              frozenset(eos_ids(self.model, eos_token_id)), prompt=prompt)
 
     def _pack(self) -> None:
         """Move the highest active rows into the free slots below them, so the active requests hold the lowest
@@ -551,6 +552,12 @@ class SlotDecoder:
 
         if not self._requests:
             return []
+        pending = [r for r in self._requests.values() if r.prompt is not None]
+        if pending:
+            with torch.inference_mode():
+                self._admit([r.slot for r in pending], [r.prompt for r in pending])
+            for request in pending:
+                request.prompt = None
         items = list(self._requests.items())
         rows = self.bucket(len(items))  # the active requests hold slots 0 .. len(items) - 1
         # a row at position p (its prompt and reported tokens) writes column p and attends over 0 .. p
