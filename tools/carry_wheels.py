@@ -25,7 +25,7 @@ from packaging.markers import Marker
 ROOT = Path(__file__).resolve().parent.parent
 #: What the gpu tests and the benchmarks import beyond the image's packages (uv.lock gives versions).
 ROOTS = ("transformers", "kernels", "accelerate", "peft", "liger-kernel", "openai", "starlette", "uvicorn",
-         "fastapi", "rich")
+         "fastapi", "rich", "httptools", "uvloop")
 #: In the image already and not version-sensitive for us, or too large to carry (torch and CUDA libraries).
 IMAGE_HAS = frozenset("""
 torch triton numpy sympy mpmath networkx jinja2 markupsafe filelock fsspec setuptools typing-extensions pyyaml
