@@ -125,14 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     packages = locked_packages(ROOT / "uv.lock")
     wanted = to_carry(closure(packages, ROOTS + tuple(args.extra)))
     pins = [f"{n}=={packages[n]['version']}" for n in wanted]
+    # a wheel's file name starts with "<name with _>-<version>-" (how pip names what it downloads)
+    prefixes = {pin: f"{pin.split('==')[0].replace('-', '_')}-{pin.split('==')[1]}-".lower() for pin in pins}
     print("\n".join(pins))
     if args.dry_run:
         return 0
     args.dest.mkdir(exist_ok=True)
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
     for pin in pins:
-        name = pin.split("==")[0].replace("-", "_")
-        if any(args.dest.glob(f"{name}-{pin.split('==')[1]}-*.whl")):
+        if any(w.name.lower().startswith(prefixes[pin]) for w in args.dest.glob("*.whl")):
             continue
         subprocess.run([pip_python(), "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                         "--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(args.dest), pin],
@@ -141,9 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         if wheel.stat().st_size > 16 * 2**20:
             saved = slim_bitsandbytes(wheel, args.cuda)
             print(f"{wheel.name}: kept the CUDA {args.cuda} and CPU libraries only ({saved / 2**20:.0f} MiB less)")
-    stale = [w for w in args.dest.glob("*.whl")
-             if not any(w.name.lower().startswith(p.split("==")[0].replace("-", "_").lower() + "-" + p.split("==")[1])
-                        for p in pins)]
+    stale = [w for w in args.dest.glob("*.whl") if not w.name.lower().startswith(tuple(prefixes.values()))]
     for wheel in stale:
         print(f"removing {wheel.name}: not in uv.lock's set (two versions of one package stop the install)")
         wheel.unlink()

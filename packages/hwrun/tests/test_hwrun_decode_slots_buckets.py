@@ -195,6 +195,8 @@ def test_seeded_sampling_keeps_its_tokens_when_its_row_moves(llama, gpt2, family
 
 
 def test_graph_fakes_capture_one_graph_per_bucket_used_and_replay_it(llama):
+    # The fake's graph class and capture context stand in for torch.xpu.XPUGraph / torch.xpu.graph (INTEL.md
+    # "Graphs", S1; torch/xpu/graphs.py in torch 2.15), to which hwenv's test_hwenv_fake_graphs.py holds the fake.
     model, ids = llama
     eager = SlotDecoder(model, slots=4, max_cache_len=64, use_graphs=False)
     plan = [("add", "a", 0, 9), ("step",), ("add", "b", 1, 4), ("step",), ("add", "c", 2, 6), ("step",),
@@ -315,6 +317,8 @@ def test_cache_buckets_attend_over_the_positions_reached(llama, gpt2, family):
 
 
 def test_graph_fakes_capture_one_graph_per_rows_and_length_bucket(llama):
+    # The fake's graph class and capture context stand in for torch.xpu.XPUGraph / torch.xpu.graph (INTEL.md
+    # "Graphs", S1; torch/xpu/graphs.py in torch 2.15), to which hwenv's test_hwenv_fake_graphs.py holds the fake.
     model, ids = llama
     eager = SlotDecoder(model, slots=2, max_cache_len=32, use_graphs=False)
     eager.add("a", ids[2], max_new_tokens=20, eos_token_id=None)

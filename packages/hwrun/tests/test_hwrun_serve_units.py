@@ -751,15 +751,17 @@ def test_ignore_eos_decodes_the_whole_budget_on_both_engines(engine):
 def test_served_buckets_are_fewer_when_each_one_compiles():
     """Every row bucket is compiled (greedy and sampled) at start-up under --compile: the server keeps 1, 8 and
     the slot count there, and the decoder's default powers of two otherwise."""
-    from hwrun.inference.decode.slots import bucket_sizes
-    from hwrun.serve.startup import served_buckets
+    from hwrun.inference.decode.slots import (  # what serve/startup.py passes
+        bucket_sizes,
+        compiled_buckets,
+    )
 
-    assert served_buckets(64, compiled=False) is None
-    assert bucket_sizes(64, served_buckets(64, compiled=False)) == (1, 2, 4, 8, 16, 32, 64)
-    assert served_buckets(64, compiled=True) == (1, 8, 64)
-    assert served_buckets(4, compiled=True) == (1, 4)
-    assert served_buckets(1, compiled=True) == (1,)
-    assert bucket_sizes(4, served_buckets(4, compiled=True)) == (1, 4)
+    assert compiled_buckets(64, compiled=False) is None
+    assert bucket_sizes(64, compiled_buckets(64, compiled=False)) == (1, 2, 4, 8, 16, 32, 64)
+    assert compiled_buckets(64, compiled=True) == (1, 8, 64)
+    assert compiled_buckets(4, compiled=True) == (1, 4)
+    assert compiled_buckets(1, compiled=True) == (1,)
+    assert bucket_sizes(4, compiled_buckets(4, compiled=True)) == (1, 4)
 
 
 # ------------------------------------------------------------------------------- per-token host work

@@ -212,22 +212,14 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return eos_of(model, tokenizer)
 
 
-def served_buckets(slots: int, compiled: bool) -> tuple[int, ...] | None:
-    """The slot decoder's row buckets for the server (`hwrun.inference.decode.slots.compiled_buckets`): the
-    decoder's default without compile; 1, 8 and `slots` with it (each bucket is compiled at start-up)."""
-    from ..inference.decode.slots import compiled_buckets
-
-    return compiled_buckets(slots, compiled)
-
-
 def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, max_len: int, eos: tuple[int, ...] = ()) -> Backend:
     from ..inference.decode import SamplingParams
-    from ..inference.decode.slots import SlotDecoder
+    from ..inference.decode.slots import SlotDecoder, compiled_buckets
     from ..inference.generate import graph_api_of
     from .backend_slots import SlotsBackend
 
     compile_backend = plan.compile.backend if plan.compile is not None else None
-    buckets = served_buckets(config.max_concurrency, compile_backend is not None)
+    buckets = compiled_buckets(config.max_concurrency, compile_backend is not None)  # each bucket compiles at start
     decoder = SlotDecoder(model, slots=config.max_concurrency, max_cache_len=max_len,
                           use_graphs=graph_api_of(plan) is not None, compile_backend=compile_backend,
                           platform=plan.accelerator.platform, buckets=buckets)
