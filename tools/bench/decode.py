@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 sys.path[:0] = [str(p) for p in sorted((Path(__file__).resolve().parents[2] / "packages").glob("*/src"))]
@@ -213,7 +214,8 @@ def main(argv=None):
             if isinstance(result, hwrun.GenerationResult):
                 row.update(decode=result.decode, decode_reason=result.decode_reason, batching=result.batching)
         except Exception as exc:  # noqa: BLE001 - record and keep measuring the rest
-            row = {"batch": batch, "mode": mode, "name": name, "error": f"{type(exc).__name__}: {exc}"}
+            row = {"batch": batch, "mode": mode, "name": name, "error": f"{type(exc).__name__}: {exc}",
+                   "traceback": traceback.format_exc()[-6000:]}
         results["rows"].append(row)
         shown = f"{row['tokens_per_s']:10.1f} tokens/s" if "tokens_per_s" in row else f"FAILED {row['error'][:120]}"
         print(f"{batch:3d} {mode:7s} {name:40s} {shown}", flush=True)

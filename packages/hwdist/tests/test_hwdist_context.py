@@ -122,6 +122,32 @@ def test_shutdown_adopted_destroys_a_group_started_elsewhere():
     hwdist.shutdown(adopted=True)  # idempotent with nothing running
 
 
+def test_shutdown_frees_cyclic_holders_of_the_group_before_destroying_it(monkeypatch):
+    # a finished Trainer keeps its DDP wrapper (which holds the group and its pending work) in reference
+    # cycles; left to interpreter teardown, gloo can abort the process there ("terminate called")
+    import gc
+    import weakref
+
+    class Holder:  # stands in for DDP(model) inside a Trainer's cycles
+        pass
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    holder = Holder()
+    holder.group, holder.cycle = dist.group.WORLD, holder
+    alive = weakref.ref(holder)
+    del holder
+    seen = []
+    real_destroy = dist.destroy_process_group
+    monkeypatch.setattr(dist, "destroy_process_group", lambda *a, **k: (seen.append(alive() is None),
+                                                                          real_destroy(*a, **k)))
+    gc.disable()  # no collection but the one shutdown makes
+    try:
+        hwdist.shutdown(adopted=True)
+    finally:
+        gc.enable()
+    assert seen == [True] and not dist.is_initialized()
+
+
 def test_bad_timeout_is_rejected():
     with pytest.raises(hwdist.DistEnvError, match="must be positive"):
         hwdist.init(timeout=0)

@@ -6,6 +6,7 @@ no port), so every collective takes the same code path at any world size.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -249,7 +250,10 @@ def shutdown(*, adopted: bool = False) -> None:
     """Destroy the group `init()` started; idempotent. A group adopted from elsewhere (Trainer,
     accelerate) is left running unless `adopted=True`, which destroys whatever default group is
     running, as `Accelerator.end_training()` does: call it on every rank at the end of a script,
-    since torch does not destroy a gloo group at exit and can abort there ("terminate called")."""
+    since torch does not destroy a gloo group at exit and can abort there ("terminate called"). Garbage is
+    collected first, so objects in reference cycles that hold the group or its pending work (a DDP wrapper,
+    a finished Trainer) are freed while the interpreter is alive, not during its teardown, where gloo's worker
+    threads can abort the process (pytorch/pytorch#179291)."""
     global _current
     ctx, _current = _current, None
     collectives = sys.modules.get(f"{__package__}.collectives")  # loaded only if a collective ran
@@ -260,4 +264,5 @@ def shutdown(*, adopted: bool = False) -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        gc.collect()  # release cyclic holders of the group (DDP wrappers) while the interpreter is alive
         dist.destroy_process_group()
