@@ -352,6 +352,26 @@ def test_each_bucket_compiles_once_past_dynamos_recompile_limit(llama):
     assert counters["stats"]["unique_graphs"] - before == 10
 
 
+def test_a_compiled_sampled_step_samples_outside_the_compiled_graphs(llama):
+    """Inductor failed to compile the sampled 8-row step on an H200 (a 1.2B Llama, bf16): a compiled step keeps
+    `next_tokens` (sort, cumsum, noise) out of its graphs and runs it eagerly; seeded tokens are unchanged."""
+    model, ids = llama
+    traced: list[str] = []
+
+    def recording(graph_module, inputs):
+        traced.extend(str(node.target) for node in graph_module.graph.nodes)
+        return graph_module.forward
+
+    sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
+    prompts = [ids[0][:4], ids[1][:5]]
+    compiled = SlotDecoder(model, slots=2, max_cache_len=32, compile_backend=recording, step="fused", buckets=[2])
+    got = compiled.generate(prompts, 6, eos_token_id=None, sampling=sampling)
+    plain = SlotDecoder(model, slots=2, max_cache_len=32, step="fused", buckets=[2])
+    assert got == plain.generate(prompts, 6, eos_token_id=None, sampling=sampling)
+    assert traced and any("mm" in op or "linear" in op or "matmul" in op for op in traced)  # the model step is
+    assert not [op for op in traced if "sort" in op or "cumsum" in op]  # ... the sampling is not
+
+
 # ---- review fixes (2026-12-05) ---------------------------------------------------------------------------
 
 

@@ -244,6 +244,10 @@ class SlotDecoder:
         self.graphs: dict[tuple[bool, int, int], Any] = {}
         self._warm: set[tuple[bool, int, int]] = set()
         self.compiled = compile_backend is not None
+        # a compiled step samples eagerly (inside the same device graph): on an H200 (torch 2.11) Inductor failed
+        # to compile the sampled 8-row step of a 1.2B Llama ("list indices must be integers or slices, not
+        # NoneType", docs/benchmarks/decode.md); the sampling kernels still replay from the captured graph
+        self._next_tokens = torch.compiler.disable(next_tokens) if self.compiled else next_tokens
         self.capture_seconds: float | None = None
         self.steps = 0  # decode steps run by the last generate() (for reports)
         self.prefills = 0
@@ -326,7 +330,7 @@ class SlotDecoder:
             last = self.model(input_ids=token, position_ids=position, attention_mask=mask,
                               **{self.cache_keyword: self.cache}, use_cache=True, logits_to_keep=1).logits[:, -1]
         if sample:
-            nxt = next_tokens(last, *self.sampling.first(rows), count).unsqueeze(-1)
+            nxt = self._next_tokens(last, *self.sampling.first(rows), count).unsqueeze(-1)
         else:
             nxt = last.argmax(dim=-1, keepdim=True)
         token.copy_(nxt)
