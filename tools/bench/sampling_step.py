@@ -42,6 +42,48 @@ def replay_us(fn, repeats=200):
     return start.elapsed_time(end) * 1000 / repeats
 
 
+def block_cumsum(x, block=256):
+    """cumsum over the last dim without a scan kernel: within blocks by a matmul with a triangular matrix, then
+    each block's exclusive prefix by another (a candidate for the filter's top-p mass)."""
+    import torch
+
+    rows, vocab = x.shape
+    padded = torch.nn.functional.pad(x, (0, (-vocab) % block)).view(rows, -1, block)
+    inner = padded @ torch.ones(block, block, device=x.device, dtype=x.dtype).triu()
+    totals = inner[..., -1]
+    prefix = totals @ torch.ones(totals.shape[1], totals.shape[1], device=x.device, dtype=x.dtype).triu(1)
+    return (inner + prefix[..., None]).reshape(rows, -1)[:, :vocab]
+
+
+def candidate_filter(logits, temperature, top_k, top_p, cumsum=None, sort=None):
+    """filter_logits with the cumulative sum and the sort replaceable (candidates for a compilable filter)."""
+    import torch
+
+    scaled = logits.to(torch.float32) / torch.where(temperature > 0, temperature, 1.0)[:, None]
+    vocab = scaled.shape[-1]
+    ordered = (sort or (lambda v: v.sort(dim=-1, descending=True).values))(scaled)
+    ranks = torch.arange(vocab, device=scaled.device)[None, :]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)[:, None]
+    in_k = ranks < k
+    probs = torch.softmax(ordered.masked_fill(~in_k, float("-inf")), dim=-1)
+    before = (cumsum or (lambda v: v.cumsum(dim=-1)))(probs) - probs
+    keep = in_k & ((before < top_p[:, None]) | (top_p[:, None] >= 1))
+    last = keep.sum(dim=-1, keepdim=True).clamp(min=1) - 1
+    threshold = ordered.gather(1, last)
+    return scaled.masked_fill(scaled < threshold, float("-inf"))
+
+
+def candidate_next_tokens(logits, temperature, top_p, top_k, seed, counter):
+    """next_tokens with the block-cumsum filter."""
+    import torch
+    from hwrun.inference.decode.sampling import uniform_noise
+
+    greedy = logits.argmax(dim=-1)
+    filtered = candidate_filter(logits, temperature, top_k, top_p, cumsum=block_cumsum)
+    gumbel = -torch.log(-torch.log(uniform_noise(seed, counter, logits.shape[-1])))
+    return torch.where(temperature > 0, (filtered + gumbel).argmax(dim=-1), greedy)
+
+
 def measure_rows(rows, vocab):
     """Microseconds per variant at `rows` rows (a failed compile: its error and traceback)."""
     import torch
@@ -55,6 +97,7 @@ def measure_rows(rows, vocab):
     seed = torch.arange(rows, dtype=torch.long, device="cuda")
     counter = torch.zeros((rows, 1), dtype=torch.long, device="cuda")
     sink = torch.zeros(rows, dtype=torch.long, device="cuda")
+    eager_sort = torch.compiler.disable(lambda v: v.sort(dim=-1, descending=True).values)
     variants = {
         "greedy argmax": lambda: sink.copy_(logits.argmax(dim=-1)),
         "next_tokens eager": lambda: sink.copy_(next_tokens(logits, temperature, top_p, top_k, seed, counter)),
@@ -69,8 +112,18 @@ def measure_rows(rows, vocab):
         "filter compiled": (filter_logits, (logits, temperature, top_k, top_p)),
         "noise compiled": (uniform_noise, (seed, counter, vocab)),
         "cumsum compiled": (lambda x: x.float().cumsum(dim=-1), (logits,)),
+        "filter block-cumsum compiled": (lambda *a: candidate_filter(*a, cumsum=block_cumsum),
+                                         (logits, temperature, top_k, top_p)),
+        "filter eager-sort compiled": (lambda *a: candidate_filter(*a, sort=eager_sort),
+                                       (logits, temperature, top_k, top_p)),
+        "next_tokens block-cumsum compiled": (candidate_next_tokens,
+                                              (logits, temperature, top_p, top_k, seed, counter)),
+        "filter both compiled": (lambda *a: candidate_filter(*a, cumsum=block_cumsum, sort=eager_sort),
+                                 (logits, temperature, top_k, top_p)),
     }
-    row = {}
+    reference = filter_logits(logits, temperature, top_k, top_p)
+    row = {"block-cumsum filter equals eager": bool(torch.equal(
+        torch.isinf(candidate_filter(logits, temperature, top_k, top_p, cumsum=block_cumsum)), torch.isinf(reference)))}
     for name, fn in variants.items():
         row[name] = replay_us(fn)
         print(f"rows {rows:3d} {name:24s} {row[name]:9.1f} us", flush=True)

@@ -164,6 +164,23 @@ def uniform_noise(seed: Any, counter: Any, vocab: int) -> Any:
     return (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))
 
 
+def block_cumsum(values: Any, block: int = 256) -> Any:
+    """The cumulative sum over the last dim of a (rows, n) float32 tensor, as two matrix products with triangular
+    ones (within blocks of `block`, then each block's exclusive prefix) instead of a scan. On an H200 (torch 2.11)
+    an eager 8-row cumsum over 128,256 entries took 171 us and Inductor failed to compile the filter's scan at 8
+    rows (docs/benchmarks/decode.md); products keep the filter compilable and cheap eagerly. Full float32 unless
+    TF32 matmuls are turned on."""
+    import torch
+
+    rows, width = values.shape
+    padded = torch.nn.functional.pad(values, (0, (-width) % block)).view(rows, -1, block)
+    inner = padded @ torch.ones(block, block, device=values.device, dtype=values.dtype).triu()
+    totals = inner[..., -1]
+    blocks = totals.shape[-1]
+    prefix = totals @ torch.ones(blocks, blocks, device=values.device, dtype=values.dtype).triu(1)
+    return (inner + prefix[..., None]).reshape(rows, -1)[:, :width]
+
+
 def filter_logits(logits: Any, temperature: Any, top_k: Any, top_p: Any) -> Any:
     """float32 logits / temperature with everything outside top-k, then top-p, set to -inf (per row;
     `top_k` 0 and `top_p` 1 are off; a row with temperature 0 is divided by 1). Fixed shapes."""
@@ -176,20 +193,22 @@ def filter_logits(logits: Any, temperature: Any, top_k: Any, top_p: Any) -> Any:
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)[:, None]
     in_k = ranks < k
     probs = torch.softmax(ordered.masked_fill(~in_k, float("-inf")), dim=-1)
-    before = probs.cumsum(dim=-1) - probs  # mass of the more likely tokens
+    before = block_cumsum(probs) - probs  # mass of the more likely tokens
     keep = in_k & ((before < top_p[:, None]) | (top_p[:, None] >= 1))
     last = keep.sum(dim=-1, keepdim=True).clamp(min=1) - 1
     threshold = ordered.gather(1, last)
     return scaled.masked_fill(scaled < threshold, float("-inf"))
 
 
-def next_tokens(logits: Any, temperature: Any, top_p: Any, top_k: Any, seed: Any, counter: Any) -> Any:
+def next_tokens(logits: Any, temperature: Any, top_p: Any, top_k: Any, seed: Any, counter: Any, *,
+                filter: Any = None) -> Any:
     """(rows,) long: greedy argmax for rows with temperature 0, else a Gumbel-max draw from the filtered
-    softmax with the row's counter-based noise. `counter` is each row's index of the token being chosen."""
+    softmax with the row's counter-based noise. `counter` is each row's index of the token being chosen;
+    `filter` replaces `filter_logits` (a compiled step passes an eager one where Inductor cannot compile it)."""
     import torch
 
     greedy = logits.argmax(dim=-1)
-    filtered = filter_logits(logits, temperature, top_k, top_p)
+    filtered = (filter or filter_logits)(logits, temperature, top_k, top_p)
     gumbel = -torch.log(-torch.log(uniform_noise(seed, counter, logits.shape[-1])))
     drawn = (filtered + gumbel).argmax(dim=-1)
     return torch.where(temperature > 0, drawn, greedy)

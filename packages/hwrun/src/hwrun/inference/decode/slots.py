@@ -80,7 +80,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import FastDecodeError
-from .sampling import SamplingParams, SamplingRows, next_tokens
+from .sampling import SamplingParams, SamplingRows, filter_logits, next_tokens
 from .static import (
     STEPS,
     cache_keyword,
@@ -152,6 +152,15 @@ def bucket_sizes(slots: int, buckets: Sequence[int] | None = None) -> tuple[int,
                                       f"from 1 to slots={slots} (or leave buckets=None: 1, 2, 4, ... and slots).")
             sizes.add(size)
     return tuple(sorted(sizes | {slots}))
+
+
+def _is_compile_failure(error: BaseException) -> bool:
+    """Whether `error` came from torch.compile's backend (Inductor), not from running the step."""
+    import sys
+
+    failures = [getattr(sys.modules.get("torch._dynamo.exc"), "BackendCompilerFailed", None),
+                getattr(sys.modules.get("torch._inductor.exc"), "InductorError", None)]  # loaded if they raised
+    return isinstance(error, tuple(kind for kind in failures if kind is not None))
 
 
 def compiled_buckets(slots: int, compiled: bool) -> tuple[int, ...] | None:
@@ -244,10 +253,9 @@ class SlotDecoder:
         self.graphs: dict[tuple[bool, int, int], Any] = {}
         self._warm: set[tuple[bool, int, int]] = set()
         self.compiled = compile_backend is not None
-        # a compiled step samples eagerly (inside the same device graph): on an H200 (torch 2.11) Inductor failed
-        # to compile the sampled 8-row step of a 1.2B Llama ("list indices must be integers or slices, not
-        # NoneType", docs/benchmarks/decode.md); the sampling kernels still replay from the captured graph
-        self._next_tokens = torch.compiler.disable(next_tokens) if self.compiled else next_tokens
+        # the sampling's top-k/top-p filter, compiled with the step until a compile of it fails (then eager)
+        self._filter: Any = None
+        self.sampling_fallback: str | None = None  # why the filter runs eagerly in compiled steps, if it does
         self.capture_seconds: float | None = None
         self.steps = 0  # decode steps run by the last generate() (for reports)
         self.prefills = 0
@@ -330,7 +338,7 @@ class SlotDecoder:
             last = self.model(input_ids=token, position_ids=position, attention_mask=mask,
                               **{self.cache_keyword: self.cache}, use_cache=True, logits_to_keep=1).logits[:, -1]
         if sample:
-            nxt = self._next_tokens(last, *self.sampling.first(rows), count).unsqueeze(-1)
+            nxt = next_tokens(last, *self.sampling.first(rows), count, filter=self._filter).unsqueeze(-1)
         else:
             nxt = last.argmax(dim=-1, keepdim=True)
         token.copy_(nxt)
@@ -351,6 +359,8 @@ class SlotDecoder:
             kind = "sampled" if sample else "greedy"
             step.__code__ = step.__code__.replace(co_name=f"slot_step_{kind}_{rows}_{columns}")
             compiled = compile_step(step, *self._compile)
+            if sample and self.compiled:
+                compiled = self._sampling_fallback(compiled)
             if self.cache is None:
                 self._step_fns[key] = compiled
             else:
@@ -360,6 +370,31 @@ class SlotDecoder:
 
                 self._step_fns[key] = run
         return self._step_fns[key]
+
+    def _sampling_fallback(self, compiled: Any) -> Any:
+        """`compiled` (a sampled step), retried once with the top-k/top-p filter out of the compiled graph (eager,
+        still inside the device graph) if compiling it fails: on an H200 (torch 2.11) Inductor failed on the
+        filter's 8-row step ("list indices must be integers or slices, not NoneType"). Logged with the error;
+        a compile never runs a kernel before it succeeds, so no state moved."""
+        def run() -> None:
+            try:
+                compiled()
+            except Exception as error:  # noqa: BLE001 - only compile failures are taken, the rest re-raised
+                if self._filter is not None or not _is_compile_failure(error):
+                    raise
+                import torch
+
+                root = error
+                for _ in range(8):  # the backend's own error, under torch.compile's wrappers
+                    root = getattr(root, "inner_exception", None) or root.__cause__ or root
+                said = (str(root).strip().splitlines() or [""])[0][:200]
+                self.sampling_fallback = f"{type(error).__name__} ({type(root).__name__}: {said})"
+                logger.warning("compiling the sampled slot step failed (%s); its top-k/top-p filter runs eagerly "
+                               "from now on (the rest stays compiled)", self.sampling_fallback)
+                self._filter = torch.compiler.disable(filter_logits)
+                compiled()
+
+        return run
 
     def _prefill(self, slots: list[int], prompts: list[list[int]]) -> None:
         """Prompts into `slots`: their K/V, first token, position and count (no other row is touched). The fused
