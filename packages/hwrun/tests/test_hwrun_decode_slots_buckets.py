@@ -370,7 +370,7 @@ def test_a_sampled_step_whose_filter_fails_to_compile_filters_eagerly(llama, fai
     sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
     prompts = [ids[0][:4], ids[1][:5]]
     compiled = SlotDecoder(model, slots=2, max_cache_len=32, compile_backend=backend, step="fused", buckets=[2])
-    with caplog.at_level("WARNING", logger="hwrun.inference.decode.slots"):
+    with caplog.at_level("WARNING", logger="hwrun.inference.decode.static"):
         got = compiled.generate(prompts, 6, eos_token_id=None, sampling=sampling)
     plain = SlotDecoder(model, slots=2, max_cache_len=32, step="fused", buckets=[2])
     assert got == plain.generate(prompts, 6, eos_token_id=None, sampling=sampling)
@@ -379,9 +379,31 @@ def test_a_sampled_step_whose_filter_fails_to_compile_filters_eagerly(llama, fai
     sorted_in_graph = any("sort" in op for op in ops)
     if fails:
         assert not sorted_in_graph and "list indices" in compiled.sampling_fallback
-        assert "filter runs eagerly" in caplog.text and "list indices" in caplog.text
+        assert "filter runs eagerly" in caplog.text and "SlotDecoder" in caplog.text and "list indices" in caplog.text
     else:
         assert sorted_in_graph and compiled.sampling_fallback is None and "eagerly" not in caplog.text
+
+
+def test_the_static_decoders_sampled_step_falls_back_the_same_way(llama, caplog):
+    """The static graph decoder (batch 1, batching="static") shares the fallback: its sampled step retries with
+    the filter eager when the compile fails, and its seeded tokens are unchanged."""
+    from hwrun.inference.decode.static import GraphDecoder
+
+    model, ids = llama
+
+    def backend(graph_module, inputs):
+        if any("sort" in str(node.target) for node in graph_module.graph.nodes):
+            raise TypeError("list indices must be integers or slices, not NoneType")
+        return graph_module.forward
+
+    sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=5)
+    prompt = torch.tensor([ids[0][:4]])
+    compiled = GraphDecoder(model, max_cache_len=32, compile_backend=backend, step="fused")
+    with caplog.at_level("WARNING", logger="hwrun.inference.decode.static"):
+        got = compiled.generate(prompt, 6, eos_token_id=None, sampling=sampling)
+    plain = GraphDecoder(model, max_cache_len=32, step="fused")
+    assert torch.equal(got, plain.generate(prompt, 6, eos_token_id=None, sampling=sampling))
+    assert "list indices" in compiled.sampling_fallback and "GraphDecoder" in caplog.text
 
 
 def test_a_failure_other_than_compiling_is_not_taken_for_one(llama):

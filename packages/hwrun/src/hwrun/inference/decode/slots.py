@@ -80,7 +80,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import FastDecodeError
-from .sampling import SamplingParams, SamplingRows, filter_logits, next_tokens
+from .sampling import SamplingParams, SamplingRows, next_tokens
 from .static import (
     STEPS,
     cache_keyword,
@@ -91,6 +91,7 @@ from .static import (
     decoder_graph_tools,
     eos_ids,
     model_platform,
+    with_filter_fallback,
 )
 
 logger = logging.getLogger(__name__)
@@ -152,15 +153,6 @@ def bucket_sizes(slots: int, buckets: Sequence[int] | None = None) -> tuple[int,
                                       f"from 1 to slots={slots} (or leave buckets=None: 1, 2, 4, ... and slots).")
             sizes.add(size)
     return tuple(sorted(sizes | {slots}))
-
-
-def _is_compile_failure(error: BaseException) -> bool:
-    """Whether `error` came from torch.compile's backend (Inductor), not from running the step."""
-    import sys
-
-    failures = [getattr(sys.modules.get("torch._dynamo.exc"), "BackendCompilerFailed", None),
-                getattr(sys.modules.get("torch._inductor.exc"), "InductorError", None)]  # loaded if they raised
-    return isinstance(error, tuple(kind for kind in failures if kind is not None))
 
 
 def compiled_buckets(slots: int, compiled: bool) -> tuple[int, ...] | None:
@@ -360,7 +352,7 @@ class SlotDecoder:
             step.__code__ = step.__code__.replace(co_name=f"slot_step_{kind}_{rows}_{columns}")
             compiled = compile_step(step, *self._compile)
             if sample and self.compiled:
-                compiled = self._sampling_fallback(compiled)
+                compiled = with_filter_fallback(compiled, self)
             if self.cache is None:
                 self._step_fns[key] = compiled
             else:
@@ -370,31 +362,6 @@ class SlotDecoder:
 
                 self._step_fns[key] = run
         return self._step_fns[key]
-
-    def _sampling_fallback(self, compiled: Any) -> Any:
-        """`compiled` (a sampled step), retried once with the top-k/top-p filter out of the compiled graph (eager,
-        still inside the device graph) if compiling it fails: on an H200 (torch 2.11) Inductor failed on the
-        filter's 8-row step ("list indices must be integers or slices, not NoneType"). Logged with the error;
-        a compile never runs a kernel before it succeeds, so no state moved."""
-        def run() -> None:
-            try:
-                compiled()
-            except Exception as error:  # noqa: BLE001 - only compile failures are taken, the rest re-raised
-                if self._filter is not None or not _is_compile_failure(error):
-                    raise
-                import torch
-
-                root = error
-                for _ in range(8):  # the backend's own error, under torch.compile's wrappers
-                    root = getattr(root, "inner_exception", None) or root.__cause__ or root
-                said = (str(root).strip().splitlines() or [""])[0][:200]
-                self.sampling_fallback = f"{type(error).__name__} ({type(root).__name__}: {said})"
-                logger.warning("compiling the sampled slot step failed (%s); its top-k/top-p filter runs eagerly "
-                               "from now on (the rest stays compiled)", self.sampling_fallback)
-                self._filter = torch.compiler.disable(filter_logits)
-                compiled()
-
-        return run
 
     def _prefill(self, slots: list[int], prompts: list[list[int]]) -> None:
         """Prompts into `slots`: their K/V, first token, position and count (no other row is touched). The fused

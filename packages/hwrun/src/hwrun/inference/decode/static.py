@@ -143,8 +143,12 @@ class GraphDecoder:
         self.count = torch.zeros((batch_size, 1), **long)  # tokens produced so far (the sampling noise's counter)
         self.tokens = torch.zeros((batch_size, max_cache_len + 1), **long)
         self.sampling = SamplingRows(batch_size, self.device)
+        self._filter: Any = None  # the sampling filter (None: compiled with the step; see with_filter_fallback)
+        self.sampling_fallback: str | None = None  # why the filter runs eagerly in the compiled step, if it does
         self._step_fns = {sample: compile_step(lambda s=sample: self._step(s), compile_backend, compile_mode, tune)
                           for sample in (False, True)}
+        if compile_backend is not None:
+            self._step_fns[True] = with_filter_fallback(self._step_fns[True], self)
         self._step_fn = self._step_fns[False]  # the greedy step (kept under its old name)
         self.graphs: dict[bool, Any] = {}
         self.capture_seconds: float | None = None
@@ -163,7 +167,7 @@ class GraphDecoder:
             last = self.model(input_ids=self.token, position_ids=self.position, **{self.cache_keyword: self.cache},
                               use_cache=True, logits_to_keep=1).logits[:, -1]
         if sample:
-            nxt = next_tokens(last, *self.sampling.all(), self.count).unsqueeze(-1)
+            nxt = next_tokens(last, *self.sampling.all(), self.count, filter=self._filter).unsqueeze(-1)
             self.count.add_(1)  # the noise counter (greedy steps need none; the prefill resets it)
         else:
             nxt = last.argmax(dim=-1, keepdim=True)
@@ -325,6 +329,44 @@ def attention_blocker(model: Any, max_cache_len: int) -> str | None:
     if (window or "sliding_attention" in kinds) and not (window and window >= max_cache_len):
         return (f"uses sliding-window attention (window {window}) shorter than max_cache_len={max_cache_len}")
     return None
+
+
+def _is_compile_failure(error: BaseException) -> bool:
+    """Whether `error` came from torch.compile's backend (Inductor), not from running the step."""
+    import sys
+
+    failures = [getattr(sys.modules.get("torch._dynamo.exc"), "BackendCompilerFailed", None),
+                getattr(sys.modules.get("torch._inductor.exc"), "InductorError", None)]  # loaded if they raised
+    return isinstance(error, tuple(kind for kind in failures if kind is not None))
+
+
+def with_filter_fallback(compiled: Any, decoder: Any) -> Any:
+    """`compiled` (a decoder's sampled step), retried once with the top-k/top-p filter out of the compiled graph
+    (eager, still inside the device graph) if compiling it fails: on an H200 (torch 2.11) Inductor failed on the
+    filter of an 8-row sampled step ("list indices must be integers or slices, not NoneType"). Sets the decoder's
+    `_filter` (what its step passes to `next_tokens`) and `sampling_fallback` (the error), and logs it; a compile
+    runs no kernel before it succeeds, so no state moved. Any other error propagates."""
+    def run() -> None:
+        try:
+            compiled()
+        except Exception as error:  # noqa: BLE001 - only compile failures are taken, the rest re-raised
+            if decoder._filter is not None or not _is_compile_failure(error):
+                raise
+            import torch
+
+            from .sampling import filter_logits
+
+            root = error
+            for _ in range(8):  # the backend's own error, under torch.compile's wrappers
+                root = getattr(root, "inner_exception", None) or root.__cause__ or root
+            said = (str(root).strip().splitlines() or [""])[0][:200]
+            decoder.sampling_fallback = f"{type(error).__name__} ({type(root).__name__}: {said})"
+            logger.warning("compiling the sampled %s step failed (%s); its top-k/top-p filter runs eagerly from now "
+                           "on (the rest stays compiled)", type(decoder).__name__, decoder.sampling_fallback)
+            decoder._filter = torch.compiler.disable(filter_logits)
+            compiled()
+
+    return run
 
 
 def compile_step(step: Any, backend: Any, mode: str | None, tune: bool = False) -> Any:
