@@ -50,6 +50,39 @@ def test_per_row_parameters_do_not_leak_between_rows():
     assert (kept > INF).sum(dim=1).tolist() == [1, 4, 3]
 
 
+def _reference_filter(logits, temperature, top_k, top_p):
+    """The filter's plain form: float32 values sorted, the top-p mass by torch.cumsum (Transformers' warpers' order)."""
+    scaled = logits.float() / torch.where(temperature > 0, temperature, 1.0)[:, None]
+    ordered = scaled.sort(dim=-1, descending=True).values
+    vocab = scaled.shape[-1]
+    in_k = torch.arange(vocab)[None, :] < torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)[:, None]
+    probs = torch.softmax(ordered.masked_fill(~in_k, INF), dim=-1)
+    keep = in_k & ((probs.cumsum(dim=-1) - probs < top_p[:, None]) | (top_p[:, None] >= 1))
+    threshold = ordered.gather(1, keep.sum(dim=-1, keepdim=True).clamp(min=1) - 1)
+    return scaled.masked_fill(scaled < threshold, INF)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_filter_equals_its_plain_form_on_random_logits(dtype):
+    """The filter sorts the logits in their own dtype and sums the top-p mass by matrix products (block_cumsum):
+    the kept tokens and their values equal the plain form's (float32 sort, torch.cumsum) over many rows, with
+    top-k, top-p, both, neither and temperature-0 rows mixed, vocabularies below and above the 256 block."""
+    generator = torch.Generator().manual_seed(0)
+    for vocab in (50, 1000, 5003):
+        rows = 64
+        logits = (torch.randn(rows, vocab, generator=generator) * torch.rand(rows, 1, generator=generator) * 8).to(dtype)
+        temperature = torch.rand(rows, generator=generator) * 1.5
+        temperature[::7] = 0.0
+        top_p = torch.rand(rows, generator=generator).clamp(min=0.05)
+        top_p[::5] = 1.0
+        top_k = torch.randint(0, 40, (rows,), generator=generator)
+        top_k[::3] = 0
+        got = filter_logits(logits, temperature, top_k, top_p)
+        want = _reference_filter(logits, temperature, top_k, top_p)
+        assert torch.equal(got > INF, want > INF), vocab
+        assert torch.equal(got[got > INF], want[want > INF])
+
+
 def _lowbias32(x):
     x &= 0xFFFFFFFF
     x ^= x >> 16

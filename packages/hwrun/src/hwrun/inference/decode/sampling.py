@@ -186,9 +186,13 @@ def filter_logits(logits: Any, temperature: Any, top_k: Any, top_p: Any) -> Any:
     `top_k` 0 and `top_p` 1 are off; a row with temperature 0 is divided by 1). Fixed shapes."""
     import torch
 
-    scaled = logits.to(torch.float32) / torch.where(temperature > 0, temperature, 1.0)[:, None]
+    divisor = torch.where(temperature > 0, temperature, 1.0)[:, None]
+    scaled = logits.to(torch.float32) / divisor
     vocab = scaled.shape[-1]
-    ordered = scaled.sort(dim=-1, descending=True).values
+    # sorted in the logits' own dtype (bf16 keys have half the bits of float32: fewer radix-sort passes; the sort
+    # was 55 of the filter's 73 us for one row on the H200); a positive divisor keeps the order, so these are
+    # exactly the sorted `scaled` values
+    ordered = logits.sort(dim=-1, descending=True).values.to(torch.float32) / divisor
     ranks = torch.arange(vocab, device=scaled.device)[None, :]
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)[:, None]
     in_k = ranks < k
