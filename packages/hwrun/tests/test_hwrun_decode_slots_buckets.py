@@ -406,6 +406,69 @@ def test_the_static_decoders_sampled_step_falls_back_the_same_way(llama, caplog)
     assert "list indices" in compiled.sampling_fallback and "GraphDecoder" in caplog.text
 
 
+def test_one_buckets_filter_falling_back_recompiles_no_other_bucket(llama):
+    """Each compiled sampled step has its own filter choice: the 2-row step's compile failing leaves the 1-row step
+    that start() compiled as it was (a shared choice would fail its guards and recompile it mid-stream)."""
+    model, ids = llama
+    calls: list[tuple[int, bool]] = []
+
+    def backend(graph_module, inputs):
+        sorted_rows = [node.args[0].meta["example_value"].shape[0] for node in graph_module.graph.nodes
+                       if "sort" in str(node.target)]  # the rows of what the filter sorts
+        sorts, rows = bool(sorted_rows), (sorted_rows or [0])[0]
+        calls.append((rows, sorts))
+        if sorts and rows == 2:
+            raise TypeError("list indices must be integers or slices, not NoneType")
+        return graph_module.forward
+
+    decoder = SlotDecoder(model, slots=2, max_cache_len=32, compile_backend=backend, step="fused", buckets=[1, 2])
+    decoder.start()
+    assert decoder.sampling_fallback is not None
+    before = len(calls)
+    sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
+    got = decoder.generate([ids[0][:4]], 5, eos_token_id=None, sampling=sampling)
+    assert len(calls) == before  # nothing compiled again
+    plain = SlotDecoder(model, slots=2, max_cache_len=32, step="fused", buckets=[1, 2])
+    assert got == plain.generate([ids[0][:4]], 5, eos_token_id=None, sampling=sampling)
+
+
+def test_a_fallback_after_a_graph_break_restores_what_the_first_graph_moved(llama):
+    """With a graph break before the filter, the part before it has run when the filter's compile fails: the retry
+    starts from the buffers as they were, so the cache length and position move once (the model step over a
+    StaticCache, no device graphs)."""
+    from hwrun.inference.decode import sampling as sampling_module
+    from hwrun.inference.decode.static import GraphDecoder
+
+    model, ids = llama
+    real = sampling_module.next_tokens
+
+    def broken_next_tokens(*args, **kwargs):
+        torch._dynamo.graph_break()
+        return real(*args, **kwargs)
+
+    def backend(graph_module, inputs):
+        if any("sort" in str(node.target) for node in graph_module.graph.nodes):
+            raise TypeError("list indices must be integers or slices, not NoneType")
+        return graph_module.forward
+
+    import hwrun.inference.decode.static as static_module
+
+    sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=5)
+    prompt = torch.tensor([ids[0][:4]])
+    plain = GraphDecoder(model, max_cache_len=32, step="model", use_graphs=False)
+    want = plain.generate(prompt, 6, eos_token_id=None, sampling=sampling)
+    static_module.next_tokens = broken_next_tokens
+    try:
+        compiled = GraphDecoder(model, max_cache_len=32, compile_backend=backend, step="model", use_graphs=False)
+        got = compiled.generate(prompt, 6, eos_token_id=None, sampling=sampling)
+    finally:
+        static_module.next_tokens = real
+    assert compiled.sampling_fallback is not None
+    assert [int(x) for x in compiled._cache_lengths()] == [int(x) for x in plain._cache_lengths()]
+    assert int(compiled.position[0]) == int(plain.position[0])
+    assert torch.equal(got, want)
+
+
 def test_a_failure_other_than_compiling_is_not_taken_for_one(llama):
     """Only torch.compile's backend failures switch the filter to eager; an error while the step runs propagates."""
     model, ids = llama

@@ -83,6 +83,7 @@ from ...errors import FastDecodeError
 from .sampling import SamplingParams, SamplingRows, next_tokens
 from .static import (
     STEPS,
+    FilterChoice,
     cache_keyword,
     capture_graph,
     check_compile_allowed,
@@ -246,7 +247,6 @@ class SlotDecoder:
         self._warm: set[tuple[bool, int, int]] = set()
         self.compiled = compile_backend is not None
         # the sampling's top-k/top-p filter, compiled with the step until a compile of it fails (then eager)
-        self._filter: Any = None
         self.sampling_fallback: str | None = None  # why the filter runs eagerly in compiled steps, if it does
         self.capture_seconds: float | None = None
         self.steps = 0  # decode steps run by the last generate() (for reports)
@@ -309,7 +309,8 @@ class SlotDecoder:
 
     # ---- the step and the prefill (shared by both APIs) -------------------------------------------
 
-    def _step(self, sample: bool = False, rows: int | None = None, columns: int | None = None) -> None:
+    def _step(self, sample: bool = False, rows: int | None = None, columns: int | None = None,
+              filter: Any = None) -> None:
         """One decode step of the first `rows` slots (default: all), attending over the first `columns` cache
         positions (default: all; every active row's position must be below it); fixed buffers and views of them
         only (capturable). Idle rows among them step too and clamp at the end; the rows above are not touched."""
@@ -330,13 +331,18 @@ class SlotDecoder:
             last = self.model(input_ids=token, position_ids=position, attention_mask=mask,
                               **{self.cache_keyword: self.cache}, use_cache=True, logits_to_keep=1).logits[:, -1]
         if sample:
-            nxt = next_tokens(last, *self.sampling.first(rows), count, filter=self._filter).unsqueeze(-1)
+            nxt = next_tokens(last, *self.sampling.first(rows), count, filter=filter).unsqueeze(-1)
         else:
             nxt = last.argmax(dim=-1, keepdim=True)
         token.copy_(nxt)
         self.out.scatter_(1, count, nxt)  # on the whole buffer: a smaller index writes only the stepped rows
         count.add_(1).clamp_(max=self.max_cache_len - 1)
         position.add_(1).clamp_(max=self.max_cache_len - 1)
+
+    def _step_buffers(self) -> list[Any]:
+        """What one step moves (tokens, positions, counters, produced tokens): restored after capture warm-ups.
+        The K/V a step writes is rewritten with the same values when the step runs again."""
+        return [self.token, self.position, self.count, self.out]
 
     def _step_function(self, sample: bool, rows: int, columns: int) -> Any:
         """The step over the first `rows` slots and `columns` positions, compiled where asked; built once per
@@ -345,14 +351,16 @@ class SlotDecoder:
         columns outside the compiled region."""
         key = (sample, rows, columns)
         if key not in self._step_fns:
+            choice = FilterChoice()
+
             def step() -> None:
-                self._step(sample, rows, columns)
+                self._step(sample, rows, columns, choice.filter)
 
             kind = "sampled" if sample else "greedy"
             step.__code__ = step.__code__.replace(co_name=f"slot_step_{kind}_{rows}_{columns}")
             compiled = compile_step(step, *self._compile)
             if sample and self.compiled:
-                compiled = with_filter_fallback(compiled, self)
+                compiled = with_filter_fallback(compiled, choice, self)
             if self.cache is None:
                 self._step_fns[key] = compiled
             else:
@@ -459,7 +467,7 @@ class SlotDecoder:
         key = (sample, rows, columns)
         if key not in self.graphs:
             self.graphs[key], seconds = capture_graph(
-                step, self.device, [self.token, self.position, self.count, self.out],
+                step, self.device, self._step_buffers(),
                 tools=self.graph_tools, platform=self.platform)
             self.capture_seconds = (self.capture_seconds or 0.0) + seconds
         return self.graphs[key].replay

@@ -143,12 +143,12 @@ class GraphDecoder:
         self.count = torch.zeros((batch_size, 1), **long)  # tokens produced so far (the sampling noise's counter)
         self.tokens = torch.zeros((batch_size, max_cache_len + 1), **long)
         self.sampling = SamplingRows(batch_size, self.device)
-        self._filter: Any = None  # the sampling filter (None: compiled with the step; see with_filter_fallback)
+        self._filter = FilterChoice()  # the sampled step's filter (see with_filter_fallback)
         self.sampling_fallback: str | None = None  # why the filter runs eagerly in the compiled step, if it does
         self._step_fns = {sample: compile_step(lambda s=sample: self._step(s), compile_backend, compile_mode, tune)
                           for sample in (False, True)}
         if compile_backend is not None:
-            self._step_fns[True] = with_filter_fallback(self._step_fns[True], self)
+            self._step_fns[True] = with_filter_fallback(self._step_fns[True], self._filter, self)
         self._step_fn = self._step_fns[False]  # the greedy step (kept under its old name)
         self.graphs: dict[bool, Any] = {}
         self.capture_seconds: float | None = None
@@ -167,7 +167,7 @@ class GraphDecoder:
             last = self.model(input_ids=self.token, position_ids=self.position, **{self.cache_keyword: self.cache},
                               use_cache=True, logits_to_keep=1).logits[:, -1]
         if sample:
-            nxt = next_tokens(last, *self.sampling.all(), self.count, filter=self._filter).unsqueeze(-1)
+            nxt = next_tokens(last, *self.sampling.all(), self.count, filter=self._filter.filter).unsqueeze(-1)
             self.count.add_(1)  # the noise counter (greedy steps need none; the prefill resets it)
         else:
             nxt = last.argmax(dim=-1, keepdim=True)
@@ -197,6 +197,10 @@ class GraphDecoder:
         self.tokens[:, length:length + 1].copy_(first)
         return length
 
+    def _step_buffers(self) -> list[Any]:
+        """What one step moves (tokens, positions, counters, cache lengths): restored after capture warm-ups."""
+        return [self.token, self.position, self.count, *self._cache_lengths()]
+
     def _cache_lengths(self) -> list[Any]:
         # the fused step writes K/V at the position buffer's value: nothing else moves
         return [] if self.cache is None else [layer.cumulative_length for layer in self.cache.layers]
@@ -207,8 +211,7 @@ class GraphDecoder:
             return self._step_fns[sample]
         if sample not in self.graphs:
             # capture restores every buffer the warm-up steps moved
-            buffers = [self.token, self.position, self.count, *self._cache_lengths()]
-            self.graphs[sample], seconds = capture_graph(self._step_fns[sample], self.device, buffers,
+            self.graphs[sample], seconds = capture_graph(self._step_fns[sample], self.device, self._step_buffers(),
                                                          tools=self.graph_tools, platform=self.platform)
             self.capture_seconds = (self.capture_seconds or 0.0) + seconds
         return self.graphs[sample].replay
@@ -340,32 +343,52 @@ def _is_compile_failure(error: BaseException) -> bool:
     return isinstance(error, tuple(kind for kind in failures if kind is not None))
 
 
-def with_filter_fallback(compiled: Any, decoder: Any) -> Any:
-    """`compiled` (a decoder's sampled step), retried once with the top-k/top-p filter out of the compiled graph
+class FilterChoice:
+    """The top-k/top-p filter one compiled sampled step passes to `next_tokens`: None (the default one, compiled
+    with the step) until compiling the step fails, then an eager one (see `with_filter_fallback`). One per step,
+    so one step falling back does not invalidate (recompile) the others."""
+
+    __slots__ = ("filter",)
+
+    def __init__(self) -> None:
+        self.filter: Any = None
+
+
+def with_filter_fallback(compiled: Any, choice: FilterChoice, decoder: Any) -> Any:
+    """`compiled` (a decoder's sampled step), retried once with its top-k/top-p filter out of the compiled graph
     (eager, still inside the device graph) if compiling it fails: on an H200 (torch 2.11) Inductor failed on the
-    filter of an 8-row sampled step ("list indices must be integers or slices, not NoneType"). Sets the decoder's
-    `_filter` (what its step passes to `next_tokens`) and `sampling_fallback` (the error), and logs it; a compile
-    runs no kernel before it succeeds, so no state moved. Any other error propagates."""
+    filter of an 8-row sampled step ("list indices must be integers or slices, not NoneType"). Sets `choice.filter`
+    and the decoder's `sampling_fallback` (the error) and logs it. Until the step has run once, the decoder's step
+    buffers (`decoder._step_buffers()`) are kept and restored before the retry (a graph before a graph break may have
+    run). Any other error propagates."""
     def run() -> None:
+        if run.ran:
+            compiled()
+            return
+        kept = [(buffer, buffer.clone()) for buffer in decoder._step_buffers()]
         try:
             compiled()
         except Exception as error:  # noqa: BLE001 - only compile failures are taken, the rest re-raised
-            if decoder._filter is not None or not _is_compile_failure(error):
+            if choice.filter is not None or not _is_compile_failure(error):
                 raise
             import torch
 
             from .sampling import filter_logits
 
+            for buffer, value in kept:
+                buffer.copy_(value)
             root = error
             for _ in range(8):  # the backend's own error, under torch.compile's wrappers
                 root = getattr(root, "inner_exception", None) or root.__cause__ or root
             said = (str(root).strip().splitlines() or [""])[0][:200]
             decoder.sampling_fallback = f"{type(error).__name__} ({type(root).__name__}: {said})"
-            logger.warning("compiling the sampled %s step failed (%s); its top-k/top-p filter runs eagerly from now "
+            logger.warning("compiling a sampled %s step failed (%s); its top-k/top-p filter runs eagerly from now "
                            "on (the rest stays compiled)", type(decoder).__name__, decoder.sampling_fallback)
-            decoder._filter = torch.compiler.disable(filter_logits)
+            choice.filter = torch.compiler.disable(filter_logits)
             compiled()
+        run.ran = True
 
+    run.ran = False
     return run
 
 
