@@ -3,8 +3,10 @@
 Developer script (CUDA): random bf16 logits over Llama-3's vocabulary (128,256); each variant runs
 inside a captured CUDA graph (as in the decoders) and is timed over many replays. Variants: the greedy
 argmax (the baseline), `next_tokens` eager and compiled, and its parts (the sort-based top-k/top-p filter,
-the counter-based noise). A compile that fails is recorded with its full traceback, so an Inductor error
-seen in the decode benchmark can be reproduced without the model.
+the counter-based noise), and the filter's plain form (float32 sort, torch.cumsum: what Inductor failed to
+compile at 8 rows on 2026-12-05) with its sort or its cumsum replaced. Since then hwrun's own filter sorts
+in the logits' dtype and, compiled, sums by `block_cumsum`, so its "compiled" rows are not comparable with that
+day's JSON. A compile that fails is recorded with its full traceback.
 Usage: python tools/bench/sampling_step.py --out DIR [--rows 1,8,64] [--vocab 128256]
 """
 
@@ -42,21 +44,9 @@ def replay_us(fn, repeats=200):
     return start.elapsed_time(end) * 1000 / repeats
 
 
-def block_cumsum(x, block=256):
-    """cumsum over the last dim without a scan kernel: within blocks by a matmul with a triangular matrix, then
-    each block's exclusive prefix by another (a candidate for the filter's top-p mass)."""
-    import torch
-
-    rows, vocab = x.shape
-    padded = torch.nn.functional.pad(x, (0, (-vocab) % block)).view(rows, -1, block)
-    inner = padded @ torch.ones(block, block, device=x.device, dtype=x.dtype).triu()
-    totals = inner[..., -1]
-    prefix = totals @ torch.ones(totals.shape[1], totals.shape[1], device=x.device, dtype=x.dtype).triu(1)
-    return (inner + prefix[..., None]).reshape(rows, -1)[:, :vocab]
-
-
 def candidate_filter(logits, temperature, top_k, top_p, cumsum=None, sort=None):
-    """filter_logits with the cumulative sum and the sort replaceable (candidates for a compilable filter)."""
+    """The filter's plain form (float32 sort, torch.cumsum), with the cumulative sum and the sort replaceable: the
+    reference the candidates are checked and timed against."""
     import torch
 
     scaled = logits.to(torch.float32) / torch.where(temperature > 0, temperature, 1.0)[:, None]
@@ -73,21 +63,15 @@ def candidate_filter(logits, temperature, top_k, top_p, cumsum=None, sort=None):
     return scaled.masked_fill(scaled < threshold, float("-inf"))
 
 
-def candidate_next_tokens(logits, temperature, top_p, top_k, seed, counter):
-    """next_tokens with the block-cumsum filter."""
-    import torch
-    from hwrun.inference.decode.sampling import uniform_noise
-
-    greedy = logits.argmax(dim=-1)
-    filtered = candidate_filter(logits, temperature, top_k, top_p, cumsum=block_cumsum)
-    gumbel = -torch.log(-torch.log(uniform_noise(seed, counter, logits.shape[-1])))
-    return torch.where(temperature > 0, (filtered + gumbel).argmax(dim=-1), greedy)
-
-
 def measure_rows(rows, vocab):
     """Microseconds per variant at `rows` rows (a failed compile: its error and traceback)."""
     import torch
-    from hwrun.inference.decode.sampling import filter_logits, next_tokens, uniform_noise
+    from hwrun.inference.decode.sampling import (
+        block_cumsum,
+        filter_logits,
+        next_tokens,
+        uniform_noise,
+    )
 
     gen = torch.Generator(device="cuda").manual_seed(rows)
     logits = torch.randn(rows, vocab, device="cuda", generator=gen).mul_(4).to(torch.bfloat16)
@@ -116,12 +100,10 @@ def measure_rows(rows, vocab):
                                          (logits, temperature, top_k, top_p)),
         "filter eager-sort compiled": (lambda *a: candidate_filter(*a, sort=eager_sort),
                                        (logits, temperature, top_k, top_p)),
-        "next_tokens block-cumsum compiled": (candidate_next_tokens,
-                                              (logits, temperature, top_p, top_k, seed, counter)),
         "filter both compiled": (lambda *a: candidate_filter(*a, cumsum=block_cumsum, sort=eager_sort),
                                  (logits, temperature, top_k, top_p)),
     }
-    reference = filter_logits(logits, temperature, top_k, top_p)
+    reference = candidate_filter(logits, temperature, top_k, top_p)
     row = {"block-cumsum filter equals eager": bool(torch.equal(
         torch.isinf(candidate_filter(logits, temperature, top_k, top_p, cumsum=block_cumsum)), torch.isinf(reference)))}
     for name, fn in variants.items():

@@ -62,11 +62,33 @@ def _reference_filter(logits, temperature, top_k, top_p):
     return scaled.masked_fill(scaled < threshold, INF)
 
 
+def test_block_cumsum_is_a_cumsum_for_any_width_and_under_tf32_precision():
+    """block_cumsum equals torch.cumsum within float32 rounding for widths below, at and above its block (and
+    recursion levels), for no rows and no columns, and with float32 matmul precision "high" (its TF32 split)."""
+    from hwrun.inference.decode.sampling import block_cumsum
+
+    generator = torch.Generator().manual_seed(1)
+    for width in (1, 63, 64, 65, 1000, 4097, 128256):
+        probs = torch.softmax(torch.randn(3, width, generator=generator) * 4, dim=-1)
+        assert torch.allclose(block_cumsum(probs), probs.cumsum(dim=-1), atol=2e-6), width
+    assert block_cumsum(torch.rand(0, 100)).shape == (0, 100) and block_cumsum(torch.rand(2, 0)).shape == (2, 0)
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        probs = torch.softmax(torch.randn(2, 5000, generator=generator) * 4, dim=-1)
+        assert torch.allclose(block_cumsum(probs), probs.cumsum(dim=-1), atol=2e-6)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_filter_equals_its_plain_form_on_random_logits(dtype):
-    """The filter sorts the logits in their own dtype and sums the top-p mass by matrix products (block_cumsum):
-    the kept tokens and their values equal the plain form's (float32 sort, torch.cumsum) over many rows, with
-    top-k, top-p, both, neither and temperature-0 rows mixed, vocabularies below and above the 256 block."""
+def test_filter_equals_its_plain_form_on_random_logits(dtype, compiled):
+    """The filter sorts the logits in their own dtype and, compiled, sums the top-p mass by matrix products
+    (block_cumsum): the kept tokens and their values equal the plain form's (float32 sort, torch.cumsum) over many
+    rows, with top-k, top-p, both, neither and temperature-0 rows mixed, vocabularies below and above a block."""
+    torch._dynamo.reset()
+    filter_logits_ = torch.compile(filter_logits, backend="eager", dynamic=False) if compiled else filter_logits
     generator = torch.Generator().manual_seed(0)
     for vocab in (50, 1000, 5003):
         rows = 64
@@ -77,7 +99,7 @@ def test_filter_equals_its_plain_form_on_random_logits(dtype):
         top_p[::5] = 1.0
         top_k = torch.randint(0, 40, (rows,), generator=generator)
         top_k[::3] = 0
-        got = filter_logits(logits, temperature, top_k, top_p)
+        got = filter_logits_(logits, temperature, top_k, top_p)
         want = _reference_filter(logits, temperature, top_k, top_p)
         assert torch.equal(got > INF, want > INF), vocab
         assert torch.equal(got[got > INF], want[want > INF])
@@ -228,3 +250,12 @@ def test_sampling_traces_as_one_graph_with_no_host_sync():
         assert torch.equal(traced(logits, *rows, counter), next_tokens(logits, *rows, counter))
     finally:
         torch._dynamo.reset()
+
+
+def test_next_tokens_traces_into_one_graph():
+    """The sampling compiles as one graph, without breaks (reading the matmul precision by its getter broke the
+    graph at every block_cumsum level)."""
+    rows, vocab = 2, 300
+    explained = torch._dynamo.explain(next_tokens)(torch.randn(rows, vocab), *_rows(rows, 0.7, 0.9),
+                                                   torch.zeros((rows, 1), dtype=torch.long))
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons

@@ -484,19 +484,6 @@ def test_a_failure_other_than_compiling_is_not_taken_for_one(llama):
     assert decoder.sampling_fallback is None
 
 
-def test_block_cumsum_equals_cumsum():
-    """The filter's scan-free cumulative sum (two triangular matrix products) equals torch.cumsum in float32,
-    for widths that are and are not a multiple of the block."""
-    from hwrun.inference.decode.sampling import block_cumsum
-
-    torch.manual_seed(0)
-    for width in (1, 255, 256, 1000, 128256 // 16):
-        values = torch.rand(3, width)
-        assert torch.allclose(block_cumsum(values), values.cumsum(dim=-1), rtol=1e-5, atol=1e-4), width
-    probs = torch.softmax(torch.randn(2, 5000) * 4, dim=-1)
-    assert torch.allclose(block_cumsum(probs)[:, -1], torch.ones(2), atol=1e-5)
-
-
 # ---- review fixes (2026-12-05) ---------------------------------------------------------------------------
 
 

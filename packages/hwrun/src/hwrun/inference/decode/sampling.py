@@ -164,21 +164,29 @@ def uniform_noise(seed: Any, counter: Any, vocab: int) -> Any:
     return (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))
 
 
-def block_cumsum(values: Any, block: int = 256) -> Any:
-    """The cumulative sum over the last dim of a (rows, n) float32 tensor, as two matrix products with triangular
-    ones (within blocks of `block`, then each block's exclusive prefix) instead of a scan. On an H200 (torch 2.11)
-    an eager 8-row cumsum over 128,256 entries took 171 us and Inductor failed to compile the filter's scan at 8
-    rows (docs/benchmarks/decode.md); products keep the filter compilable and cheap eagerly. Full float32 unless
-    TF32 matmuls are turned on."""
+def block_cumsum(values: Any, block: int = 64) -> Any:
+    """The cumulative sum over the last dim of a (rows, n) float32 tensor by matrix products with triangular ones
+    instead of a scan: within blocks of `block`, then (recursively) each block's running total. On an H200 (torch
+    2.11) Inductor failed to compile the filter's scan at 8 rows over 128,256 entries (docs/benchmarks/decode.md);
+    matrix products compile. ~2 * n * block multiply-adds a row (16 M at 128,256 entries). Where CUDA's float32
+    matrix products run in TF32 (`torch.backends.cuda.matmul.allow_tf32`, which `set_float32_matmul_precision("high")`
+    turns on; read when traced), the values are split into a bfloat16 part (exact in TF32) and the rest, so the sums
+    stay within ~2e-6 of float32's."""
     import torch
 
     rows, width = values.shape
-    padded = torch.nn.functional.pad(values, (0, (-width) % block)).view(rows, -1, block)
-    inner = padded @ torch.ones(block, block, device=values.device, dtype=values.dtype).triu()
+    if width <= block:
+        ones = torch.ones(width, width, device=values.device, dtype=values.dtype).triu()
+        if not torch.backends.cuda.matmul.allow_tf32:  # a flag Dynamo reads when tracing (the getter breaks)
+            return values @ ones
+        high = values.to(torch.bfloat16).to(values.dtype)
+        return high @ ones + (values - high) @ ones
+    blocks = -(-width // block)
+    padded = torch.nn.functional.pad(values, (0, blocks * block - width)).reshape(rows * blocks, block)
+    inner = block_cumsum(padded, block).reshape(rows, blocks, block)
     totals = inner[..., -1]
-    blocks = totals.shape[-1]
-    prefix = totals @ torch.ones(blocks, blocks, device=values.device, dtype=values.dtype).triu(1)
-    return (inner + prefix[..., None]).reshape(rows, -1)[:, :width]
+    before = block_cumsum(totals, block) - totals  # the sum of the blocks before each
+    return (inner + before[..., None]).reshape(rows, blocks * block)[:, :width]
 
 
 def filter_logits(logits: Any, temperature: Any, top_k: Any, top_p: Any) -> Any:
@@ -197,7 +205,8 @@ def filter_logits(logits: Any, temperature: Any, top_k: Any, top_p: Any) -> Any:
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)[:, None]
     in_k = ranks < k
     probs = torch.softmax(ordered.masked_fill(~in_k, float("-inf")), dim=-1)
-    before = block_cumsum(probs) - probs  # mass of the more likely tokens
+    # mass of the more likely tokens; compiled, by matrix products (Inductor failed on this scan, see block_cumsum)
+    before = (block_cumsum(probs) if torch.compiler.is_compiling() else probs.cumsum(dim=-1)) - probs
     keep = in_k & ((before < top_p[:, None]) | (top_p[:, None] >= 1))
     last = keep.sum(dim=-1, keepdim=True).clamp(min=1) - 1
     threshold = ordered.gather(1, last)
