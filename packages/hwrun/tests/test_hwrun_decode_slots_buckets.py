@@ -572,3 +572,39 @@ def test_requests_added_together_share_one_prefill_and_a_pending_one_can_move_or
     assert decoder.prefills == 1  # b and c in one forward
     _drain(decoder, streams)
     assert streams == {"b": _reference(model, ids[1], 3), "c": _reference(model, ids[2], 3)}
+
+
+def test_a_recompile_that_fails_after_the_first_run_falls_back_too():
+    """with_filter_fallback keeps catching compile failures after the step first ran (a later recompile, e.g. after a
+    guard fails); only the first run's buffers are kept and restored."""
+    import torch._dynamo.exc as dynamo_exc
+    from hwrun.inference.decode.static import FilterChoice, with_filter_fallback
+
+    class Decoder:
+        sampling_fallback = None
+
+        def __init__(self):
+            self.token = torch.zeros(2, dtype=torch.long)
+
+        def _step_buffers(self):
+            return [self.token]
+
+    failure = dynamo_exc.BackendCompilerFailed.__new__(dynamo_exc.BackendCompilerFailed)
+    failure.inner_exception = TypeError("list indices must be integers or slices, not NoneType")
+    decoder, choice, calls = Decoder(), FilterChoice(), []
+
+    def compiled():
+        calls.append(choice.filter is None)
+        decoder.token.add_(1)
+        if len(calls) == 2:
+            raise failure
+
+    run = with_filter_fallback(compiled, choice, decoder)
+    run()
+    run()  # the second call's "recompile" fails: retried with the eager filter
+    assert calls == [True, True, False] and choice.filter is not None
+    assert "list indices" in decoder.sampling_fallback
+    with pytest.raises(ValueError, match="block=1"):
+        from hwrun.inference.decode.sampling import block_cumsum
+
+        block_cumsum(torch.rand(2, 10), block=1)

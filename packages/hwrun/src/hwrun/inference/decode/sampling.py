@@ -170,16 +170,21 @@ def block_cumsum(values: Any, block: int = 64) -> Any:
     2.11) Inductor failed to compile the filter's scan at 8 rows over 128,256 entries (docs/benchmarks/decode.md);
     matrix products compile. ~2 * n * block multiply-adds a row (16 M at 128,256 entries). Where CUDA's float32
     matrix products run in TF32 (`torch.backends.cuda.matmul.allow_tf32`, which `set_float32_matmul_precision("high")`
-    turns on; read when traced), the values are split into a bfloat16 part (exact in TF32) and the rest, so the sums
-    stay within ~2e-6 of float32's."""
+    turns on; read when traced), the values are split into their top 11 significant bits (exact in TF32) and the rest,
+    so the sums stay within ~1e-6 of float32's. Used compiled and eager alike, so a compiled step, an eager one and
+    the prefill keep the same tokens at the top-p boundary (torch.cumsum's rounding differs by ~1e-7)."""
     import torch
 
+    if block < 2:
+        raise ValueError(f"block={block!r}: block_cumsum needs blocks of at least 2 values")
     rows, width = values.shape
     if width <= block:
         ones = torch.ones(width, width, device=values.device, dtype=values.dtype).triu()
         if not torch.backends.cuda.matmul.allow_tf32:  # a flag Dynamo reads when tracing (the getter breaks)
             return values @ ones
-        high = values.to(torch.bfloat16).to(values.dtype)
+        # the top 11 significant bits (exact in TF32) by a bit mask: Inductor folds a float32 -> bfloat16 ->
+        # float32 round trip away, which would leave the remainder 0
+        high = (values.contiguous().view(torch.int32) & -8192).view(values.dtype)
         return high @ ones + (values - high) @ ones
     blocks = -(-width // block)
     padded = torch.nn.functional.pad(values, (0, blocks * block - width)).reshape(rows * blocks, block)
@@ -205,8 +210,7 @@ def filter_logits(logits: Any, temperature: Any, top_k: Any, top_p: Any) -> Any:
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)[:, None]
     in_k = ranks < k
     probs = torch.softmax(ordered.masked_fill(~in_k, float("-inf")), dim=-1)
-    # mass of the more likely tokens; compiled, by matrix products (Inductor failed on this scan, see block_cumsum)
-    before = (block_cumsum(probs) if torch.compiler.is_compiling() else probs.cumsum(dim=-1)) - probs
+    before = block_cumsum(probs) - probs  # mass of the more likely tokens (Inductor failed on a scan here)
     keep = in_k & ((before < top_p[:, None]) | (top_p[:, None] >= 1))
     last = keep.sum(dim=-1, keepdim=True).clamp(min=1) - 1
     threshold = ordered.gather(1, last)

@@ -360,12 +360,9 @@ def with_filter_fallback(compiled: Any, choice: FilterChoice, decoder: Any) -> A
     filter of an 8-row sampled step ("list indices must be integers or slices, not NoneType"). Sets `choice.filter`
     and the decoder's `sampling_fallback` (the error) and logs it. Until the step has run once, the decoder's step
     buffers (`decoder._step_buffers()`) are kept and restored before the retry (a graph before a graph break may have
-    run). Any other error propagates."""
+    run); a recompile that fails later falls back too, without them. Any other error propagates."""
     def run() -> None:
-        if run.ran:
-            compiled()
-            return
-        kept = [(buffer, buffer.clone()) for buffer in decoder._step_buffers()]
+        kept = [] if run.ran else [(buffer, buffer.clone()) for buffer in decoder._step_buffers()]
         try:
             compiled()
         except Exception as error:  # noqa: BLE001 - only compile failures are taken, the rest re-raised
