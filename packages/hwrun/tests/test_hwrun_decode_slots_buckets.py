@@ -384,6 +384,13 @@ def test_a_sampled_step_whose_filter_fails_to_compile_filters_eagerly(llama, fai
         assert sorted_in_graph and compiled.sampling_fallback is None and "eagerly" not in caplog.text
 
 
+def _fails_on_sort(graph_module, inputs):
+    """A torch.compile backend standing in for Inductor failing on the sampling filter (any graph that sorts)."""
+    if any("sort" in str(node.target) for node in graph_module.graph.nodes):
+        raise TypeError("list indices must be integers or slices, not NoneType")
+    return graph_module.forward
+
+
 def test_the_static_decoders_sampled_step_falls_back_the_same_way(llama, caplog):
     """The static graph decoder (batch 1, batching="static") shares the fallback: its sampled step retries with
     the filter eager when the compile fails, and its seeded tokens are unchanged."""
@@ -391,14 +398,9 @@ def test_the_static_decoders_sampled_step_falls_back_the_same_way(llama, caplog)
 
     model, ids = llama
 
-    def backend(graph_module, inputs):
-        if any("sort" in str(node.target) for node in graph_module.graph.nodes):
-            raise TypeError("list indices must be integers or slices, not NoneType")
-        return graph_module.forward
-
     sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=5)
     prompt = torch.tensor([ids[0][:4]])
-    compiled = GraphDecoder(model, max_cache_len=32, compile_backend=backend, step="fused")
+    compiled = GraphDecoder(model, max_cache_len=32, compile_backend=_fails_on_sort, step="fused")
     with caplog.at_level("WARNING", logger="hwrun.inference.decode.static"):
         got = compiled.generate(prompt, 6, eos_token_id=None, sampling=sampling)
     plain = GraphDecoder(model, max_cache_len=32, step="fused")
@@ -446,11 +448,6 @@ def test_a_fallback_after_a_graph_break_restores_what_the_first_graph_moved(llam
         torch._dynamo.graph_break()
         return real(*args, **kwargs)
 
-    def backend(graph_module, inputs):
-        if any("sort" in str(node.target) for node in graph_module.graph.nodes):
-            raise TypeError("list indices must be integers or slices, not NoneType")
-        return graph_module.forward
-
     import hwrun.inference.decode.static as static_module
 
     sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=5)
@@ -459,7 +456,8 @@ def test_a_fallback_after_a_graph_break_restores_what_the_first_graph_moved(llam
     want = plain.generate(prompt, 6, eos_token_id=None, sampling=sampling)
     static_module.next_tokens = broken_next_tokens
     try:
-        compiled = GraphDecoder(model, max_cache_len=32, compile_backend=backend, step="model", use_graphs=False)
+        compiled = GraphDecoder(model, max_cache_len=32, compile_backend=_fails_on_sort, step="model",
+                                use_graphs=False)
         got = compiled.generate(prompt, 6, eos_token_id=None, sampling=sampling)
     finally:
         static_module.next_tokens = real
