@@ -105,9 +105,8 @@ class Run:
     def deliver(self, event: EngineEvent) -> None:
         """The engine's sink for this request (called on the event loop): keep `event` and wake `pieces()`."""
         self._inbox.append(event)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if self._waiter is not None:
+            _wake(self._waiter)
 
     async def _take(self, wait: float) -> list[EngineEvent] | None:
         """Every event that arrived since the last call, waiting up to `wait` seconds for one; None when none came.
@@ -247,7 +246,7 @@ class Run:
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
-    """Ends a `Run._take` wait (its time ran out)."""
+    """Ends a `Run._take` wait (an event arrived, or its time ran out)."""
     if not waiter.done():
         waiter.set_result(None)
 

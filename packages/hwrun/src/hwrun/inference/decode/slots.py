@@ -246,8 +246,7 @@ class SlotDecoder:
         self.graphs: dict[tuple[bool, int, int], Any] = {}
         self._warm: set[tuple[bool, int, int]] = set()
         self.compiled = compile_backend is not None
-        # the sampling's top-k/top-p filter, compiled with the step until a compile of it fails (then eager)
-        self.sampling_fallback: str | None = None  # why the filter runs eagerly in compiled steps, if it does
+        self.sampling_fallback: str | None = None  # why a compiled sampled step's filter runs eagerly, if one does
         self.capture_seconds: float | None = None
         self.steps = 0  # decode steps run by the last generate() (for reports)
         self.prefills = 0
@@ -485,10 +484,9 @@ class SlotDecoder:
                 if self.use_graphs:
                     self._runner(*key)
                 elif self.compiled and key not in self._warm:
-                    buffers = [self.token, self.position, self.count, self.out]
-                    saved = [b.clone() for b in buffers]
+                    saved = [(buffer, buffer.clone()) for buffer in self._step_buffers()]
                     self._step_function(*key)()
-                    for buffer, value in zip(buffers, saved, strict=True):
+                    for buffer, value in saved:
                         buffer.copy_(value)
                 self._warm.add(key)
 
