@@ -136,19 +136,40 @@ def cached_70b(tmp_path, monkeypatch):
     return "meta-llama/Llama-3-70B"
 
 
-@pytest.mark.facts("G9")
-def test_a_70b_llama_config_splits_across_eight_gaudi_cards(fake_gaudi, cached_70b):
+@pytest.mark.facts("G9", "G11")
+def test_a_70b_llama_on_eight_gaudi_cards_is_one_card_per_process_not_a_split(fake_gaudi, cached_70b):
+    """One Gaudi card per process: gaudi-pytorch-bridge 1.19 `backend/habana_device/HPUGuardImpl.h`
+    (`TORCH_CHECK(allocator_active_device_id == 0, "habana active device: ...")`) and `hpu/csrc/bindings.cpp`
+    (every query ignores the index); Accelerate 1.16 `utils/modeling.py` `get_max_memory` drops the indices
+    whose `torch.tensor(0, device=f"hpu:{i}")` raises, so `device_map="auto"` keeps hpu:0 and the CPU (issue 41.1)."""
     fake_gaudi(8, memory=96 * GiB)
     plan = hwrun.plan(cached_70b)
     assert plan.accelerator.memory == (96 * GiB,) * 8  # torch.hpu.mem_get_info(), not the property string
     assert 130 * GiB < plan.weight_bytes < 133 * GiB and "config.json" in plan.reasons["device_map"]
-    assert plan.device_map == "auto"
+    assert plan.device_map == "auto"  # what Accelerate then does: hpu + CPU offload, never hpu:0..7
     reason = plan.reasons["device_map"]
-    assert "split across the 8 selected devices, at least 2 of them" in reason
+    assert "split across" not in reason and "it does not split" in reason
+    assert "a process uses only its own Gaudi card" in reason and "HPUGuardImpl.h" in reason
+    assert "of the 8 visible devices accelerate keeps hpu and offloads the rest to CPU memory" in reason
+    assert "QLoRA (quantization='4bit'" in reason and "not available yet; see issue 37" in reason
     assert "mem_get_info" in reason  # where the card size came from
     assert hwrun.from_pretrained_kwargs(plan)["device_map"] == "auto"
     one = hwrun.plan(cached_70b, device=hwenv.Accelerator("hpu", 1, names=("GAUDI3",), memory=(128 * GiB,)))
     assert one.device_map == "auto" and "offloads the rest to CPU" in one.reasons["device_map"]
+    assert "not available yet; see issue 37" in one.reasons["device_map"]
+    # a platform whose processes use every visible device still splits (X9), and says nothing of issue 37
+    xpus = hwrun.plan(cached_70b, device=hwenv.Accelerator("xpu", 4, memory=(64 * GiB,) * 4))
+    assert "split across the 4 selected devices" in xpus.reasons["device_map"]
+    assert "issue 37" not in xpus.reasons["device_map"]
+
+
+def test_devices_per_process_is_platform_data():
+    """hwrun asks the platform (`Platform.devices_per_process`), never the kind string (issue 41.1)."""
+    assert get_platform("hpu").devices_per_process == 1 and get_platform("hpu").usable_devices(8) == 1
+    for kind in ("xpu", "cuda", "rocm"):
+        assert get_platform(kind).devices_per_process is None and get_platform(kind).usable_devices(8) == 8
+    with pytest.raises(ValueError, match="devices_per_process=0"):
+        Platform(kind="bad", device_type="bad", display_name="Bad", probe="m:f", priority=1, devices_per_process=0)
 
 
 @pytest.mark.facts("X9")

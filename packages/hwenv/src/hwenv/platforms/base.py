@@ -43,6 +43,12 @@ class Platform:
     torch_module: str | None = None
     plugin_module: str | None = None
     device_calls_take_index: bool = True
+    #: How many of the visible devices one process can use: None = all of them (CUDA, XPU, ROCm); 1 = only
+    #: its own (Gaudi: the bridge's `HPUGuardImpl.h` refuses any other index), so a model larger than one
+    #: device needs one process per device, and `device_map="auto"` in one process offloads to CPU.
+    devices_per_process: int | None = None
+    #: Why `devices_per_process` is what it is (the source), for plans and doctor.
+    devices_per_process_note: str = ""
     vendor: str = ""
     notes: tuple[str, ...] = ()
 
@@ -57,6 +63,13 @@ class Platform:
             )
         if ":" not in self.probe:
             raise ValueError(f"Platform {self.kind!r}: probe {self.probe!r} must be 'module:function'.")
+        if self.devices_per_process is not None and self.devices_per_process < 1:
+            raise ValueError(f"Platform {self.kind!r}: devices_per_process={self.devices_per_process!r} must be "
+                             f"None (every visible device) or at least 1.")
+
+    def usable_devices(self, visible: int) -> int:
+        """How many of `visible` devices one process of this kind can place a model on."""
+        return visible if self.devices_per_process is None else min(visible, self.devices_per_process)
 
     @property
     def device(self) -> str:

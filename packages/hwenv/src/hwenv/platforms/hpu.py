@@ -8,6 +8,11 @@
   allocator may use, a little below the card's HBM.
 - bf16: every Gaudi generation supports it (G12); the bridge's `is_bf16_supported()` takes no argument.
 - compile: `hpu_backend` only, and only in eager mode (`PT_HPU_LAZY_MODE=0`); never inductor.
+- one card per process: `backend/habana_device/HPUGuardImpl.h` `exchangeDevice`/`setDevice` end in
+  `TORCH_CHECK(allocator_active_device_id == 0, "habana active device: ...")`, and
+  `hpu/csrc/bindings.cpp` ignores the index of every query ("We don't support index addresed
+  device"). Accelerate's `get_max_memory` initialises each index with `torch.tensor(0, device=f"hpu:{i}")`
+  and drops the ones that raise, so `device_map="auto"` in one process sees `hpu:0` and the CPU.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ PLATFORM = Platform(
     plugin_module="habana_frameworks.torch",  # registers torch.hpu (G1)
     # synchronize() has no parameter; mem_get_info(device=None) has one that the bridge ignores
     device_calls_take_index=False,
+    devices_per_process=1,
+    devices_per_process_note=("a process uses only its own Gaudi card (gaudi-pytorch-bridge 1.19 "
+                              "backend/habana_device/HPUGuardImpl.h TORCH_CHECK 'habana active device: N != 0')"),
     vendor="intel",
 )
 

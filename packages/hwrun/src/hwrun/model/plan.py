@@ -41,6 +41,11 @@ FIT_FRACTION = 0.85
 #: Gaudi needs int64 enabled because Transformers' token ids are int64 (G4).
 GAUDI_INT64 = {"PT_ENABLE_INT64_SUPPORT": "1"}
 
+#: What runs a model larger than one device where a process uses only one (Gaudi, `Platform.devices_per_process`).
+BIGGER_THAN_ONE_DEVICE = ("Larger than one card: for training use QLoRA (quantization='4bit' with LoRA adapters, G11); "
+                          "for inference, multi-process tensor parallelism (one process per card) is not available "
+                          "yet; see issue 37.")
+
 #: Per kind: the fact ids (FACTS.md) or rule behind "this device has bf16", for the dtype reason.
 #: How bf16 was read on the machine comes from the accelerator (`bf16_source`, hwenv's probe).
 BF16_FACTS: dict[str, str] = {
@@ -292,6 +297,8 @@ def choose_device_map(accel: hwenv.Accelerator, nbytes: int | None, how: str) ->
     Device memory is what hwenv's probe read (`accel.memory`: `mem_get_info()` of the Gaudi bridge,
     `mem_get_info` on XPU as Accelerate reads it); the reason says where it came from, and
     when it could not be read, that one device was assumed (`accel.memory_source` says why).
+    Where a process can use only one of the visible devices (`Platform.devices_per_process`, Gaudi),
+    "auto" offloads to CPU instead of splitting, and the reason says what runs a bigger model.
     """
     one = accel.device_type
     if not accel.platform.is_accelerator:
@@ -312,16 +319,25 @@ def choose_device_map(accel: hwenv.Accelerator, nbytes: int | None, how: str) ->
     if nbytes <= budget:
         return one, (f"weights {_size(nbytes)} fit one {accel.kind} ({_size(per_device)}, {FIT_FRACTION:.0%} "
                      f"budget) so device_map={one!r} ({fact}; {how}{read})")
-    if accel.count > 1:
+    usable = accel.platform.usable_devices(accel.count)
+    if usable > 1:
         needed = math.ceil(nbytes / budget)
-        enough = (f"at least {needed} of them" if needed <= accel.count
+        enough = (f"at least {needed} of them" if needed <= usable
                   else f"{needed} would be needed, so accelerate offloads the rest to CPU memory (slow)")
         return "auto", (f"weights {_size(nbytes)} exceed one {accel.kind}'s budget ({_size(budget)}): "
                         f"split across the {accel.count} selected devices, {enough} ({fact}; {how}{read})")
+    if usable < accel.count:  # one device per process (Gaudi): the other visible cards are not this process's
+        logger.warning("weights %s exceed one %s device's budget %s and a process uses only one of the %d: "
+                       "device_map='auto' offloads to CPU", _size(nbytes), accel.kind, _size(budget), accel.count)
+        return "auto", (f"weights {_size(nbytes)} exceed one {accel.kind} device ({_size(budget)} budget), and "
+                        f"{accel.platform.devices_per_process_note}: of the {accel.count} visible devices accelerate "
+                        f"keeps {accel.device} and offloads the rest to CPU memory (slow), it does not split. "
+                        f"{BIGGER_THAN_ONE_DEVICE} ({how}{read})")
     logger.warning("weights %s exceed the only %s device's budget %s: device_map='auto' offloads to CPU",
                    _size(nbytes), accel.kind, _size(budget))
+    bigger = f" {BIGGER_THAN_ONE_DEVICE}" if accel.platform.devices_per_process is not None else ""
     return "auto", (f"weights {_size(nbytes)} exceed the only {accel.kind} device ({_size(budget)} budget): "
-                    f"accelerate offloads the rest to CPU memory (slow){read}")
+                    f"accelerate offloads the rest to CPU memory (slow){read}.{bigger}")
 
 
 def _size(nbytes: int | None) -> str:
