@@ -32,7 +32,7 @@ def test_unset_on_gaudi_1_19_is_lazy_and_refused_before_any_work(dynamo_gaudi, h
 
 @pytest.mark.facts("G2")
 def test_unset_on_a_newer_gaudi_is_eager_and_compiles(dynamo_gaudi, hpu_backend):
-    dynamo_gaudi(8, plugin_version="1.20.0")
+    dynamo_gaudi(8, plugin_version="1.21.0")
     mode = hwcompile.check_eager_mode()
     assert not mode.lazy and "defaults to eager" in mode.reason
     x = torch.randn(3)

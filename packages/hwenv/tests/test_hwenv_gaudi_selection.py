@@ -147,7 +147,7 @@ def test_env_sets_int64_only_in_eager_mode():
 
 def test_env_follows_the_plugins_default_mode(override_versions):
     override_versions(habana_torch_plugin="1.19.0")
-    assert "PT_ENABLE_INT64_SUPPORT" not in select("hpu", "3").env({})  # lazy by default up to 1.19
+    assert "PT_ENABLE_INT64_SUPPORT" not in select("hpu", "3").env({})  # lazy by default up to 1.20
     override_versions(habana_torch_plugin="1.22.0")
     assert select("hpu", "3").env({}) == {"HABANA_VISIBLE_MODULES": "3", "PT_ENABLE_INT64_SUPPORT": "1"}
 

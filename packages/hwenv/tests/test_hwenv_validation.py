@@ -55,7 +55,7 @@ def test_both_malformed_are_named_in_one_error():
 @pytest.mark.parametrize(("env", "lazy"), [
     ({"PT_HPU_LAZY_MODE": "0"}, False),
     ({"PT_HPU_LAZY_MODE": "1"}, True),
-    ({}, False),  # unset: the plugin's default, eager after 1.19
+    ({}, False),  # unset: the plugin's default, eager from 1.21.0
     ({"PT_HPU_LAZY_MODE": "0", "PT_ENABLE_INT64_SUPPORT": "TRUE"}, False),
     ({"PT_HPU_LAZY_MODE": "0", "PT_ENABLE_INT64_SUPPORT": "false"}, False),
     ({"PT_HPU_LAZY_MODE": "0", "PT_ENABLE_INT64_SUPPORT": ""}, False),  # the bridge reads empty as unset

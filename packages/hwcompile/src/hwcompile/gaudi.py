@@ -3,7 +3,7 @@
 Layer-rule exception (listed in tests/test_workspace_layers.py): `ensure_hpu_backend` imports
 the Gaudi plugin, lazily, because importing it is the only way `hpu_backend` gets registered.
 Lazy or eager is `hwenv.gaudi.execution_mode()`'s answer (the bridge's own rule: unset means
-lazy up to Gaudi software 1.19 and eager after; any value but "0" is lazy).
+lazy up to Gaudi software 1.20 and eager from 1.21.0; any value but "0" is lazy).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def gaudi_mode(environ: Mapping[str, str] | None = None, *, plugin_version: str 
 
 def lazy_mode(environ: Mapping[str, str] | None = None, *, plugin_version: str | None = None) -> bool:
     """True when Gaudi runs in lazy mode: `PT_HPU_LAZY_MODE` set to anything but "0", or unset on
-    Gaudi software 1.19 and older (G2; the same answer as `hwenv doctor`).
+    Gaudi software 1.20 and older (G2; the same answer as `hwenv doctor`).
     """
     return gaudi_mode(environ, plugin_version=plugin_version).lazy
 

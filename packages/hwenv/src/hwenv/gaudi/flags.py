@@ -26,7 +26,7 @@ from .mode import WELL_FORMED_LAZY_VALUES, GaudiMode, execution_mode
 from .variables import INT64_VARIABLE, LAZY_MODE_VARIABLE
 
 #: How the accepted values are named in messages.
-LAZY_MODE_ACCEPTED = "'0' (eager) or '1' (lazy), or unset for the plugin's default (lazy up to 1.19, eager after)"
+LAZY_MODE_ACCEPTED = "'0' (eager) or '1' (lazy), or unset for the plugin's default (lazy up to 1.20, eager from 1.21.0)"
 INT64_ACCEPTED = "1, true, 0 or false (any case), or unset (eager mode turns int64 on by default on Gaudi2+)"
 LAZY_MODE_FIX = f"set {LAZY_MODE_VARIABLE}=0 (eager, needed for torch.compile) or {LAZY_MODE_VARIABLE}=1 (lazy), or unset it"
 INT64_FIX = f"set {INT64_VARIABLE}=1 (or true), {INT64_VARIABLE}=0 (or false), or unset it"

@@ -2,9 +2,13 @@
 
 - `PT_HPU_LAZY_MODE` set: the bridge parses it once, at plugin import, as `value != "0"` ->
   lazy. So `"1"`, `"true"`, `" 0"` and `""` all mean lazy; only exactly `"0"` is eager.
-- unset: the default of the installed plugin: lazy (1) in Gaudi software 1.19 and older, eager
-  (0) in later releases (Intel's "Runtime Environment Variables" page; the public 1.19 bridge's
-  `scripts/env_flags.yaml`).
+- unset: the default of the installed plugin: lazy (1) in Gaudi software 1.20 and older, eager
+  (0) from 1.21.0 (HabanaAI/Gaudi-tutorials PR 131, 2025-05-23: "Lazy mode is no longer the
+  default execution mode ... since 1.21.0"; huggingface/optimum-habana PRs 1889 and 1921, March-April
+  2025, add an explicit `PT_HPU_LAZY_MODE=1` to every lazy example for that release; the public 1.19
+  bridge's `scripts/env_flags.yaml` has `default: 1`; Intel's current "Runtime Environment
+  Variables" page lists `0`). 1.20.x is still lazy: treating it as eager would compile, turn HPU
+  graphs off and export int64 while the bridge runs lazy (issue 41.2).
 - the version is read from the `habana-torch-plugin` distribution's metadata
   (`hwenv.versions.installed_version`); when it is unknown (not installed), the current
   default, eager, is assumed and the reason says so.
@@ -20,7 +24,7 @@ from ..versions import format_version, installed_version, parse_version
 from .variables import LAZY_MODE_VARIABLE, PLUGIN_DISTRIBUTION
 
 #: The newest Gaudi software whose default is lazy mode (PT_HPU_LAZY_MODE=1); later ones default to eager.
-LAST_LAZY_DEFAULT = (1, 19)
+LAST_LAZY_DEFAULT = (1, 20)
 #: The values hwenv accepts without a doctor warning: the bridge itself treats every value but "0" as lazy.
 WELL_FORMED_LAZY_VALUES = ("0", "1")
 
@@ -50,7 +54,7 @@ class GaudiMode:
 
 
 def default_lazy(plugin_version: str | None) -> bool | None:
-    """The plugin's default for an unset `PT_HPU_LAZY_MODE`: True (lazy) up to 1.19, False after, None if unknown."""
+    """The plugin's default for an unset `PT_HPU_LAZY_MODE`: True (lazy) up to 1.20, False from 1.21, None if unknown."""
     parsed = parse_version(plugin_version)
     if parsed is None:
         return None

@@ -31,7 +31,7 @@ checked against `tests/data/gaudi_bridge_1.19_manifest.json` by `tests/test_hwen
   `habana_frameworks.torch.hpu` only in lazy mode, as `hpu/__init__.py` does.
 - `utils/internal.py` `is_lazy()`: fixed when the fake is entered ("imported"), as the bridge
   reads `PT_HPU_LAZY_MODE` once; unset follows the plugin version (`hwenv.gaudi.execution_mode`:
-  lazy up to 1.19, eager after). A later change of the variable does not switch it.
+  lazy up to 1.20, eager from 1.21.0). A later change of the variable does not switch it.
 - `distributed/hccl/__init__.py`: importing `habana_frameworks.torch` runs
   `initialize_distributed_hpu()`, whose `_setup_module_id` pins `HLS_MODULE_ID` from
   `LOCAL_RANK`/`WORLD_SIZE` (and `HABANA_VISIBLE_MODULES`); the fake runs it on entry.
