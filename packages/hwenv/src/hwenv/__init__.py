@@ -24,6 +24,8 @@ _EXPORTS: dict[str, str] = {
     "Problem": "doctor",
     "Report": "doctor",
     "diagnose": "doctor",
+    # environment a run needs (per platform: PT_ENABLE_INT64_SUPPORT on Gaudi where supported)
+    "run_environment": "environment",
     # errors
     "AffinityMaskError": "errors",
     "DeviceHierarchyError": "errors",

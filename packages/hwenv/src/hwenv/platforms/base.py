@@ -49,6 +49,9 @@ class Platform:
     devices_per_process: int | None = None
     #: Why `devices_per_process` is what it is (the source), for plans and doctor.
     devices_per_process_note: str = ""
+    #: "module:function" returning `(variables, reason)` a run of this kind needs set
+    #: (`function(environ, device_names)`), or None when it needs none (`hwenv.run_environment`).
+    run_env: str | None = None
     vendor: str = ""
     notes: tuple[str, ...] = ()
 

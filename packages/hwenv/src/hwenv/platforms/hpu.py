@@ -45,6 +45,7 @@ PLATFORM = Platform(
     # synchronize() has no parameter; mem_get_info(device=None) has one that the bridge ignores
     device_calls_take_index=False,
     devices_per_process=1,
+    run_env="hwenv.gaudi.environment:run_env",  # PT_ENABLE_INT64_SUPPORT only where the bridge supports it
     devices_per_process_note=("a process uses only its own Gaudi card (gaudi-pytorch-bridge 1.19 "
                               "backend/habana_device/HPUGuardImpl.h TORCH_CHECK 'habana active device: N != 0')"),
     vendor="intel",

@@ -38,8 +38,6 @@ DTYPES = {
 #: Fraction of one device's memory the weights may take and still count as "fits" (the rest is
 #: left for the KV cache and activations).
 FIT_FRACTION = 0.85
-#: Gaudi needs int64 enabled because Transformers' token ids are int64 (G4).
-GAUDI_INT64 = {"PT_ENABLE_INT64_SUPPORT": "1"}
 
 #: What runs a model larger than one device where a process uses only one (Gaudi, `Platform.devices_per_process`).
 BIGGER_THAN_ONE_DEVICE = ("Larger than one card: for training use QLoRA (quantization='4bit' with LoRA adapters, G11); "
@@ -58,9 +56,10 @@ BF16_FACTS: dict[str, str] = {
 }
 #: Per kind: the fact ids behind placing the weights with a device_map there (X9 one device / split).
 DEVICE_MAP_FACTS: dict[str, str] = {"hpu": "G9", "xpu": "X9", "rocm": "X9", "cuda": "X9", "mps": "X9", "cpu": "X9"}
-#: Per kind: variables a run needs set, and why.
+#: Per kind: variables a run needs set, and why. A platform's own rules (`hwenv.run_environment`: on Gaudi
+#: PT_ENABLE_INT64_SUPPORT=1 only in eager mode on Gaudi 2+, the bridge's env_flags.yaml) are added to the row.
 PLAN_ENV: dict[str, tuple[dict[str, str], str]] = {
-    "hpu": (GAUDI_INT64, "PT_ENABLE_INT64_SUPPORT=1: token ids are int64 (G4)"),
+    "hpu": ({}, "the Gaudi variables hwenv.run_environment decides"),
     "xpu": ({}, "no variables needed on this device"),
     "rocm": ({}, "no variables needed on this device"),
     "cuda": ({}, "no variables needed on this device"),
@@ -363,6 +362,7 @@ def plan(
     import hwattn
     import hwcompile
     import hwdist
+    import hwenv
 
     if not isinstance(use_kernels, bool):
         raise PlanError(f"use_kernels={use_kernels!r} must be True or False.")
@@ -417,6 +417,9 @@ def plan(
     dist = hwdist.backend_for(accel)
     reasons["dist_backend"] = dist.reason
     needed_env, reasons["env"] = devices.row(PLAN_ENV, accel.kind, ({}, "no variables hwrun knows for this device"))
+    if accel.platform.run_env is not None:  # the platform's own rules (Gaudi: int64 only where supported)
+        platform_env, reasons["env"] = hwenv.run_environment(accel)
+        needed_env = {**needed_env, **platform_env}
     env, reasons["env"] = environment_as_loaded(needed_env, reasons["env"], os.environ)
     if selection_note:
         reasons["device"] += f"; {selection_note}"
