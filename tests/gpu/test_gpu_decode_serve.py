@@ -28,7 +28,7 @@ def _plan(model=None, **kwargs):
 
 def _graph_name(plan) -> str:
     """The graph hwrun's decoders capture here ("CUDA graph"), or a skip where they capture none."""
-    from hwrun.inference.generate import graph_api_of
+    from hwrun.inference.decision import graph_api_of
 
     graphs = graph_api_of(plan)
     if graphs is None:
@@ -382,7 +382,7 @@ def test_serve_auto_picks_slots_and_answers_like_generate():
                                            "client); carry its wheel in .whl/")
     import hwrun
     import openai
-    from hwrun.inference.generate import graph_api_of
+    from hwrun.inference.decision import graph_api_of
     from hwrun.serve.config import ServeConfig
     from hwrun.serve.server import ServerThread
 

@@ -210,7 +210,7 @@ def test_generate_samples_through_the_graph_decoders(loaded):
     kwargs = dict(do_sample=True, temperature=0.9, top_p=0.95, top_k=40, seed=3, decode="graphs", model=model,
                   tokenizer=tokenizer)
     continuous = hwrun.generate(plan, prompts, 10, batching="continuous", **kwargs)
-    assert continuous.decode == "graphs" and "slot decoder" in continuous.decode_reason
+    assert continuous.decode == "graphs" and "hwrun's engine" in continuous.decode_reason
     again = hwrun.generate(plan, prompts, 10, batching="continuous", **kwargs)
     assert again.token_ids == continuous.token_ids
     one_by_one = [hwrun.generate(plan, p, 10, batching="static", **kwargs).token_ids[0] for p in prompts]

@@ -14,8 +14,7 @@ import pytest
 import torch
 from hwenv.platforms import get_platform
 from hwenv.testing import fake_gaudi, fake_xpu
-from hwrun.errors import EngineStartError, FastDecodeError
-from hwrun.inference.batching import BatchingChoice
+from hwrun.errors import EngineStartError, FastDecodeError, GenerateError
 from hwrun.inference.decode import SamplingParams, TokenEvent
 from hwrun.inference.decode.slot_cache import model_step_support
 from hwrun.inference.decode.slots import SlotDecoder, slot_step_support
@@ -223,18 +222,19 @@ def test_generate_continuous_graphs_runs_the_slot_decoder_for_another_family(fam
 
 
 def test_the_server_picks_slots_for_another_family(family_dirs):
-    from hwrun.serve.startup import choose_engine, slots_blockers
+    from hwrun.inference.decision import engine_blockers
+    from hwrun.serve.startup import choose_engine
 
     cuda = hwrun.plan(device=hwenv.Accelerator("cuda", 1, memory=(80 * 2**30,)))
     gaudi = hwrun.plan(device=hwenv.Accelerator("hpu", 1, memory=(96 * 2**30,)))
     gpt2 = _load(family_dirs, "gpt2")
-    assert slots_blockers(cuda, gpt2) == []
+    assert engine_blockers(cuda, gpt2) == []
     choice = choose_engine(cuda, "auto", gpt2)
     assert choice.name == "slots" and "CUDA graph" in choice.reason
     assert "step: the model's own forward over a per-row slot cache" in choice.reason
     assert choose_engine(gaudi, "auto", gpt2).name == "slots"  # Transformers' batching does not run on Gaudi
     stablelm = _load(family_dirs, "stablelm")  # computes attention itself: neither engine runs it
-    assert "is_backend_compatible() is False" in slots_blockers(cuda, stablelm)[0]
+    assert "is_backend_compatible() is False" in engine_blockers(cuda, stablelm)[0]
     with pytest.raises(EngineStartError, match="--engine slots cannot serve this model.*is_backend_compatible"):
         choose_engine(cuda, "slots", stablelm)
     with pytest.raises(EngineStartError, match="no engine can serve this model on hpu"):
@@ -260,19 +260,30 @@ def test_what_no_step_runs_is_refused_with_the_reason(family_dirs, monkeypatch):
     assert step is None and "flash_attention_2" in why
 
 
-def test_fit_graph_decode_keeps_the_fallbacks_for_what_the_slot_decoder_cannot_run(family_dirs):
-    stablelm = _load(family_dirs, "stablelm")
-    continuous = BatchingChoice("continuous", "3 prompts: continuous batching")
-    choice, mode, reason = generate_module.fit_graph_decode(stablelm, continuous, "graphs", "auto", "given", 20, 3)
-    assert (choice.mode, mode) == ("static", "graphs")
-    assert "hwrun's slot decoder cannot run it" in choice.reason and "StaticCache" in reason
-    choice, mode, reason = generate_module.fit_graph_decode(stablelm, continuous, "graphs", "continuous", "given",
-                                                            20, 3)
-    assert (choice.mode, mode) == ("continuous", "generate")
-    assert reason.startswith("model.generate_batch (hwrun's slot decoder cannot run it: the model's own forward")
+def test_the_decision_keeps_the_fallbacks_for_what_the_engine_cannot_run(family_dirs, monkeypatch):
+    from hwrun.inference.decision import decide
+
+    cpu = hwrun.plan(device="cpu")
+    stablelm = _load(family_dirs, "stablelm")  # computes attention itself: no continuous batching at all
+    decision = decide(cpu, stablelm, n_prompts=3, needed=20, decode="graphs")
+    assert (decision.batching, decision.runner) == ("static", "static_graphs")
+    assert "is_backend_compatible() is False" in decision.batching_reason and "StaticCache" in decision.reason
+    with pytest.raises(GenerateError, match="batching='continuous' cannot run this model"):
+        decide(cpu, stablelm, n_prompts=3, needed=20, decode="graphs", batching="continuous")
+    cuda = hwrun.plan(device=hwenv.Accelerator("cuda", 1, memory=(80 * 2**30,)), compile=True)
     gpt2 = _load(family_dirs, "gpt2")
-    choice, mode, reason = generate_module.fit_graph_decode(gpt2, continuous, "auto", "auto", "CUDA", 20, 3)
-    assert (choice, mode) == (continuous, "graphs") and "per-row slot cache" in reason
+    decision = decide(cuda, gpt2, n_prompts=3, needed=20)
+    assert decision.runner == "engine" and decision.reason.startswith("CUDA with compile on")
+    assert "per-row slot cache" in decision.reason
+    # continuous batching runs it, hwrun's engine does not: the static graph decoder on decode='graphs' ...
+    monkeypatch.setattr(gpt2.config, "_attn_implementation", "flash_attention_2")
+    decision = decide(cpu, gpt2, n_prompts=3, needed=20, decode="graphs")
+    assert (decision.batching, decision.runner) == ("static", "static_graphs")
+    assert "hwrun's engine cannot run it" in decision.batching_reason and "StaticCache" in decision.reason
+    # ... and Transformers' generate_batch when continuous batching was asked for
+    decision = decide(cpu, gpt2, n_prompts=3, needed=20, decode="graphs", batching="continuous")
+    assert decision.runner == "generate_batch"
+    assert decision.reason.startswith("model.generate_batch (hwrun's engine cannot run it: ")
 
 
 def test_the_server_starts_the_slot_engine_for_another_family_and_answers_like_generate(family_dirs):

@@ -86,7 +86,7 @@ def test_graph_decode_step_loop_equals_model_generate(loaded, caplog, batching):
 def test_graph_decode_with_many_prompts_is_continuous_over_slots(loaded):
     plan, model, tokenizer = loaded
     result = hwrun.generate(plan, PROMPTS, 12, decode="graphs", model=model, tokenizer=tokenizer)
-    assert result.batching == "continuous" and "slot decoder" in result.decode_reason
+    assert result.batching == "continuous" and "hwrun's engine" in result.decode_reason
 
 
 def test_graph_decoder_direct_and_reused(loaded):

@@ -91,9 +91,9 @@ def test_rocm_accelerator_plans_as_an_amd_gpu_on_torch_cuda_device(tiny):
     from hwrun.inference.batching import choose_batching, continuous_warmup
 
     assert choose_batching(plan, 4).mode == "continuous" and continuous_warmup("rocm")
-    from hwrun.inference.generate import choose_decode
+    from hwrun.inference.decision import planned
 
-    assert choose_decode(plan, "auto", "static", False)[0] == "graphs"  # HIP graphs behind CUDA's graph API
+    assert planned(plan, 1).decode == "graphs"  # HIP graphs behind CUDA's graph API
 
 
 def test_hwrun_plan_names_a_detected_rocm_gpu(tiny, fake_cuda, monkeypatch, capsys):
@@ -251,21 +251,21 @@ def test_graph_tools_per_platform():
 
 
 def test_decode_choice_per_platform(tiny, fake_xpu):
-    from hwrun.inference.generate import choose_decode
+    from hwrun.inference.decision import planned
 
     cuda = hwrun.plan(tiny, device=hwenv.Accelerator("cuda", 1, memory=(80 * GiB,)), compile=True)
-    assert choose_decode(cuda, "auto", "static", False) == (
-        "graphs", "CUDA with compile on: static cache + CUDA graph replay per token (hwrun.inference.decode.static), "
-                  "no host work per token")
+    one = planned(cuda, 1)
+    assert (one.batching, one.decode, one.runner) == ("static", "graphs", "static_graphs")
+    assert one.reason == ("CUDA with compile on: static cache + CUDA graph replay per token "
+                          "(hwrun.inference.decode.static), no host work per token")
     fake_xpu(1)
-    xpu = hwrun.plan(tiny, compile=True)
-    mode, reason = choose_decode(xpu, "auto", "continuous", False)
-    assert mode == "graphs" and reason.startswith("XPU with compile on") and "one XPU graph replay" in reason
+    xpu = planned(hwrun.plan(tiny, compile=True), 4)
+    assert xpu.runner == "engine" and xpu.reason.startswith("XPU with compile on") and "one XPU graph replay" in xpu.reason
     gaudi = hwrun.plan(tiny, device=hwenv.Accelerator("hpu", 8, names=("GAUDI2",)), compile=True)
-    mode, reason = choose_decode(gaudi, "auto", "static", False)
-    assert mode == "generate" and "CUDA or XPU graphs" in reason
-    mode, reason = choose_decode(gaudi, "graphs", "static", False)
-    assert mode == "graphs" and "hpu_graphs" in reason and "runs eagerly" in reason
+    auto = planned(gaudi, 1)
+    assert auto.decode == "generate" and "CUDA or XPU graphs" in auto.reason
+    given = planned(gaudi, 1, decode="graphs")
+    assert given.decode == "graphs" and "hpu_graphs" in given.reason and "runs eagerly" in given.reason
 
 
 class RecordingTools:

@@ -2,10 +2,10 @@
 
 Static batching left-pads the prompts and calls `model.generate` (X10); continuous batching hands
 token ids to Transformers' `model.generate_batch` (X11). Greedy decoding gives the same tokens
-both ways (tested). Where the plan's platform has a graph API hwrun captures with (CUDA graphs,
-also on ROCm; XPU graphs), `decode="graphs"` (or `auto` with `plan.compile`) runs hwrun's own
-graph loops instead: `hwrun.inference.decode.static` for a static batch, `hwrun.inference.decode.slots` (slot-based
-continuous batching) for continuous batching.
+both ways (tested). Which loop runs is decided once, by `hwrun.inference.decision.decide` (the same module
+decides for `hwrun serve`): Transformers' loop, or hwrun's own graph loops (`hwrun.inference.decode.static` for a
+static batch, `hwrun.inference.engine` for continuous batching). This module checks the input, asks for the
+decision, and runs the loop it names.
 """
 
 from __future__ import annotations
@@ -19,35 +19,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ContinuousBatchingError, GenerateError
-from .batching import (
-    BatchingChoice,
-    choose_batching,
-    continuous_config,
-    continuous_warmup,
-    model_batching,
-)
+from .batching import continuous_config, continuous_warmup
+from .decision import CACHE_BUCKET, DecodeDecision, decide, planned, static_instead
 from .limits import check_context, check_new_tokens, context_length, new_tokens_limit
 
 if TYPE_CHECKING:
     from ..model.plan import RunPlan
 
 logger = logging.getLogger(__name__)
-
-DECODE = ("auto", "generate", "graphs")
-#: The platform graph APIs hwrun's graph decoders capture with (`hwenv.platforms.runtime.graph_tools`),
-#: and how the plan names them.
-GRAPH_DECODE_APIS = {"cuda_graphs": ("CUDA", "CUDA graph"), "xpu_graphs": ("XPU", "XPU graph"),
-                     "hpu_graphs": ("Gaudi", "HPU graph")}
-#: The graph APIs `decode="auto"` picks (with compile on). Not Gaudi's: the bridge records HPU graphs in
-#: lazy mode only, where torch.compile is refused (G2), and hwrun's HPU-graph decode is tested against
-#: the fake only; `decode="graphs"` uses them.
-AUTO_GRAPH_APIS = frozenset({"cuda_graphs", "xpu_graphs"})
-
-
-def graph_api_of(plan: RunPlan) -> tuple[str, str] | None:
-    """(label, graph name) of the plan's platform graph API when hwrun's decoders capture with it, else None."""
-    return GRAPH_DECODE_APIS.get(plan.accelerator.platform.graph_api)
-
 
 @dataclass(frozen=True)
 class GenerationResult:
@@ -155,51 +134,6 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return set(eos_ids(model, _eos_token_id(model, tokenizer)))
 
 
-def choose_decode(plan: RunPlan, requested: str, batching: str, do_sample: bool = False) -> tuple[str, str]:
-    """("generate" | "graphs", reason): Transformers' own loop (`model.generate`, or `generate_batch`
-    when batching is continuous) or hwrun's graph loop (`GraphDecoder`, or `SlotDecoder`), which
-    captures where the platform's graph API is one hwrun drives (`GRAPH_DECODE_APIS`). Sampling
-    (`do_sample`) runs in either: the graph loops sample on the device (hwrun.inference.decode.sampling)."""
-    if requested not in DECODE:
-        raise GenerateError(f"decode={requested!r} is not a decode mode; use one of {', '.join(DECODE)}.")
-    graphs = graph_api_of(plan)
-    label, graph = graphs if graphs is not None else ("", "graph")
-    loop = (f"hwrun.inference.decode.slots: continuous batching over static cache slots, one {graph} replay per step "
-            "(the fused Llama-family step where it applies, else the model's own forward)"
-            if batching == "continuous" else f"static cache + {graph} replay per token (hwrun.inference.decode.static)")
-    theirs = "model.generate_batch" if batching == "continuous" else "model.generate"
-    blockers = []
-    if plan.quantization:
-        blockers.append("bitsandbytes weights")
-    if plan.device_map == "auto":
-        blockers.append("the model is split across devices")
-    if requested == "generate":
-        return "generate", f"given: {theirs}"
-    if requested == "graphs":
-        if blockers:
-            raise GenerateError(f"decode='graphs' cannot run: {'; '.join(blockers)}. Use decode='generate'.")
-        if graphs is None:
-            kind, api = plan.accelerator.kind, plan.accelerator.platform.graph_api
-            name = "hwrun's slot decoder (inference/decode/slots.py)" if batching == "continuous" else "the static-cache step loop"
-            logger.warning("decode='graphs' on %s: no CUDA, XPU or HPU graphs there (graph API: %s), %s runs eagerly",
-                           kind, api, name)
-            return "graphs", f"given; {kind} has no CUDA, XPU or HPU graphs (graph API: {api}), so {name} runs eagerly"
-        if plan.accelerator.platform.graph_api not in AUTO_GRAPH_APIS:
-            compiled = ", compiled with the plan's backend" if plan.compile is not None else ""
-            return "graphs", (f"given: {loop} where the bridge runs lazy (hpu_graphs); in eager mode it records no "
-                              f"HPU graphs and the step runs eagerly{compiled}")
-        return "graphs", f"given: {loop}"
-    if graphs is not None and plan.accelerator.platform.graph_api not in AUTO_GRAPH_APIS:
-        return "generate", (f"{theirs} (graph decode needs CUDA or XPU graphs and compile=True for decode='auto'; "
-                            f"{label}'s HPU graphs record in lazy mode only, where compile is off: pass decode='graphs')")
-    if graphs is not None and plan.compile is not None and not blockers:
-        return "graphs", f"{label} with compile on: {loop}, no host work per token"
-    if graphs is not None and plan.compile is not None:
-        logger.info("graph decode not used: %s; falling back to %s", "; ".join(blockers), theirs)
-        return "generate", f"{theirs} ({'; '.join(blockers)})"
-    return "generate", f"{theirs} (graph decode needs CUDA or XPU graphs and compile=True)"
-
-
 def generate(
     plan: RunPlan | None,
     prompts: str | Sequence[str],
@@ -241,8 +175,7 @@ def generate(
         raise GenerateError(f"streamer={streamer!r} has no put()/end(); pass a Transformers streamer "
                             "(TextStreamer, TextIteratorStreamer) or an object with both methods.")
     stream = stream or streamer is not None
-    choice = choose_batching(plan, len(prompts), batching, stream=stream)
-    decode_mode, decode_reason = choose_decode(plan, decode, choice.mode, do_sample)
+    planned(plan, len(prompts), decode=decode, batching=batching, stream=stream)  # bad choices refused before load
     if stream and len(prompts) > 1:
         raise GenerateError(f"stream=True (or a streamer) streams one prompt; got {len(prompts)} prompts. "
                             "Stream them one at a time.")
@@ -254,12 +187,10 @@ def generate(
 
         check_context(max_new_tokens, context_length(resolve_source(plan.model).config))  # before loading
         model, tokenizer = load(plan)
-    check_context(max_new_tokens, context_length(model.config),
-                  [len(tokenizer(p)["input_ids"]) for p in prompts])
-    checked = model_batching(choice, batching, model)  # the model class may not run continuous batching
-    if checked is not choice:
-        choice = checked
-        decode_mode, decode_reason = choose_decode(plan, decode, choice.mode, do_sample)
+    lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
+    check_context(max_new_tokens, context_length(model.config), lengths)
+    decision = decide(plan, model, n_prompts=len(prompts), needed=max(lengths) + max_new_tokens, decode=decode,
+                      batching=batching, stream=stream)
     import torch
 
     if seed is not None:
@@ -269,25 +200,15 @@ def generate(
         from transformers import TextStreamer
 
         streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-    logger.info("batching: %s (%s); decode: %s (%s)", choice.mode, choice.reason, decode_mode, decode_reason)
-    if decode_mode == "graphs":
-        needed = max(len(tokenizer(p)["input_ids"]) for p in prompts) + max_new_tokens
-        choice, decode_mode, decode_reason = fit_graph_decode(model, choice, decode, batching, decode_reason,
-                                                              needed, len(prompts))
     # Transformers' continuous batching runs its loop in a thread of its own, which is not in inference mode:
     # tensors its warm-up creates here under inference_mode() are then updated in place there, and CUDA raises
     # "Inplace update to inference tensor outside InferenceMode" (issue 26). no_grad() is enough for it.
-    if decode_mode == "graphs":
-        note = graph_compile_backend(plan)[1]
-        if note:
-            logger.info("graph decode: %s", note)
-            decode_reason = f"{decode_reason}; {note}"
-    theirs_continuous = choice.mode == "continuous" and decode_mode != "graphs"
-    with torch.no_grad() if theirs_continuous else torch.inference_mode():
-        if choice.mode == "continuous" and decode_mode == "graphs":
-            ids, prompt_lens, seconds = _slots(plan, model, tokenizer, prompts, max_new_tokens,
-                                               _graph_sampling(sampling, seed, model))
-        elif choice.mode == "continuous":
+    runner = decision.runner
+    with torch.no_grad() if runner == "generate_batch" else torch.inference_mode():
+        if runner == "engine":
+            ids, prompt_lens, seconds = _engine(plan, decision, model, tokenizer, prompts, max_new_tokens,
+                                                _graph_sampling(sampling, seed, model))
+        elif runner == "generate_batch":
             try:
                 ids, prompt_lens, seconds = _continuous(plan, model, tokenizer, prompts, max_new_tokens, sampling,
                                                         progress)
@@ -296,15 +217,11 @@ def generate(
                     raise
                 # e.g. transformers 5.25's GPT-NeoX attention calls the paged cache's update() without
                 # its kwargs: the model's own code, not the request, so static batching still runs it
-                why = str(exc).removesuffix("; use batching='static'.")
-                logger.warning("%s; running one static batch instead", why)
-                choice = BatchingChoice("static", f"{choice.reason.split(':')[0]}, but Transformers' {why}: "
-                                        "one left-padded batch")
-                decode_mode, decode_reason = choose_decode(plan, decode, choice.mode, do_sample)
+                decision = static_instead(plan, decision, str(exc).removesuffix("; use batching='static'."), decode)
                 ids, prompt_lens, seconds = _static(model, tokenizer, prompts, max_new_tokens, sampling, streamer,
                                                     progress)
-        elif decode_mode == "graphs":
-            ids, prompt_lens, seconds = _graphs(plan, model, tokenizer, prompts, max_new_tokens, streamer,
+        elif runner == "static_graphs":
+            ids, prompt_lens, seconds = _graphs(plan, decision, model, tokenizer, prompts, max_new_tokens, streamer,
                                                 _graph_sampling(sampling, seed, model))
         else:
             ids, prompt_lens, seconds = _static(model, tokenizer, prompts, max_new_tokens, sampling, streamer,
@@ -313,7 +230,8 @@ def generate(
     texts = [tokenizer.decode(row, skip_special_tokens=True) for row in ids]
     return GenerationResult(
         texts=texts, token_ids=ids, prompt_tokens=prompt_lens, new_tokens=[len(r) for r in ids], seconds=seconds,
-        batching=choice.mode, batching_reason=choice.reason, decode=decode_mode, decode_reason=decode_reason,
+        batching=decision.batching, batching_reason=decision.batching_reason, decode=decision.decode,
+        decode_reason=decision.reason,
     )
 
 
@@ -364,74 +282,10 @@ def _continuous(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], m
 #: Graph decoders kept per model, keyed by (batch, cache length bucket, graphs, backend), so repeated
 #: calls replay an already captured graph instead of capturing (and compiling) again.
 _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-CACHE_BUCKET = 256
 
 
 #: Most slots (concurrent requests) the continuous graph decoder runs; more prompts wait for a free slot.
 MAX_SLOTS = 64
-
-
-def fit_graph_decode(model: Any, choice: BatchingChoice, decode: str, batching: str, reason: str, needed: int,
-                     n_prompts: int) -> tuple[BatchingChoice, str, str]:
-    """(batching choice, decode mode, decode reason) for graph decode, checked against the loaded model.
-
-    Both graph decoders run any family the model's own forward can decode for them: the fused
-    Llama-family step where it applies (an optimisation, not a gate), else the model's own forward,
-    over a StaticCache (the static decoder) or a per-row slot cache (the slot decoder). A model the
-    slot decoder cannot run (its attention is not sdpa or eager, a class that computes attention
-    itself, an encoder-decoder) gets the static graph decoder on `decode="graphs"` with
-    `batching="auto"`, otherwise Transformers' `generate_batch`, and the reason says why. Attention
-    the decoders cannot reproduce (a sliding window shorter than the cache) falls back to
-    Transformers' loop on `decode="auto"` and raises on `decode="graphs"`."""
-    from .decode.fused_step import fused_step_support
-    from .decode.slots import slot_step_support
-    from .decode.static import attention_blocker
-
-    theirs = "model.generate_batch" if choice.mode == "continuous" else "model.generate"
-    blocker = attention_blocker(model, -(-needed // CACHE_BUCKET) * CACHE_BUCKET)
-    if blocker is not None:
-        if decode == "graphs":
-            raise GenerateError(f"decode='graphs' cannot run {type(model).__name__}: it {blocker}. "
-                                "Use decode='generate'.")
-        logger.info("graph decode not used: %s %s; falling back to %s", type(model).__name__, blocker, theirs)
-        return choice, "generate", f"{theirs} ({type(model).__name__} {blocker})"
-    unsupported = fused_step_support(model)
-    if unsupported is None:
-        return choice, "graphs", f"{reason}; step: the fused Llama-family step (q/k/v and gate/up as one matrix each)"
-    own = f"step: the model's own forward over a StaticCache (the fused step does not apply: {unsupported})"
-    if choice.mode != "continuous":
-        return choice, "graphs", f"{reason}; {own}"
-    step, why = slot_step_support(model, max_cache_len=needed)
-    if step is not None:
-        logger.info("continuous graph decode: %s", why)
-        return choice, "graphs", f"{reason}; step: {why}"
-    slots_cannot = f"hwrun's slot decoder cannot run it: {why}"
-    if decode == "graphs" and batching == "auto":
-        logger.info("%s; the static graph decoder runs the %d prompts", slots_cannot, n_prompts)
-        static = BatchingChoice("static", f"{n_prompts} prompts and decode='graphs', but {slots_cannot}: the static "
-                                "graph decoder, prompts of one length batched together, others one by one")
-        return static, "graphs", f"given: static cache + graph replay per token (hwrun.inference.decode.static); {own}"
-    logger.info("continuous graph decode not used: %s; falling back to model.generate_batch", slots_cannot)
-    return choice, "generate", f"model.generate_batch ({slots_cannot})"
-
-
-def graph_compile_backend(plan: RunPlan) -> tuple[Any, str]:
-    """(backend, note): what the graph decoders compile their step with. The plan's backend, except where
-    the platform runs a lazy mode that refuses torch.compile (Gaudi lazy, G2: hwcompile decides), where
-    the step is not compiled (HPU graphs capture it) and the note says why."""
-    if plan.compile is None:
-        return None, ""
-    platform = plan.accelerator.platform
-    if platform.lazy_mode_variable is None:
-        return plan.compile.backend, ""
-    import hwcompile
-
-    try:
-        hwcompile.check_compile_mode(platform)
-    except hwcompile.LazyModeError:
-        return None, (f"the step is not compiled: {platform.display_name} runs in lazy mode, where torch.compile "
-                      f"is refused (G2; {platform.lazy_mode_variable}=0 for eager mode)")
-    return plan.compile.backend, ""
 
 
 def _decoder(model: Any, batch: int, needed: int, use_graphs: bool | None, backend: Any, *, slots: bool = False,
@@ -453,21 +307,20 @@ def _decoder(model: Any, batch: int, needed: int, use_graphs: bool | None, backe
     return per_model[key]
 
 
-def _slots(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int,
-           sampling: Any = None) -> tuple[list[list[int]], list[int], float]:
-    """Continuous batching through `hwrun.inference.decode.slots` (EOS and budgets checked on the host)."""
+def _engine(plan: RunPlan, decision: DecodeDecision, model: Any, tokenizer: Any, prompts: list[str],
+            max_new_tokens: int, sampling: Any = None) -> tuple[list[list[int]], list[int], float]:
+    """Continuous batching through hwrun's engine (`hwrun.inference.engine`; EOS and budgets checked on the host)."""
     encoded = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
-    compile_backend, _ = graph_compile_backend(plan)
     decoder = _decoder(model, min(len(encoded), MAX_SLOTS), max(map(len, encoded)) + max_new_tokens,
-                       None, compile_backend, slots=True, platform=plan.accelerator.platform)
+                       None, decision.compile_backend, slots=True, platform=plan.accelerator.platform)
     start = time.perf_counter()
     rows = decoder.generate(encoded, max_new_tokens, eos_token_id=sorted(_eos_ids(model, tokenizer)) or None,
                             sampling=sampling)
     return rows, [len(e) for e in encoded], time.perf_counter() - start
 
 
-def _graphs(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int,
-            streamer: Any = None, sampling: Any = None) -> tuple[list[list[int]], list[int], float]:
+def _graphs(plan: RunPlan, decision: DecodeDecision, model: Any, tokenizer: Any, prompts: list[str],
+            max_new_tokens: int, streamer: Any = None, sampling: Any = None) -> tuple[list[list[int]], list[int], float]:
     """Decode through `hwrun.inference.decode.static` (one prompt at a time unless all have the same length);
     a `streamer` gets the one prompt's tokens as the decoder reads them (each `check_every` chunk)."""
     import torch
@@ -476,7 +329,7 @@ def _graphs(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], max_n
     lengths = {e.shape[1] for e in encoded}
     batches = [torch.cat(encoded)] if len(lengths) == 1 else encoded
     use_graphs = None  # the decoders capture where the platform's graph tools do (hwenv: graph_tools)
-    compile_backend, _ = graph_compile_backend(plan)
+    compile_backend = decision.compile_backend
     eos = sorted(_eos_ids(model, tokenizer)) or None
     rows: list[list[int]] = []
     start = time.perf_counter()

@@ -48,77 +48,13 @@ class Loaded:
     previous_threads: int | None = None  # what to restore when the server stops
 
 
-def slots_blockers(plan: RunPlan, model: Any) -> list[str]:
-    """Why hwrun's slot decoder cannot serve `model` (empty when it can)."""
-    from ..inference.decode.slots import SlotDecoder, slot_step_support
-    from .backend_slots import step_api_missing
-
-    blockers = []
-    missing = step_api_missing(SlotDecoder)
-    if missing:
-        blockers.append(f"this hwrun's SlotDecoder has no step API ({', '.join(missing)} missing)")
-    if plan.quantization:
-        blockers.append(f"{plan.quantization} bitsandbytes weights")
-    if plan.device_map == "auto":
-        blockers.append("the model is split across devices (device_map='auto')")
-    step, why = slot_step_support(model)
-    if step is None:
-        blockers.append(f"neither of its steps runs it: {why}")
-    return blockers
-
-
-def slots_step_note(model: Any) -> str:
-    """Which step the slot decoder runs `model` with, for the engine reason ("" when it cannot run it)."""
-    from ..inference.decode.slots import slot_step_support
-
-    step, why = slot_step_support(model)
-    return f"; step: {why}" if step is not None else ""
-
-
-def transformers_blockers(plan: RunPlan, model: Any) -> list[str]:
-    """Why Transformers' continuous batching cannot serve `model` on the plan's device (empty when it can)."""
-    from ..inference.batching import continuous_model_blocker, continuous_plan_blockers
-
-    blockers = continuous_plan_blockers(plan)
-    blocker = continuous_model_blocker(model)
-    if blocker is not None:
-        blockers.append(blocker)
-    return blockers
-
-
 def choose_engine(plan: RunPlan, requested: str, model: Any) -> EngineChoice:
-    """The backend for `model` ("slots" | "transformers") and why; `requested` is auto, slots or transformers."""
-    from ..inference.generate import graph_api_of
+    """The backend for `model` ("slots" | "transformers") and why, as `hwrun.inference.decision.decide_serving`
+    decides (the one place that decides how hwrun decodes); `requested` is auto, slots or transformers."""
+    from ..inference.decision import decide_serving
 
-    slots = slots_blockers(plan, model)
-    theirs = transformers_blockers(plan, model)
-    graphs = graph_api_of(plan)
-    kind = plan.accelerator.kind
-    if requested == "slots":
-        if slots:
-            raise EngineStartError(f"--engine slots cannot serve this model here: {'; '.join(slots)}. "
-                                   "Use --engine transformers or auto.")
-        how = f"one {graphs[1]} replay per step" if graphs else f"eager steps ({kind} has no CUDA or XPU graphs)"
-        return EngineChoice("slots", f"given: hwrun's slot decoder over a static cache, {how}{slots_step_note(model)}")
-    if requested == "transformers":
-        if theirs:
-            raise EngineStartError(f"--engine transformers cannot serve this model here: {'; '.join(theirs)}. "
-                                   "Use --engine slots or auto.")
-        return EngineChoice("transformers", "given: Transformers' continuous batching (init_continuous_batching)")
-    if graphs is not None and not slots:
-        return EngineChoice("slots", f"{graphs[0]}: hwrun's slot decoder, one {graphs[1]} replay per step over "
-                                     "a static cache (requests join and leave between steps)"
-                                     f"{slots_step_note(model)}")
-    if not theirs:
-        why = (f"hwrun's slot decoder cannot: {'; '.join(slots)}" if slots else
-               f"{kind} has no CUDA or XPU graphs for hwrun's slot decoder (graph API "
-               f"{plan.accelerator.platform.graph_api})")
-        return EngineChoice("transformers", f"Transformers' continuous batching (paged cache); {why}")
-    if not slots:
-        return EngineChoice("slots", f"hwrun's slot decoder, eager steps: Transformers' continuous batching cannot "
-                                     f"run here ({'; '.join(theirs)}){slots_step_note(model)}")
-    raise EngineStartError(f"no engine can serve this model on {kind}: hwrun's slot decoder: {'; '.join(slots)}; "
-                           f"Transformers' continuous batching: {'; '.join(theirs)}. Use `hwrun generate` instead.")
+    decision = decide_serving(plan, model, requested)
+    return EngineChoice(decision.engine, decision.reason)
 
 
 def model_context(model: Any) -> int | None:
@@ -159,6 +95,8 @@ def _load(plan: RunPlan, config: ServeConfig, start: float, threads: int | None,
         except FastDecodeError as exc:
             if config.engine == "slots":
                 raise EngineStartError(f"--engine slots: the slot decoder refused this model: {exc}") from exc
+            from ..inference.decision import transformers_blockers
+
             theirs = transformers_blockers(plan, model)
             if theirs:
                 raise EngineStartError(f"the slot decoder refused this model ({exc}) and Transformers' continuous "
@@ -213,9 +151,9 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
 
 
 def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, max_len: int, eos: tuple[int, ...] = ()) -> Backend:
+    from ..inference.decision import graph_api_of
     from ..inference.decode import SamplingParams
     from ..inference.decode.slots import SlotDecoder, compiled_buckets
-    from ..inference.generate import graph_api_of
     from .backend_slots import SlotsBackend
 
     compile_backend = plan.compile.backend if plan.compile is not None else None

@@ -1,0 +1,317 @@
+"""How a run decodes, decided once: the one place that picks the loop, for `generate()` and `hwrun serve` alike.
+
+Three loops can decode a prompt: Transformers' own (`model.generate` for a static batch, `model.generate_batch`
+for continuous batching, X10/X11), hwrun's static-cache graph decoder (`inference/decode/static.py`, a batch of
+prompts of one length) and hwrun's engine (continuous batching over cache slots, one graph replay per step:
+`inference/engine/`). `decide()` picks one after the model is loaded, from the plan (device, its graph API,
+compile, quantization, device_map), the model (its attention, its family's step), the workload (prompts,
+streaming, the cache length it needs) and what the caller asked (`decode`, `batching`, serve's `--engine`),
+and returns a `DecodeDecision` holding the choice and every reason. `planned()` is the same rule before load,
+for `hwrun plan`. Nothing else in hwrun chooses a loop: the runners only run what they are handed.
+
+The rule, per caller:
+- `generate()`, `decode="auto"`: hwrun's graph loops where the platform has CUDA or XPU graphs and the plan
+  compiles (`AUTO_GRAPH_APIS`; Gaudi's HPU graphs record in lazy mode only, where compile is refused, so they are
+  used on `decode="graphs"` only), and the model runs there (no bitsandbytes weights, one device, attention the
+  loops reproduce); Transformers' loop otherwise, with the reason.
+- `hwrun serve`, `--engine auto`: hwrun's engine wherever the platform has CUDA or XPU graphs (a server runs long
+  enough for the capture to pay, compile or not); Transformers' continuous batching where it runs and hwrun's
+  engine does not (or the platform has no graphs); hwrun's engine eagerly where only it runs (Gaudi, MPS).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from ..errors import EngineStartError, GenerateError
+from .batching import (
+    BatchingChoice,
+    choose_batching,
+    continuous_model_blocker,
+    continuous_plan_blockers,
+    model_batching,
+)
+
+if TYPE_CHECKING:
+    from ..model.plan import RunPlan
+
+logger = logging.getLogger(__name__)
+
+#: `generate(decode=...)`: "generate" is Transformers' loop, "graphs" hwrun's graph loops, "auto" decides.
+DECODE = ("auto", "generate", "graphs")
+#: `hwrun serve --engine`: "slots" is hwrun's engine, "transformers" Transformers' continuous batching.
+ENGINES = ("auto", "slots", "transformers")
+#: The platform graph APIs hwrun's loops capture with (`hwenv.platforms.runtime.graph_tools`), and how reasons name them.
+GRAPH_DECODE_APIS = {"cuda_graphs": ("CUDA", "CUDA graph"), "xpu_graphs": ("XPU", "XPU graph"),
+                     "hpu_graphs": ("Gaudi", "HPU graph")}
+#: The graph APIs `decode="auto"` and `--engine auto` pick. Not Gaudi's: the bridge records HPU graphs in lazy
+#: mode only, where torch.compile is refused (G2), and hwrun's HPU-graph loops are tested against the fake only.
+AUTO_GRAPH_APIS = frozenset({"cuda_graphs", "xpu_graphs"})
+#: Cache lengths are rounded up to a multiple of this, so nearby workloads share one captured decoder.
+CACHE_BUCKET = 256
+
+#: `DecodeDecision.runner` values: which loop runs.
+RUNNERS = ("engine", "static_graphs", "generate", "generate_batch")
+
+
+@dataclass(frozen=True)
+class DecodeDecision:
+    """How a run decodes and why: `batching` ("static" | "continuous"), `decode` ("generate": Transformers' loop,
+    "graphs": hwrun's), `runner` (one of `RUNNERS`), `compile_backend` for hwrun's step (None: not compiled)."""
+
+    batching: str
+    batching_reason: str
+    decode: str
+    reason: str
+    compile_backend: Any = None
+
+    @property
+    def runner(self) -> str:
+        """The loop that runs: "engine" (hwrun's slot engine), "static_graphs" (hwrun's static-cache decoder),
+        "generate" (`model.generate`) or "generate_batch" (Transformers' continuous batching)."""
+        if self.decode == "graphs":
+            return "engine" if self.batching == "continuous" else "static_graphs"
+        return "generate_batch" if self.batching == "continuous" else "generate"
+
+    @property
+    def engine(self) -> str:
+        """The serving engine's name for this decision: "slots" (hwrun's engine) or "transformers"."""
+        return "slots" if self.decode == "graphs" else "transformers"
+
+
+def graph_api_of(plan: RunPlan) -> tuple[str, str] | None:
+    """(label, graph name) of the plan's platform graph API when hwrun's loops capture with it, else None."""
+    return GRAPH_DECODE_APIS.get(plan.accelerator.platform.graph_api)
+
+
+def _plan_blockers(plan: RunPlan) -> list[str]:
+    """What keeps hwrun's loops from running the plan at all (before load)."""
+    blockers = []
+    if plan.quantization:
+        blockers.append("bitsandbytes weights")
+    if plan.device_map == "auto":
+        blockers.append("the model is split across devices")
+    return blockers
+
+
+def _loop_name(batching: str, graph: str) -> str:
+    if batching == "continuous":
+        return (f"hwrun.inference.engine: continuous batching over cache slots, one {graph} replay per step "
+                "(the fused Llama-family step where it applies, else the model's own forward)")
+    return f"static cache + {graph} replay per token (hwrun.inference.decode.static)"
+
+
+def _decode_mode(plan: RunPlan, requested: str, batching: str) -> tuple[str, str]:
+    """("generate" | "graphs", reason) for `generate()` before load: the rule of the module docstring."""
+    if requested not in DECODE:
+        raise GenerateError(f"decode={requested!r} is not a decode mode; use one of {', '.join(DECODE)}.")
+    graphs = graph_api_of(plan)
+    label, graph = graphs if graphs is not None else ("", "graph")
+    loop = _loop_name(batching, graph)
+    theirs = "model.generate_batch" if batching == "continuous" else "model.generate"
+    blockers = _plan_blockers(plan)
+    api = plan.accelerator.platform.graph_api
+    if requested == "generate":
+        return "generate", f"given: {theirs}"
+    if requested == "graphs":
+        if blockers:
+            raise GenerateError(f"decode='graphs' cannot run: {'; '.join(blockers)}. Use decode='generate'.")
+        if graphs is None:
+            kind = plan.accelerator.kind
+            name = "hwrun's engine (inference/engine/)" if batching == "continuous" else "the static-cache step loop"
+            logger.warning("decode='graphs' on %s: no CUDA, XPU or HPU graphs there (graph API: %s), %s runs eagerly",
+                           kind, api, name)
+            return "graphs", f"given; {kind} has no CUDA, XPU or HPU graphs (graph API: {api}), so {name} runs eagerly"
+        if api not in AUTO_GRAPH_APIS:
+            compiled = ", compiled with the plan's backend" if plan.compile is not None else ""
+            return "graphs", (f"given: {loop} where the bridge runs lazy (hpu_graphs); in eager mode it records no "
+                              f"HPU graphs and the step runs eagerly{compiled}")
+        return "graphs", f"given: {loop}"
+    if graphs is not None and api not in AUTO_GRAPH_APIS:
+        return "generate", (f"{theirs} (graph decode needs CUDA or XPU graphs and compile=True for decode='auto'; "
+                            f"{label}'s HPU graphs record in lazy mode only, where compile is off: pass decode='graphs')")
+    if graphs is not None and plan.compile is not None and not blockers:
+        return "graphs", f"{label} with compile on: {loop}, no host work per token"
+    if graphs is not None and plan.compile is not None:
+        logger.info("graph decode not used: %s; falling back to %s", "; ".join(blockers), theirs)
+        return "generate", f"{theirs} ({'; '.join(blockers)})"
+    return "generate", f"{theirs} (graph decode needs CUDA or XPU graphs and compile=True)"
+
+
+def planned(plan: RunPlan, n_prompts: int, *, decode: str = "auto", batching: str = "auto",
+            stream: bool = False) -> DecodeDecision:
+    """The decision `generate()` will take for `n_prompts` prompts, as far as it is known before load
+    (`hwrun plan` shows it; `decide()` then checks it against the loaded model)."""
+    choice = choose_batching(plan, n_prompts, batching, stream=stream)
+    mode, reason = _decode_mode(plan, decode, choice.mode)
+    return DecodeDecision(choice.mode, choice.reason, mode, reason)
+
+
+def decide(plan: RunPlan, model: Any, *, n_prompts: int, needed: int, decode: str = "auto",
+           batching: str = "auto", stream: bool = False) -> DecodeDecision:
+    """How `generate()` decodes `n_prompts` prompts whose longest needs `needed` cache positions (prompt + new
+    tokens) with the loaded `model`: the plan's decision checked against the model's class, its attention and
+    its family's step. Raises `GenerateError` where an explicit `decode`/`batching` cannot run."""
+    choice = choose_batching(plan, n_prompts, batching, stream=stream)
+    checked = model_batching(choice, batching, model)  # the model class may not run continuous batching
+    mode, reason = _decode_mode(plan, decode, checked.mode)
+    if mode == "graphs":
+        checked, mode, reason = _fit_graph_decode(model, checked, decode, batching, reason, needed, n_prompts)
+    backend = None
+    if mode == "graphs":
+        backend, note = graph_compile_backend(plan)
+        if note:
+            logger.info("graph decode: %s", note)
+            reason = f"{reason}; {note}"
+    decision = DecodeDecision(checked.mode, checked.reason, mode, reason, backend)
+    logger.info("batching: %s (%s); decode: %s (%s)", decision.batching, decision.batching_reason, decision.decode,
+                decision.reason)
+    return decision
+
+
+def static_instead(plan: RunPlan, decision: DecodeDecision, why: str, decode: str = "auto") -> DecodeDecision:
+    """`decision` turned into one static batch after Transformers' continuous batching failed at run time (`why`:
+    the model's own code, not the request, so a static batch still runs it); logged."""
+    logger.warning("%s; running one static batch instead", why)
+    head = decision.batching_reason.split(":")[0]
+    mode, reason = _decode_mode(plan, decode, "static")
+    return replace(decision, batching="static", batching_reason=f"{head}, but Transformers' {why}: one left-padded "
+                   "batch", decode=mode, reason=reason)
+
+
+def _fit_graph_decode(model: Any, choice: BatchingChoice, decode: str, batching: str, reason: str, needed: int,
+                      n_prompts: int) -> tuple[BatchingChoice, str, str]:
+    """(batching, decode mode, reason) for graph decode, checked against the loaded model.
+
+    Both graph loops run any family the model's own forward can decode for them: the fused Llama-family step
+    where it applies (an optimisation, not a gate), else the model's own forward. A model hwrun's engine cannot
+    run (its attention is not sdpa or eager, a class that computes attention itself, an encoder-decoder) gets the
+    static graph decoder on `decode="graphs"` with `batching="auto"`, otherwise Transformers' `generate_batch`.
+    Attention the loops cannot reproduce (a sliding window shorter than the cache) falls back to Transformers'
+    loop on `decode="auto"` and raises on `decode="graphs"`."""
+    from .decode.fused_step import fused_step_support
+    from .decode.slots import slot_step_support
+    from .decode.static import attention_blocker
+
+    theirs = "model.generate_batch" if choice.mode == "continuous" else "model.generate"
+    blocker = attention_blocker(model, -(-needed // CACHE_BUCKET) * CACHE_BUCKET)
+    if blocker is not None:
+        if decode == "graphs":
+            raise GenerateError(f"decode='graphs' cannot run {type(model).__name__}: it {blocker}. "
+                                "Use decode='generate'.")
+        logger.info("graph decode not used: %s %s; falling back to %s", type(model).__name__, blocker, theirs)
+        return choice, "generate", f"{theirs} ({type(model).__name__} {blocker})"
+    unsupported = fused_step_support(model)
+    if unsupported is None:
+        return choice, "graphs", f"{reason}; step: the fused Llama-family step (q/k/v and gate/up as one matrix each)"
+    own = f"step: the model's own forward over a StaticCache (the fused step does not apply: {unsupported})"
+    if choice.mode != "continuous":
+        return choice, "graphs", f"{reason}; {own}"
+    step, why = slot_step_support(model, max_cache_len=needed)
+    if step is not None:
+        return choice, "graphs", f"{reason}; step: {why}"
+    engine_cannot = f"hwrun's engine cannot run it: {why}"
+    if decode == "graphs" and batching == "auto":
+        logger.info("%s; the static graph decoder runs the %d prompts", engine_cannot, n_prompts)
+        static = BatchingChoice("static", f"{n_prompts} prompts and decode='graphs', but {engine_cannot}: the static "
+                                "graph decoder, prompts of one length batched together, others one by one")
+        return static, "graphs", f"given: static cache + graph replay per token (hwrun.inference.decode.static); {own}"
+    logger.info("continuous graph decode not used: %s; falling back to model.generate_batch", engine_cannot)
+    return choice, "generate", f"model.generate_batch ({engine_cannot})"
+
+
+def graph_compile_backend(plan: RunPlan) -> tuple[Any, str]:
+    """(backend, note): what hwrun's loops compile their step with. The plan's backend, except where the platform
+    runs a lazy mode that refuses torch.compile (Gaudi lazy, G2: hwcompile decides), where the step is not compiled
+    (HPU graphs capture it) and the note says why."""
+    if plan.compile is None:
+        return None, ""
+    platform = plan.accelerator.platform
+    if platform.lazy_mode_variable is None:
+        return plan.compile.backend, ""
+    import hwcompile
+
+    try:
+        hwcompile.check_compile_mode(platform)
+    except hwcompile.LazyModeError:
+        return None, (f"the step is not compiled: {platform.display_name} runs in lazy mode, where torch.compile "
+                      f"is refused (G2; {platform.lazy_mode_variable}=0 for eager mode)")
+    return plan.compile.backend, ""
+
+
+# ---- serving --------------------------------------------------------------------------------------------
+
+
+def engine_blockers(plan: RunPlan, model: Any) -> list[str]:
+    """Why hwrun's engine cannot serve `model` on the plan (empty when it can)."""
+    from .decode.slots import slot_step_support
+
+    blockers = [f"{plan.quantization} bitsandbytes weights"] if plan.quantization else []
+    if plan.device_map == "auto":
+        blockers.append("the model is split across devices (device_map='auto')")
+    step, why = slot_step_support(model)
+    if step is None:
+        blockers.append(f"neither of its steps runs it: {why}")
+    return blockers
+
+
+def transformers_blockers(plan: RunPlan, model: Any) -> list[str]:
+    """Why Transformers' continuous batching cannot serve `model` on the plan's device (empty when it can)."""
+    blockers = continuous_plan_blockers(plan)
+    blocker = continuous_model_blocker(model)
+    if blocker is not None:
+        blockers.append(blocker)
+    return blockers
+
+
+def _step_note(model: Any) -> str:
+    from .decode.slots import slot_step_support
+
+    step, why = slot_step_support(model)
+    return f"; step: {why}" if step is not None else ""
+
+
+def decide_serving(plan: RunPlan, model: Any, engine: str = "auto") -> DecodeDecision:
+    """How `hwrun serve` decodes live requests with `model`: hwrun's engine or Transformers' continuous batching
+    (`engine`: one of `ENGINES`), and why; `EngineStartError` when the one asked for (or every one) cannot run."""
+    if engine not in ENGINES:
+        raise EngineStartError(f"--engine {engine!r} is not an engine; use one of {', '.join(ENGINES)}.")
+    ours = engine_blockers(plan, model)
+    theirs = transformers_blockers(plan, model)
+    graphs = graph_api_of(plan)
+    kind = plan.accelerator.kind
+    backend = graph_compile_backend(plan)[0]
+    batching = "live requests join and leave between steps"
+
+    def slots(reason: str) -> DecodeDecision:
+        return DecodeDecision("continuous", batching, "graphs", reason, backend)
+
+    def transformers(reason: str) -> DecodeDecision:
+        return DecodeDecision("continuous", batching, "generate", reason)
+
+    if engine == "slots":
+        if ours:
+            raise EngineStartError(f"--engine slots cannot serve this model here: {'; '.join(ours)}. "
+                                   "Use --engine transformers or auto.")
+        how = f"one {graphs[1]} replay per step" if graphs else f"eager steps ({kind} has no CUDA or XPU graphs)"
+        return slots(f"given: hwrun's engine over cache slots, {how}{_step_note(model)}")
+    if engine == "transformers":
+        if theirs:
+            raise EngineStartError(f"--engine transformers cannot serve this model here: {'; '.join(theirs)}. "
+                                   "Use --engine slots or auto.")
+        return transformers("given: Transformers' continuous batching (init_continuous_batching)")
+    if graphs is not None and not ours:
+        return slots(f"{graphs[0]}: hwrun's engine, one {graphs[1]} replay per step over cache slots "
+                     f"(requests join and leave between steps){_step_note(model)}")
+    if not theirs:
+        why = (f"hwrun's engine cannot: {'; '.join(ours)}" if ours else
+               f"{kind} has no CUDA or XPU graphs for hwrun's engine (graph API "
+               f"{plan.accelerator.platform.graph_api})")
+        return transformers(f"Transformers' continuous batching (paged cache); {why}")
+    if not ours:
+        return slots(f"hwrun's engine, eager steps: Transformers' continuous batching cannot run here "
+                     f"({'; '.join(theirs)}){_step_note(model)}")
+    raise EngineStartError(f"no engine can serve this model on {kind}: hwrun's engine: {'; '.join(ours)}; "
+                           f"Transformers' continuous batching: {'; '.join(theirs)}. Use `hwrun generate` instead.")
