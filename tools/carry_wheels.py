@@ -27,11 +27,12 @@ ROOT = Path(__file__).resolve().parent.parent
 ROOTS = ("transformers", "kernels", "accelerate", "peft", "liger-kernel", "openai", "starlette", "uvicorn",
          "fastapi", "rich", "httptools", "uvloop")
 #: In the image already and not version-sensitive for us, or too large to carry (torch and CUDA libraries).
-#: (typing-inspection is not: the image's pydantic predates it, and the carried one failed to import without it.)
+#: (typing-inspection is not: the image's pydantic predates it, and the carried one failed to import without it;
+#: nor annotated-types: KINDS.md's package list of the image lacks it, and `openai` failed to import on 2026-12-06.)
 IMAGE_HAS = frozenset("""
 torch triton numpy sympy mpmath networkx jinja2 markupsafe filelock fsspec setuptools typing-extensions pyyaml
 packaging psutil tqdm certifi charset-normalizer urllib3 requests pygments markdown-it-py mdurl
-annotated-types annotated-doc cuda-bindings cuda-pathfinder cuda-toolkit
+annotated-doc cuda-bindings cuda-pathfinder cuda-toolkit
 """.split())
 #: Carried even though the image has a version: ours must match uv.lock (the image's are older).
 VERSION_SENSITIVE = frozenset({"transformers", "tokenizers", "safetensors", "huggingface-hub", "accelerate",
