@@ -18,8 +18,13 @@ Per level: requests/s, output tokens/s, time to first token p50/p99, inter-token
 chunks, over all requests) p50/p99 and time per output token ((last chunk - first chunk) / (tokens - 1), per
 request) p50/p99. Before the levels, a few greedy prompts are answered by every server; their texts are compared
 (same model, same greedy decode: they should agree). `--generate-baseline` also times `hwrun.generate`'s batch-1
-decode on the same model (the goal: hwrun serve's concurrency-1 ITL within 10% of it). Writes DIR/serve.json,
-DIR/serve.md, DIR/serve.png and each server's log.
+decode on the same model (the goal: hwrun serve's concurrency-1 ITL within 10% of it). `--offline-engine` also
+drives hwrun's engine in this process, without HTTP, over the same requests at each level (the serving backend
+`hwrun serve` builds, the same slots and buckets, C requests in flight, one host read per step as the server
+does): the row "hwrun engine (offline)" and, per level, served tok/s over it (issue 35's goal: >= 0.8 at 64
+streams). Both servers run with USE_HUB_KERNELS=NO, so neither reaches for a Hub kernel offline (Transformers
+does when `kernels` is installed: a plain `transformers serve` died offline without it on 2026-12-06). Writes
+DIR/serve.json, DIR/serve.md, DIR/serve.png and each server's log.
 """
 
 from __future__ import annotations
@@ -270,6 +275,56 @@ def generate_baseline(model: str, new_tokens: int, compile_on: bool, dtype: str,
             "ms_per_token": round(1000 * statistics.median(times), 3), "new_tokens": result.total_new_tokens}
 
 
+def offline_engine(model: str, levels: list[int], jobs_of, compile_on: bool, dtype: str, threads: int | None,
+                   max_len: int | None, engine: str = "auto") -> dict:
+    """hwrun's serving engine without the server: the backend `hwrun serve --engine ENGINE` builds (same slots,
+    buckets and warm-up), fed the same requests as each level with C in flight, greedy, every request decoding its
+    whole budget; tokens/s per level."""
+    from collections import deque
+
+    import hwrun
+    from hwrun.inference.decision import decide_serving
+    from hwrun.serve.config import ServeConfig, context_limit
+    from hwrun.serve.engine import EngineRequest
+    from hwrun.serve.protocol import Sampling
+    from hwrun.serve.startup import _slots_backend, apply_torch_threads, model_context
+
+    plan = hwrun.plan(model, compile=compile_on, dtype=dtype)
+    config = ServeConfig(torch_threads=threads, max_concurrency=max(levels), max_model_len=max_len)
+    applied, _, _ = apply_torch_threads(plan, config)
+    loaded, tokenizer = hwrun.load(plan)
+    decision = decide_serving(plan, loaded, engine)
+    if decision.engine != "slots":
+        return {"skipped": f"the server would not run hwrun's engine here: {decision.reason}"}
+    length, _ = context_limit(max_len, model_context(loaded))
+    started = time.perf_counter()
+    backend = _slots_backend(plan, loaded, config, length)
+    rows = []
+    greedy = Sampling(temperature=0.0)
+    for concurrency in levels:
+        jobs = jobs_of(concurrency)
+        prompts = [tuple(tokenizer(p, add_special_tokens=True)["input_ids"]) for p, _ in jobs]
+        waiting, active, tokens = deque(range(len(jobs))), set(), 0
+        start = time.perf_counter()
+        while waiting or active:
+            while waiting and len(active) < concurrency:
+                index = waiting.popleft()
+                backend.add(EngineRequest(f"r{concurrency}-{index}", prompts[index], jobs[index][1], greedy,
+                                          ignore_eos=True))
+                active.add(f"r{concurrency}-{index}")
+            for event in backend.step():
+                tokens += len(event.token_ids)
+                if event.finished:
+                    active.discard(event.request_id)
+        seconds = time.perf_counter() - start
+        rows.append({"concurrency": concurrency, "requests": len(jobs), "output_tokens": tokens,
+                     "seconds": round(seconds, 3), "output_tokens_per_s": round(tokens / seconds, 1)})
+        print(f"{'hwrun engine (offline)':>24} C={concurrency:<3} {rows[-1]['output_tokens_per_s']:>9} tok/s", flush=True)
+    backend.close()
+    return {"rows": rows, "engine": decision.reason, "torch_threads": applied,
+            "build_and_run_seconds": round(time.perf_counter() - started, 1)}
+
+
 def run_server(name: str, command: list[str], port: int | None, model_id: str, levels: list[int], jobs_of,
                out: Path, ready_timeout: float, env: dict[str, str], extra_body: dict) -> dict:
     server = Server(name, command, port, out / f"{name}.log", env)
@@ -299,12 +354,15 @@ def run_server(name: str, command: list[str], port: int | None, model_id: str, l
 
 
 #: The environment variables the report shows for each server.
-ENV_SHOWN = ("OMP_NUM_THREADS", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "CUDA_VISIBLE_DEVICES")
+ENV_SHOWN = ("OMP_NUM_THREADS", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "CUDA_VISIBLE_DEVICES", "USE_HUB_KERNELS")
 
 
 def server_env(threads: int | None) -> dict[str, str]:
     """The servers' environment: this one, offline, with OMP_NUM_THREADS=`threads` when given."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    # USE_HUB_KERNELS=NO: with `kernels` installed Transformers fetches Hub kernels (e.g. kernels-community/rotary)
+    # for some layers and dies offline when they are not cached; neither server should reach for one here
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               USE_HUB_KERNELS="NO")
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     pythonpath = os.pathsep.join(str(p) for p in sorted((ROOT / "packages").glob("*/src")))
@@ -339,6 +397,9 @@ def main(argv=None) -> int:
                         help="--max-model-len of both servers (default: the model's context with --smoke, else 1536, "
                              "which the longest request of the default workload fits)")
     parser.add_argument("--generate-baseline", action="store_true", help="also time hwrun.generate at batch 1")
+    parser.add_argument("--offline-engine", action="store_true",
+                        help="also drive hwrun's engine without the server over the same requests (a row, and "
+                             "served/offline ratios)")
     parser.add_argument("--ready-timeout", type=float, default=900)
     args = parser.parse_args(argv)
     # `timeout` (tools/bench/run_h200.sh) sends SIGTERM: unwind, so each running server's `finally` stops it
@@ -417,6 +478,11 @@ def main(argv=None) -> int:
                 {"generation_config": json.dumps({"eos_token_id": -1})})
         _save(report, out)
     _compare_answers(report)
+    if args.offline_engine:
+        os.environ["USE_HUB_KERNELS"] = "NO"
+        report["offline_engine"] = offline_engine(model, levels, jobs_of, args.compile, dtype, threads, max_len,
+                                                  next((e for e in engines if e != "transformers"), "auto"))
+        _save(report, out)
     if args.generate_baseline:
         report["generate_baseline"] = generate_baseline(model, 64 if args.smoke else 256, args.compile, dtype,
                                                         threads)
@@ -507,6 +573,18 @@ def _markdown(report: dict) -> str:
                   "|---|---:|---:|---:|---:|"]
         lines += [f"| {r['server']} | {r['concurrency']} | {r['tokens_per_s']}× | {r['ttft_p50']}× | "
                   f"{r['ttft_p99']}× |" for r in ratio_rows]
+    offline = {r["concurrency"]: r for r in report.get("offline_engine", {}).get("rows") or []}
+    if offline:
+        lines += ["", "| served / hwrun engine (offline, same requests) | streams | offline tok/s | served tok/s | "
+                  "ratio |", "|---|---:|---:|---:|---:|"]
+        for name, server in report["servers"].items():
+            if not name.startswith("hwrun"):
+                continue
+            for r in server.get("rows") or []:
+                o = offline.get(r["concurrency"])
+                if o:
+                    lines.append(f"| {name} | {r['concurrency']} | {o['output_tokens_per_s']} | "
+                                 f"{r['output_tokens_per_s']} | {round(r['output_tokens_per_s'] / o['output_tokens_per_s'], 2)} |")
     if "check_agreement" in report:
         lines.append("")
         for name, check in report["check_agreement"].items():
@@ -537,6 +615,10 @@ def _plot(report: dict, out: Path) -> None:
             points = [(r["concurrency"], r.get(key)) for r in rows if r.get(key) is not None]
             if points:
                 axis.plot(*zip(*points, strict=True), marker="o", label=name)
+        offline = report.get("offline_engine", {}).get("rows") or []
+        if key == "output_tokens_per_s" and offline:
+            axis.plot([r["concurrency"] for r in offline], [r[key] for r in offline], marker="s", linestyle="--",
+                      label="hwrun engine (offline)")
         axis.set_xscale("log", base=2)
         axis.set_xlabel("concurrent streams")
         axis.set_title(label)
