@@ -30,10 +30,41 @@ class AttentionEnvironment:
 
 
 def kernels_available() -> bool:
-    """Transformers' own check: `kernels` installed *and* inside the version window it accepts."""
+    """Transformers' own check: `kernels` installed *and* inside the version window it accepts.
+
+    Until Transformers is imported, its window is read from its source (`kernels_available_from_source`), so
+    planning does not import it (about 1 s, more under load); `transformers.utils.is_kernels_available()`
+    answers once Transformers is imported, or when the window is not found in its source."""
+    import sys
+
+    if "transformers.utils" not in sys.modules:
+        answer = kernels_available_from_source()
+        if answer is not None:
+            return answer
     from transformers.utils import is_kernels_available
 
     return bool(is_kernels_available())
+
+
+def kernels_available_from_source() -> bool | None:
+    """`transformers.utils.is_kernels_available()` without importing Transformers: `kernels` found and its
+    version in `KERNELS_MIN_VERSION` <= v < `KERNELS_MAX_VERSION`, the two constants read from the source of
+    `transformers.utils.import_utils` (None when they are not there: the caller asks Transformers)."""
+    import importlib.util
+
+    from packaging.version import InvalidVersion, Version
+
+    from .declared import source_constant
+
+    low = source_constant("transformers.utils.import_utils", "KERNELS_MIN_VERSION")
+    high = source_constant("transformers.utils.import_utils", "KERNELS_MAX_VERSION")
+    if low is None or high is None:
+        return None
+    version = installed_version("kernels") if importlib.util.find_spec("kernels") is not None else None
+    try:
+        return version is not None and Version(low) <= Version(version) < Version(high)
+    except InvalidVersion:
+        return None
 
 
 def flash_packages_installed() -> frozenset[str]:

@@ -116,8 +116,14 @@ def model_support(model_config: Any = None, *, model_class: type | str | None = 
     """The attention backends the model class of `model_config` declares; no weights, no model built.
 
     `model_config`: a Transformers config, a config.json dict, or any object with `architectures` /
-    `model_type`. `model_class` (a class or its name in `transformers`) overrides the lookup.
+    `model_type`. `model_class` (a class or its name in `transformers`) overrides the lookup. The class named by
+    `architectures` is read from its source file when possible (`hwattn.declared`: no modeling code imported),
+    else imported.
     """
+    if model_class is None and model_config is not None:
+        found = _declared_support(model_config)
+        if found is not None:
+            return found
     import transformers
 
     if model_class is not None:
@@ -136,3 +142,26 @@ def model_support(model_config: Any = None, *, model_class: type | str | None = 
         model_class=cls.__name__, source=how, sdpa=bool(getattr(cls, "_supports_sdpa", False)),
         flash=bool(getattr(cls, "_supports_flash_attn", False)), flex=bool(getattr(cls, "_supports_flex_attn", False)),
         compatible_flash=tuple(compatible) if compatible else None, transformers_version=transformers.__version__)
+
+
+def _declared_support(model_config: Any) -> ModelSupport | None:
+    """`model_support` for the first class of `architectures`, read from Transformers' source without importing
+    it (`hwattn.declared`); None when that read does not answer (the caller imports the class)."""
+    from hwenv import installed_version
+
+    from .declared import declared_flags
+
+    auto_map = _field(model_config, "auto_map") or {}
+    names = _field(model_config, "architectures") or ()
+    if (isinstance(auto_map, Mapping) and "AutoModelForCausalLM" in auto_map) or not names:
+        return None
+    version = installed_version("transformers")
+    name = str(names[0])
+    flags = declared_flags(name, _field(model_config, "model_type")) if version is not None else None
+    if flags is None:
+        return None
+    compatible = flags["_compatible_flash_implementations"]
+    return ModelSupport(
+        model_class=name, source=f"{name} (config.architectures)", sdpa=bool(flags["_supports_sdpa"]),
+        flash=bool(flags["_supports_flash_attn"]), flex=bool(flags["_supports_flex_attn"]),
+        compatible_flash=tuple(compatible) if compatible else None, transformers_version=version)

@@ -79,6 +79,8 @@ def kernel_repo_id(name: str) -> str:
 
 def check_name(requested: object) -> str:
     """Return `requested` when Transformers accepts it, else raise `UnknownAttentionError` listing the valid names."""
+    if requested in (AUTO, EAGER):  # always valid (see valid_names): no need to import transformers' modeling code
+        return requested
     names = valid_names()
     hint = (
         f"Valid names: {', '.join(repr(n) for n in names)}, or a hub kernel 'org/repo[@revision][:function]' "
