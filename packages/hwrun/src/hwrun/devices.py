@@ -102,3 +102,35 @@ def kind_of_device_type(device_type: str, hint: str | None = None) -> str:
         named = [kind for kind in candidates if kind == device_type]  # the kind named after the type (cuda)
         _KIND_OF_DEVICE_TYPE[device_type] = detected if detected in candidates else (named or candidates)[0]
     return _KIND_OF_DEVICE_TYPE[device_type]
+
+
+def host_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one, else the machine's count)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def torch_threads_for(is_accelerator: bool, cores: int, environ: Mapping[str, str] | None = None,
+                      given: int | None = None, *, beside: str = "the server's own threads",
+                      option: str = "--torch-threads") -> tuple[int | None, str]:
+    """(torch intra-op threads to set, or None to leave torch's own, and why): the one rule `hwrun serve` and
+    `hwrun generate` (and `hwrun plan`'s `torch threads` row) use.
+
+    torch's OpenMP threads spinning on every core starve every other thread of the process and of the host: a
+    server's event loop and scheduler, the streamer printing tokens, and on a shared machine the other work
+    (measured on a loaded 2-core CPU with the tiny model: serve ~80 ms per token and a 1.2 s first token with 2
+    threads, ~5 ms and ~10 ms with 1; `hwrun generate` 16.8 tokens/s with 2 threads, 264.5 with 1). So on the
+    host one core is left free (`beside` names what it is for); on an accelerator one torch thread does the
+    host-side work of a step (what `transformers serve` sets); `OMP_NUM_THREADS` or `given` (`option`) win."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    if given is not None:
+        return given, f"given ({option})"
+    if environ.get("OMP_NUM_THREADS"):
+        return None, f"OMP_NUM_THREADS={environ['OMP_NUM_THREADS']} is set: torch's own setting is kept"
+    if is_accelerator:
+        return 1, "accelerator: one torch thread prepares each step on the host (as transformers serve does)"
+    threads = max(1, cores - 1)
+    return threads, f"host with {cores} cores: {threads} for torch, one left to {beside}"

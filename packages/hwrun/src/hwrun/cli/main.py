@@ -7,6 +7,7 @@ adds the traceback. Every option is checked before the model loads.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -75,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_gen.add_argument("--seed", type=int, default=None, help="seed for sampling (with --sample)")
     p_gen.add_argument("--no-stream", action="store_true", help="print the text at the end instead of streaming")
     p_gen.add_argument("--json", action="store_true", help="print the result as JSON (no streaming)")
+    p_gen.add_argument("--torch-threads", type=int, default=None, metavar="N",
+                       help="torch intra-op threads (default: all cores but one on the host, 1 on an accelerator; "
+                            "OMP_NUM_THREADS wins; the rule of hwrun serve, shown by hwrun plan)")
     p_gen.add_argument("--timings", action="store_true",
                        help="print where the wall time went: start-up (imports), plan, load, generate")
     p_gen.set_defaults(func=_cmd_generate)
@@ -94,26 +98,67 @@ def build_parser() -> argparse.ArgumentParser:
 def decode_rows(run_plan) -> list[tuple[str, str, str]]:
     """(field, value, reason) of the decode path `generate()` takes here for one prompt and for many
     (graph replay or Transformers' loop, and the batching), as `hwrun plan` shows them."""
-    from ..inference.batching import choose_batching
-    from ..inference.generate import choose_decode
+    from ..inference.decision import planned
 
     rows = []
     for label, prompts in (("decode (1 prompt)", 1), ("decode (64 prompts)", 64)):
-        batching = choose_batching(run_plan, prompts, "auto")
-        mode, reason = choose_decode(run_plan, "auto", batching.mode)
-        rows.append((label, f"{mode}, {batching.mode} batching", f"{reason}; batching: {batching.reason}"))
+        decision = planned(run_plan, prompts)
+        rows.append((label, f"{decision.decode}, {decision.batching} batching",
+                     f"{decision.reason}; batching: {decision.batching_reason}"))
     return rows
+
+
+#: What the core `torch_threads_for` leaves free is for, in `hwrun generate` and in `hwrun plan`'s row.
+GENERATE_BESIDE = "the process's own threads (tokenizing, streaming; a server's event loop) and the rest of the host"
+
+
+def torch_threads(run_plan, given: int | None = None) -> tuple[int | None, str]:
+    """(torch intra-op threads, why) for a run of `run_plan` on this host: `hwrun.devices.torch_threads_for`, the
+    rule `hwrun serve` uses too (None: OMP_NUM_THREADS is set and torch's own count is kept)."""
+    from ..devices import host_cores, torch_threads_for
+
+    return torch_threads_for(run_plan.accelerator.platform.is_accelerator, host_cores(), given=given,
+                             beside=GENERATE_BESIDE)
+
+
+def threads_row(run_plan) -> tuple[str, str, str]:
+    """`hwrun plan`'s `torch threads` row: what `hwrun generate` and `hwrun serve` set, and why."""
+    threads, reason = torch_threads(run_plan)
+    return ("torch threads", "torch's own" if threads is None else str(threads),
+            f"{reason} (hwrun generate and hwrun serve; --torch-threads N to choose)")
+
+
+@contextlib.contextmanager
+def torch_threads_set(run_plan, given: int | None):
+    """torch's intra-op threads set by `torch_threads` while the block runs, then given back (`main()` also runs
+    in-process: tests, `python -m`). On a loaded 2-core host 2 threads decoded the tiny model at 2-17 tokens/s,
+    1 at 150-265 (issue 40)."""
+    threads, reason = torch_threads(run_plan, given)
+    logger.info("torch threads: %s (%s)", threads if threads is not None else "torch's own", reason)
+    if threads is None:
+        yield None
+        return
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     run_plan = _plan_from(args, args.model)
     decode = decode_rows(run_plan)
+    threads = threads_row(run_plan)
     if args.json:
         data = run_plan.to_dict()
         data["decode"] = {label: {"value": value, "reason": reason} for label, value, reason in decode}
+        data["torch_threads"] = {"value": threads[1], "reason": threads[2]}
         print(json.dumps(data, indent=2, default=str))
     else:
-        print(run_plan.render(decode))
+        print(run_plan.render([*decode, threads]))
     return 0
 
 
@@ -177,8 +222,7 @@ def sampling_options(args: argparse.Namespace) -> dict:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from ..errors import GenerateError
-    from ..inference.generate import GenerationResult, _check_inputs, generate
-    from ..model.load import load
+    from ..inference.generate import _check_inputs
     from .timings import PhaseClock
 
     clock = PhaseClock()
@@ -188,10 +232,22 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if not prompts:
         raise GenerateError("no prompt given: pass PROMPT... or --batch-file FILE (e.g. hwrun generate \"The king said\").")
     sampling = sampling_options(args)
+    if args.torch_threads is not None and args.torch_threads < 1:
+        raise GenerateError(f"--torch-threads {args.torch_threads} must be an integer >= 1 (leave it out to let hwrun "
+                            "decide).")
     _check_inputs(prompts, args.max_new_tokens)
     run_plan = _plan_from(args, args.model)
     if run_plan.compile is not None and run_plan.accelerator.platform.has_graphs:  # graph decode compiles its step
         announce_compile_cache(run_plan)
+    with torch_threads_set(run_plan, args.torch_threads):
+        return _run_generate(args, run_plan, prompts, sampling, clock)
+
+
+def _run_generate(args: argparse.Namespace, run_plan, prompts: list[str], sampling: dict, clock) -> int:
+    """`hwrun generate` after the plan: load, generate (streamed, or in chunks with a progress bar), report."""
+    from ..inference.generate import GenerationResult, generate
+    from ..model.load import load
+
     clock.mark("plan")
     model, tokenizer = load(run_plan)
     clock.mark("load")
@@ -261,6 +317,23 @@ def _not_bitsandbytes_hub_kernel(record: logging.LogRecord) -> bool:
     return not (record.name.startswith("kernels") and "quantization-bitsandbytes" in record.getMessage())
 
 
+def loads_model_here(args: argparse.Namespace) -> bool:
+    """Whether the parsed command loads a model in this process (generate, train, serve, chat --local): only those
+    import Transformers, so only those pay for it (`hwrun plan` and a remote `hwrun chat` read no model code)."""
+    return args.command in ("generate", "train", "serve") or bool(getattr(args, "local", False))
+
+
+def quiet_transformers() -> None:
+    """Transformers' info/warning logs and its weight-loading progress bars off (they are about the library, not
+    the user's command; `-v` keeps them)."""
+    try:
+        import transformers
+    except ImportError:  # pragma: no cover
+        return
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `hwrun` command; errors print one line with the fix and exit 2."""
     from hwattn.errors import HwattnError
@@ -281,13 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
         for handler in logging.getLogger().handlers:
             handler.addFilter(_not_bitsandbytes_hub_kernel)
-        try:
-            import transformers
-
-            transformers.logging.set_verbosity_error()
-            transformers.utils.logging.disable_progress_bar()
-        except ImportError:  # pragma: no cover
-            pass
+        if loads_model_here(args):
+            quiet_transformers()
     expected = (HwrunError, HwenvError, HwattnError, HwcompileError, HwdistError)
     return run_command("hwrun", lambda: int(args.func(args) or 0), expected, verbose=args.verbose)
 

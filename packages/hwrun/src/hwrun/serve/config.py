@@ -7,6 +7,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from ..devices import torch_threads_for  # noqa: F401  (the rule is shared with `hwrun generate`: hwrun.devices)
 from ..errors import ServeConfigError
 
 #: Engines `hwrun serve --engine` accepts: `auto` picks (see `hwrun.serve.engine.choose_engine`).
@@ -35,6 +36,9 @@ class ServeConfig:
     max_model_len: int | None = None
     model_id: str = DEFAULT_MODEL_ID
     torch_threads: int | None = None  # None: decided by `torch_threads_for` when the engine starts
+    # the engine process died or stopped on an error: False (default) ends the server once the requests in flight
+    # got their errors (a supervisor restarts it); True keeps it up, /health answering 503 "failed"
+    keep_alive_on_engine_death: bool = False
     api_key_env: str | None = None
     api_key: str | None = field(default=None, repr=False)
 
@@ -121,26 +125,6 @@ def context_limit(max_model_len: int | None, model_context: int | None) -> tuple
         return DEFAULT_MAX_MODEL_LEN, (f"the model's context ({model_context}) capped at {DEFAULT_MAX_MODEL_LEN}: "
                                        "each slot holds a cache this long (raise it with --max-model-len)")
     return model_context, "the model's context (max_position_embeddings)"
-
-
-def torch_threads_for(is_accelerator: bool, cores: int, environ: dict[str, str] | None = None,
-                      given: int | None = None) -> tuple[int | None, str]:
-    """(torch intra-op threads to set, or None to leave torch's own, and why) for a server on this machine.
-
-    A server runs Python threads beside torch's (the HTTP event loop, the scheduler, Transformers' batching
-    thread); on a small host, torch's OpenMP threads spinning on every core starve them (measured on a loaded
-    2-core CPU with the tiny model: ~80 ms per token and a 1.2 s first token with 2 threads, ~5 ms and ~10 ms
-    with 1). So: one core is left to the server on the host; on an accelerator one torch thread does the
-    host-side work of a step (what `transformers serve` sets); `OMP_NUM_THREADS` or `--torch-threads` win."""
-    environ = os.environ if environ is None else environ
-    if given is not None:
-        return given, "given (--torch-threads)"
-    if environ.get("OMP_NUM_THREADS"):
-        return None, f"OMP_NUM_THREADS={environ['OMP_NUM_THREADS']} is set: torch's own setting is kept"
-    if is_accelerator:
-        return 1, "accelerator: one torch thread prepares each step on the host (as transformers serve does)"
-    threads = max(1, cores - 1)
-    return threads, f"host with {cores} cores: {threads} for torch, one left to the server's own threads"
 
 
 def _is_int(value: object) -> bool:
