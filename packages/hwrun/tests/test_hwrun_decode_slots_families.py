@@ -1,4 +1,4 @@
-"""Any family through the slot decoder (issue 26 point 3): `SlotDecoder(step="model")` runs the model's own forward
+"""Any family through hwrun's engine (issue 26 point 3): `EngineCore(step="model")` runs the model's own forward
 for every slot at once over a per-row slot cache, so requests of different lengths join mid-run, leave, and are
 cancelled, and each gets `model.generate(do_sample=False)`'s tokens; the fused Llama step is an optimisation on
 top (same tokens); the model step captures on the graph fakes; generate() and the server pick slots for a
@@ -15,9 +15,9 @@ import torch
 from hwenv.platforms import get_platform
 from hwenv.testing import fake_gaudi, fake_xpu
 from hwrun.errors import EngineStartError, FastDecodeError, GenerateError
-from hwrun.inference.decode import SamplingParams, TokenEvent
+from hwrun.inference.decode import SamplingParams
 from hwrun.inference.decode.slot_cache import model_step_support
-from hwrun.inference.decode.slots import SlotDecoder, slot_step_support
+from hwrun.inference.engine import EngineCore, TokenEvent, slot_step_support
 from hwrun.testing.families import build_tiny_family
 
 generate_module = importlib.import_module("hwrun.inference.generate")  # the module, not hwrun.generate()
@@ -70,8 +70,8 @@ def _drain(decoder, streams, reasons, limit=200):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_model_step_gives_generates_tokens_as_requests_join_and_leave(family_dirs, family):
     model = _load(family_dirs, family)
-    decoder = SlotDecoder(model, slots=2, max_cache_len=32, step="model")
-    assert decoder.step_name == "model" and decoder.fused is None
+    decoder = EngineCore(model, slots=2, max_cache_len=32, step="model")
+    assert decoder.step_name == decoder.runner.step.name == "model"
     streams: dict = {}
     reasons: dict = {}
     decoder.add("a", PROMPTS[0], max_new_tokens=9)
@@ -91,7 +91,7 @@ def test_model_step_gives_generates_tokens_as_requests_join_and_leave(family_dir
 @pytest.mark.parametrize("family", ["gpt2", "gpt_neox"])
 def test_whole_batch_generate_admits_waiting_prompts_into_freed_rows(family_dirs, family):
     model = _load(family_dirs, family)
-    decoder = SlotDecoder(model, slots=3, max_cache_len=32, step="model", check_every=3, prefill_tokens=20)
+    decoder = EngineCore(model, slots=3, max_cache_len=32, step="model", check_every=3, prefill_tokens=20)
     rows = decoder.generate(PROMPTS, [8, 5, 6, 9])
     assert rows == [_reference(model, p, n) for p, n in zip(PROMPTS, [8, 5, 6, 9], strict=True)]
     # prompts 0 and 1 left-padded into one prefill (2 x 9 <= 20 tokens), prompt 2 alone, prompt 3 once a row frees
@@ -100,7 +100,7 @@ def test_whole_batch_generate_admits_waiting_prompts_into_freed_rows(family_dirs
 
 def test_cancel_frees_a_row_that_a_new_request_reuses(family_dirs):
     model = _load(family_dirs, "qwen3")
-    decoder = SlotDecoder(model, slots=2, max_cache_len=32, step="model")
+    decoder = EngineCore(model, slots=2, max_cache_len=32, step="model")
     streams: dict = {}
     reasons: dict = {}
     decoder.add("x", PROMPTS[1], max_new_tokens=20, eos_token_id=None)
@@ -123,7 +123,7 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_batch(family_dirs):
     params = SamplingParams(temperature=1.3, top_p=0.9, top_k=40, seed=7)
 
     def run(others):
-        decoder = SlotDecoder(model, slots=4, max_cache_len=32, step="model")
+        decoder = EngineCore(model, slots=4, max_cache_len=32, step="model")
         for index, other in enumerate(others):  # the others first: the sampled request gets another row
             decoder.add(f"o{index}", PROMPTS[other], max_new_tokens=9, eos_token_id=None,
                         sampling=SamplingParams(temperature=1.0, seed=index))
@@ -134,18 +134,18 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_batch(family_dirs):
 
     alone, beside = run([]), run([0, 1, 3])
     assert alone["s"] == beside["s"] and len(alone["s"]) == 10
-    greedy = SlotDecoder(model, slots=1, max_cache_len=32, step="model").generate([PROMPTS[2]], 10, eos_token_id=None)
+    greedy = EngineCore(model, slots=1, max_cache_len=32, step="model").generate([PROMPTS[2]], 10, eos_token_id=None)
     assert alone["s"] != greedy[0]  # it did sample
     # the whole-batch API samples each prompt as it would alone, too
-    rows = SlotDecoder(model, slots=3, max_cache_len=32, step="model").generate(
+    rows = EngineCore(model, slots=3, max_cache_len=32, step="model").generate(
         [PROMPTS[2], PROMPTS[0], PROMPTS[1]], 10, eos_token_id=None, sampling=params)
     assert rows[0] == alone["s"]
 
 
 def test_eager_attention_takes_the_additive_mask(family_dirs):
     model = _load(family_dirs, "gpt2", attn_implementation="eager")
-    decoder = SlotDecoder(model, slots=2, max_cache_len=32, step="model")
-    assert decoder.attention == "eager"
+    decoder = EngineCore(model, slots=2, max_cache_len=32, step="model")
+    assert decoder.runner.step.attention == "eager"
     assert decoder.generate(PROMPTS[:3], 7) == [_reference(model, p, 7) for p in PROMPTS[:3]]
 
 
@@ -159,9 +159,9 @@ def test_the_llama_model_gives_the_same_tokens_with_either_step(llama):
     model, tokenizer = llama
     prompts = [tokenizer(p)["input_ids"] for p in ("The king said", "Once upon a time there was a little house",
                                                    "It was")]
-    fused = SlotDecoder(model, slots=2, max_cache_len=48, step="fused")
-    own = SlotDecoder(model, slots=2, max_cache_len=48, step="model")
-    auto = SlotDecoder(model, slots=2, max_cache_len=48)
+    fused = EngineCore(model, slots=2, max_cache_len=48, step="fused")
+    own = EngineCore(model, slots=2, max_cache_len=48, step="model")
+    auto = EngineCore(model, slots=2, max_cache_len=48)
     assert (fused.step_name, own.step_name, auto.step_name) == ("fused", "model", "fused")
     assert "step='model' given" in own.step_reason
     greedy = fused.generate(prompts, 10)
@@ -174,8 +174,8 @@ def test_the_llama_model_gives_the_same_tokens_with_either_step(llama):
 def test_the_model_step_compiles(llama):
     model, _ = llama
     prompts = [[5, 9, 14, 7, 3], [2, 7]]
-    eager = SlotDecoder(model, slots=2, max_cache_len=24, step="model").generate(prompts, 6, eos_token_id=None)
-    compiled = SlotDecoder(model, slots=2, max_cache_len=24, step="model", compile_backend="eager")
+    eager = EngineCore(model, slots=2, max_cache_len=24, step="model").generate(prompts, 6, eos_token_id=None)
+    compiled = EngineCore(model, slots=2, max_cache_len=24, step="model", compile_backend="eager")
     compiled.start(sampling=False)
     assert compiled.generate(prompts, 6, eos_token_id=None) == eager
 
@@ -183,11 +183,11 @@ def test_the_model_step_compiles(llama):
 def test_the_model_step_captures_and_replays_on_the_graph_fakes(family_dirs):
     model = _load(family_dirs, "gpt2")
     prompt = PROMPTS[2]
-    eager = SlotDecoder(model, slots=2, max_cache_len=32, step="model", use_graphs=False)
+    eager = EngineCore(model, slots=2, max_cache_len=32, step="model", use_graphs=False)
     eager.add("a", prompt, max_new_tokens=8, eos_token_id=None)
     expected = [eager.step()[0].token_id for _ in range(8)]
     with fake_gaudi(1, lazy_mode="1") as fake:
-        decoder = SlotDecoder(model, slots=2, max_cache_len=32, platform=get_platform("hpu"))
+        decoder = EngineCore(model, slots=2, max_cache_len=32, platform=get_platform("hpu"))
         assert decoder.step_name == "model" and decoder.use_graphs
         decoder.start()  # the greedy and the sampled step of each bucket (1 and 2 rows), before any request
         assert fake.graph_events.count("capture_begin") == 4 and "replay" not in fake.graph_events
@@ -198,10 +198,10 @@ def test_the_model_step_captures_and_replays_on_the_graph_fakes(family_dirs):
         assert decoder.last_rows == 1  # one request: the one-row graph
     assert tokens == expected
     sampled = SamplingParams(temperature=1.2, seed=5)
-    want = SlotDecoder(model, slots=2, max_cache_len=32, step="model", use_graphs=False).generate(
+    want = EngineCore(model, slots=2, max_cache_len=32, step="model", use_graphs=False).generate(
         [prompt, PROMPTS[0]], 8, eos_token_id=None, sampling=sampled)
     with fake_xpu(1) as fake:
-        decoder = SlotDecoder(model, slots=2, max_cache_len=32, check_every=3, platform=get_platform("xpu"))
+        decoder = EngineCore(model, slots=2, max_cache_len=32, check_every=3, platform=get_platform("xpu"))
         rows = decoder.generate([prompt, PROMPTS[0]], 8, eos_token_id=None)
         got = decoder.generate([prompt, PROMPTS[0]], 8, eos_token_id=None, sampling=sampled)
         assert fake.graph_events.count("capture_begin") == 2 and fake.graph_events.count("replay") > 0
@@ -216,7 +216,7 @@ def test_generate_continuous_graphs_runs_the_slot_decoder_for_another_family(fam
                             tokenizer=tokenizer)
     assert result.decode == "graphs" and result.batching == "continuous"
     assert "step: the model's own forward over a per-row slot cache" in result.decode_reason
-    decoders = [d for d in generate_module._DECODERS[model].values() if isinstance(d, SlotDecoder)]
+    decoders = [d for d in generate_module._DECODERS[model].values() if isinstance(d, EngineCore)]
     assert len(decoders) == 1 and decoders[0].step_name == "model"
     assert result.token_ids == [_reference(model, tokenizer(p)["input_ids"], 8) for p in prompts]
 
@@ -244,16 +244,16 @@ def test_the_server_picks_slots_for_another_family(family_dirs):
 def test_what_no_step_runs_is_refused_with_the_reason(family_dirs, monkeypatch):
     gpt2 = _load(family_dirs, "gpt2")
     with pytest.raises(FastDecodeError, match="step='fused' cannot run GPT2LMHeadModel: model_type 'gpt2'"):
-        SlotDecoder(gpt2, slots=2, max_cache_len=32, step="fused")
+        EngineCore(gpt2, slots=2, max_cache_len=32, step="fused")
     with pytest.raises(FastDecodeError, match="step='paged' is not a decode step"):
-        SlotDecoder(gpt2, slots=2, max_cache_len=32, step="paged")
+        EngineCore(gpt2, slots=2, max_cache_len=32, step="paged")
     stablelm = _load(family_dirs, "stablelm")
     with pytest.raises(FastDecodeError, match="cannot run StableLmForCausalLM: the model's own forward cannot run "
                                               "here \\(.*is_backend_compatible\\(\\) is False"):
-        SlotDecoder(stablelm, slots=2, max_cache_len=32)
+        EngineCore(stablelm, slots=2, max_cache_len=32)
     gemma3 = _load(family_dirs, "gemma3_text")
     with pytest.raises(FastDecodeError, match="sliding-window attention \\(window 16\\) shorter than max_cache_len=32"):
-        SlotDecoder(gemma3, slots=2, max_cache_len=32)
+        EngineCore(gemma3, slots=2, max_cache_len=32)
     monkeypatch.setattr(gpt2.config, "_attn_implementation", "flash_attention_2")
     assert "its attention is 'flash_attention_2', which takes no per-row 4D mask" in model_step_support(gpt2)
     step, why = slot_step_support(gpt2)
@@ -273,7 +273,7 @@ def test_the_decision_keeps_the_fallbacks_for_what_the_engine_cannot_run(family_
     cuda = hwrun.plan(device=hwenv.Accelerator("cuda", 1, memory=(80 * 2**30,)), compile=True)
     gpt2 = _load(family_dirs, "gpt2")
     decision = decide(cuda, gpt2, n_prompts=3, needed=20)
-    assert decision.runner == "engine" and decision.reason.startswith("CUDA with compile on")
+    assert decision.runner == "engine" and decision.reason.startswith("CUDA (compile on)")
     assert "per-row slot cache" in decision.reason
     # continuous batching runs it, hwrun's engine does not: the static graph decoder on decode='graphs' ...
     monkeypatch.setattr(gpt2.config, "_attn_implementation", "flash_attention_2")

@@ -256,11 +256,13 @@ def test_decode_choice_per_platform(tiny, fake_xpu):
     cuda = hwrun.plan(tiny, device=hwenv.Accelerator("cuda", 1, memory=(80 * GiB,)), compile=True)
     one = planned(cuda, 1)
     assert (one.batching, one.decode, one.runner) == ("static", "graphs", "static_graphs")
-    assert one.reason == ("CUDA with compile on: static cache + CUDA graph replay per token "
+    assert one.reason == ("CUDA (compile on): static cache + CUDA graph replay per token "
                           "(hwrun.inference.decode.static), no host work per token")
+    eager = planned(hwrun.plan(tiny, device=hwenv.Accelerator("cuda", 1, memory=(80 * GiB,))), 1)
+    assert eager.runner == "static_graphs" and eager.reason.startswith("CUDA (compile off: the eager step captured")
     fake_xpu(1)
     xpu = planned(hwrun.plan(tiny, compile=True), 4)
-    assert xpu.runner == "engine" and xpu.reason.startswith("XPU with compile on") and "one XPU graph replay" in xpu.reason
+    assert xpu.runner == "engine" and xpu.reason.startswith("XPU (compile on)") and "one XPU graph replay" in xpu.reason
     gaudi = hwrun.plan(tiny, device=hwenv.Accelerator("hpu", 8, names=("GAUDI2",)), compile=True)
     auto = planned(gaudi, 1)
     assert auto.decode == "generate" and "CUDA or XPU graphs" in auto.reason
@@ -313,8 +315,8 @@ class RecordingTools:
 def test_graph_decoder_captures_and_replays_through_the_platform_tools(tiny, monkeypatch):
     import torch
     from hwrun.inference.decode import static as fastdecode
-    from hwrun.inference.decode.slots import SlotDecoder
     from hwrun.inference.decode.static import GraphDecoder
+    from hwrun.inference.engine import EngineCore
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny, local_files_only=True).eval()
@@ -338,11 +340,11 @@ def test_graph_decoder_captures_and_replays_through_the_platform_tools(tiny, mon
     assert events.count("replay") == 11 and synced == ["cpu"]
 
     events.clear()
-    from hwrun.inference.decode import slots as slotdecode
+    from hwrun.inference.engine import core as engine_core
 
-    monkeypatch.setattr(slotdecode, "decoder_graph_tools", lambda platform: tools)
-    slots = SlotDecoder(model, slots=2, max_cache_len=32, check_every=4)
-    tools.last_step = slots._step_fn
+    monkeypatch.setattr(engine_core, "decoder_graph_tools", lambda platform: tools)
+    slots = EngineCore(model, slots=2, max_cache_len=32, check_every=4)
+    tools.last_step = slots.runner.step_function(False, 2, 32)
     rows = slots.generate([[1, 5, 9, 4], [2, 7]], 6, eos_token_id=None)
     assert rows[0] == eager[0, :6].tolist() and events.count("capture") == 1 and "replay" in events
 
