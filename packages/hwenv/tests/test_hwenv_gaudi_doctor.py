@@ -92,11 +92,36 @@ def test_module_pin_outside_the_visible_modules_is_an_error(fake_gaudi):
     assert "set_device" in problem(diagnose(), "gaudi-module-pin").message
 
 
-def test_one_card_container_assumption_is_visible(fake_gaudi, monkeypatch):
+def test_habana_visible_devices_is_said_to_be_read_only_at_container_start(fake_gaudi, monkeypatch):
+    """Issue 41.3: HabanaAI/habana-container-runtime's OCI hook reads `HABANA_VISIBLE_DEVICES` when a container
+    starts (`container_config.go` `getDevicesFromEnvvar`) and sets `HABANA_VISIBLE_MODULES` in it (README); the
+    bridge (gaudi-pytorch-bridge 1.19) never reads it. Inside a container: a note. Outside: a warning and the fix."""
     fake_gaudi(1)
     monkeypatch.setenv("HABANA_VISIBLE_DEVICES", "4")
-    note = next(note for note in diagnose().notes if note.startswith("HABANA_VISIBLE_DEVICES=4"))
-    assert "does not say what hl-smi prints" in note
+    monkeypatch.setattr("hwenv.gaudi.selecting.in_container", lambda: (True, "/.dockerenv exists"))
+    report = diagnose()
+    note = next(note for note in report.notes if note.startswith("HABANA_VISIBLE_DEVICES=4"))
+    assert "read by the habana container runtime when this container started (/.dockerenv exists)" in note
+    assert "habana-visible-devices-outside-container" not in codes(report)
+    monkeypatch.setattr("hwenv.gaudi.selecting.in_container", lambda: (False, "no container marker"))
+    found = problem(diagnose(), "habana-visible-devices-outside-container")
+    assert "the Gaudi bridge never does, so it selects no card here" in found.message
+    assert "hwenv exec --devices M" in found.fix and "docker run --runtime=habana -e HABANA_VISIBLE_DEVICES=4" in found.fix
+
+
+def test_one_module_without_a_pin_on_bare_metal_is_a_warning(fake_gaudi, monkeypatch):
+    """Issue 41.4: bridge 1.19 `device.cpp` acquires any free card unless `HLS_MODULE_ID` names one, and
+    `_setup_module_id` pins only ranks of a distributed run; one module alone does not pin a bare-metal process."""
+    fake_gaudi(8)
+    monkeypatch.setattr("hwenv.gaudi.selecting.in_container", lambda: (False, "no container marker"))
+    monkeypatch.setenv("HABANA_VISIBLE_MODULES", "3")
+    found = problem(diagnose(), "gaudi-module-not-pinned")
+    assert "an unpinned process acquires any free card" in found.message and "HLS_MODULE_ID=3" in found.fix
+    monkeypatch.setenv("HLS_MODULE_ID", "3")
+    assert "gaudi-module-not-pinned" not in codes(diagnose())
+    monkeypatch.delenv("HLS_MODULE_ID")
+    monkeypatch.setattr("hwenv.gaudi.selecting.in_container", lambda: (True, "/.dockerenv exists"))
+    assert "gaudi-module-not-pinned" not in codes(diagnose())  # a one-card container has no other card to take
 
 
 @pytest.mark.parametrize(("name", "shown"), [("GAUDI2", "Gaudi 2"), ("GAUDI3", "Gaudi 3"), ("GAUDI", "Gaudi 1")])

@@ -3,7 +3,11 @@
 - one card is a standard run: no 2/4-card group rule, no hl-smi;
 - several cards are a distributed run on part of a server: Intel's groups only;
 - with no selection, process r uses module r (HABANA_VISIBLE_MODULES: the r-th listed module);
-- HLS_MODULE_ID, the bridge's per-process pin, wins here and is not inherited by a child.
+- HLS_MODULE_ID, the bridge's per-process pin, wins here and is not inherited by a child;
+- one card is pinned with HLS_MODULE_ID (issue 41.4: bridge `backend/synapse_helpers/device.cpp` acquires the
+  pinned module, else any free card; `_setup_module_id` pins only ranks of a distributed run);
+- HABANA_VISIBLE_DEVICES is read only when a container starts (issue 41.3: HabanaAI/habana-container-runtime
+  `cmd/habana-container-runtime-hook/container_config.go`), so an index is also written as its module's pin.
 """
 
 from __future__ import annotations
@@ -31,16 +35,44 @@ EAGER = {"PT_HPU_LAZY_MODE": "0"}
 def test_one_module_is_a_valid_selection(card):
     selection = select("hpu", card)
     assert selection.devices == (card,) and selection.count == 1
-    assert selection.env(EAGER) == {"HABANA_VISIBLE_MODULES": card, "PT_ENABLE_INT64_SUPPORT": "1"}
+    assert selection.env(EAGER) == {"HABANA_VISIBLE_MODULES": card, "HLS_MODULE_ID": card,
+                                    "PT_ENABLE_INT64_SUPPORT": "1"}
 
 
-def test_one_device_index_stays_an_index_without_hl_smi(monkeypatch):
-    # A one-card container is started with HABANA_VISIBLE_DEVICES=4 (Intel's instructions). hl-smi is not
-    # consulted: the docs do not say what it prints inside such a container.
-    monkeypatch.setattr("hwenv.gaudi.selecting.read_hl_smi", lambda: pytest.fail("hl-smi must not be read"))
-    selection = select("hpu", "4", by="index")
+@pytest.mark.facts("G6")
+def test_one_module_is_pinned_because_an_unpinned_process_takes_any_free_card():
+    """Issue 41.4: bridge 1.19 `device.cpp` acquires `HLS_MODULE_ID`'s module, else any free card
+    (`synDeviceAcquireByDeviceType`); `_setup_module_id` pins only when world size > 1, and Accelerate's
+    `PartialState` / `.to("hpu")` never call `set_device`. Several modules are left to the ranks' own pins."""
+    assert select("hpu", "6").env({"PT_HPU_LAZY_MODE": "1"}) == {"HABANA_VISIBLE_MODULES": "6", "HLS_MODULE_ID": "6"}
+    assert "HLS_MODULE_ID" not in select("hpu", "0,1").env(EAGER)
+    child = select("hpu", "6").apply({"HLS_MODULE_ID": "2", "PT_HPU_LAZY_MODE": "1"})
+    assert child["HLS_MODULE_ID"] == "6"  # the selection's pin, not the inherited one
+
+
+def test_one_device_index_is_written_for_the_container_and_pinned_by_its_module():
+    """Issue 41.3: `HABANA_VISIBLE_DEVICES` is read by the habana container runtime's OCI hook when a container
+    starts (habana-container-runtime `container_config.go` `getDevicesFromEnvvar`), never by the bridge; the
+    runtime then sets `HABANA_VISIBLE_MODULES` in the container. So the index stays for a container start and
+    its module (hl-smi: index 4 is module 1) is what a child process is pinned to."""
+    selection = select("hpu", "4", by="index", hl_smi_rows=ROWS)
     assert selection.devices == ("4",) and selection.by == "index" and selection.variable == "HABANA_VISIBLE_DEVICES"
+    assert selection.modules == ("1",) and selection.selects_in_process and not selection.note
+    assert selection.env(EAGER) == {"HABANA_VISIBLE_DEVICES": "4", "HABANA_VISIBLE_MODULES": "1",
+                                    "HLS_MODULE_ID": "1", "PT_ENABLE_INT64_SUPPORT": "1"}
+
+
+def test_an_index_hl_smi_cannot_map_says_it_selects_nothing_in_a_process(monkeypatch):
+    def no_hl_smi():
+        raise FileNotFoundError("hl-smi not found")
+
+    monkeypatch.setattr("hwenv.gaudi.selecting.read_hl_smi", no_hl_smi)
+    selection = select("hpu", "4", by="index")
     assert selection.env(EAGER) == {"HABANA_VISIBLE_DEVICES": "4", "PT_ENABLE_INT64_SUPPORT": "1"}
+    assert not selection.selects_in_process
+    assert "read only by the habana container runtime when a container starts" in selection.note
+    assert "hl-smi could not map device index 4" in selection.note and "Fix: pass the module ID" in selection.note
+    assert select("hpu", "4").selects_in_process and select("hpu", "4").note == ""
 
 
 @pytest.mark.facts("G6")
@@ -131,7 +163,11 @@ def test_apply_drops_an_inherited_pin_with_and_without_devices():
     assert inherited["HLS_MODULE_ID"] == "3"  # the caller's mapping is not changed
 
 
-def test_apply_by_index_drops_an_inherited_module_list():
+def test_apply_by_index_replaces_an_inherited_module_list(monkeypatch):
+    child = select("hpu", "4", by="index", hl_smi_rows=ROWS).apply({"HABANA_VISIBLE_MODULES": "0,1",
+                                                                   "PT_HPU_LAZY_MODE": "0"})
+    assert child["HABANA_VISIBLE_DEVICES"] == "4" and child["HABANA_VISIBLE_MODULES"] == "1"
+    monkeypatch.setattr("hwenv.gaudi.selecting.read_hl_smi", lambda: (_ for _ in ()).throw(OSError("no hl-smi")))
     child = select("hpu", "4", by="index").apply({"HABANA_VISIBLE_MODULES": "0,1", "PT_HPU_LAZY_MODE": "0"})
     assert child["HABANA_VISIBLE_DEVICES"] == "4" and "HABANA_VISIBLE_MODULES" not in child
 
@@ -149,9 +185,21 @@ def test_env_follows_the_plugins_default_mode(override_versions):
     override_versions(habana_torch_plugin="1.19.0")
     assert "PT_ENABLE_INT64_SUPPORT" not in select("hpu", "3").env({})  # lazy by default up to 1.20
     override_versions(habana_torch_plugin="1.22.0")
-    assert select("hpu", "3").env({}) == {"HABANA_VISIBLE_MODULES": "3", "PT_ENABLE_INT64_SUPPORT": "1"}
+    assert select("hpu", "3").env({}) == {"HABANA_VISIBLE_MODULES": "3", "HLS_MODULE_ID": "3",
+                                          "PT_ENABLE_INT64_SUPPORT": "1"}
 
 
 def test_apply_reads_the_mode_the_child_inherits():
     child = select("hpu", "3").apply({"PT_HPU_LAZY_MODE": "1"})
     assert "PT_ENABLE_INT64_SUPPORT" not in child and child["PT_HPU_LAZY_MODE"] == "1"
+
+
+def test_in_container_reads_the_markers(tmp_path):
+    from hwenv.gaudi.selecting import in_container
+
+    assert in_container(str(tmp_path))[0] is False
+    (tmp_path / "proc" / "1").mkdir(parents=True)
+    (tmp_path / "proc" / "1" / "cgroup").write_text("0::/kubepods/besteffort/pod1\n")
+    assert in_container(str(tmp_path)) == (True, "/proc/1/cgroup names kubepods")
+    (tmp_path / ".dockerenv").write_text("")
+    assert in_container(str(tmp_path)) == (True, "/.dockerenv exists")

@@ -75,7 +75,7 @@ def _selection_from_args(args: argparse.Namespace) -> Selection:
 def _add_selection_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", help="device ids: an XPU affinity mask ('0,2', '0.1'), Gaudi module IDs (one card, or a supported 2/4-card group, or all 8), CUDA/ROCm indices")
     parser.add_argument("--kind", choices=selectable_kinds(), help="accelerator kind (default: detected); works without that hardware")
-    parser.add_argument("--by", choices=BY_CHOICES, default=None, help="Gaudi only, with --devices: --devices are module IDs (default) or device indices (several are mapped to module IDs with hl-smi; one card stays HABANA_VISIBLE_DEVICES)")
+    parser.add_argument("--by", choices=BY_CHOICES, default=None, help="Gaudi only, with --devices: --devices are module IDs (default) or device indices (mapped to module IDs with hl-smi; HABANA_VISIBLE_DEVICES itself is read only when a container starts)")
     parser.add_argument("--no-pci-order", action="store_true", help="XPU only: do not set ZE_ENABLE_PCI_ID_DEVICE_ORDER=1")
 
 
@@ -93,6 +93,8 @@ def _doctor(args: argparse.Namespace) -> int:
 def _env(args: argparse.Namespace) -> int:
     selection = _selection_from_args(args)
     variables = selection.env()
+    if selection.note:  # said on stderr: stdout stays the variables alone
+        print(f"hwenv env: note: {selection.note}.", file=sys.stderr)
     if args.format == "json":
         print(json.dumps(variables, indent=2))
     elif args.format == "docker":
@@ -134,6 +136,8 @@ def _exec(args: argparse.Namespace) -> int:
     if not command:
         raise HwenvError("hwenv exec needs a command after '--', e.g. hwenv exec --devices 0,2 -- torchrun train.py")
     selection = _selection_from_args(args)
+    if not selection.selects_in_process:  # a Gaudi index hl-smi could not map: the child would take any card
+        raise SelectionError(f"hwenv exec: {selection.note}.")
     environment = selection.apply()
     resolve_command(command[0], environment)
     try:

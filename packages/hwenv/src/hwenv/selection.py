@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import gaudi
 from .affinity import MASK_VARIABLE, PCI_ORDER_VARIABLE, format_affinity_mask, parse_affinity_mask
@@ -48,6 +48,17 @@ class Selection:
     pci_order: bool = True
     by: str = "module"  # Gaudi: devices are module IDs ("module") or one device index ("index")
     hierarchy: str | None = None  # XPU: ZE_FLAT_DEVICE_HIERARCHY as the user set it; None = unset (FLAT)
+    modules: tuple[str, ...] = ()  # Gaudi by index: the index's module ID by hl-smi, when it could be read
+    note: str = field(default="", compare=False)  # what the selection cannot do, and the fix (empty: nothing)
+
+    @property
+    def selects_in_process(self) -> bool:
+        """Whether a child process given `env()` is restricted to the selection (not only a container start).
+
+        False for a Gaudi device index whose module ID hl-smi could not give: `HABANA_VISIBLE_DEVICES` is
+        read only by the habana container runtime when a container starts, never by the bridge.
+        """
+        return not (_module_id_kind(self.kind) and self.by == "index" and self.devices and not self.modules)
 
     @property
     def count(self) -> int | None:
@@ -83,7 +94,7 @@ class Selection:
             if self.hierarchy is not None:  # only what the user set: never invent a hierarchy
                 out[HIERARCHY_VARIABLE] = self.hierarchy
         elif _module_id_kind(self.kind):
-            out.update(gaudi.selecting.child_env(self.devices, self.by, environ))
+            out.update(gaudi.selecting.child_env(self.devices, self.by, environ, self.modules))
         elif self.devices:  # indices: CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES (ROCm), a plug-in's own
             out[get_platform(self.kind).visible_devices_variable] = ",".join(self.devices)
         return out
@@ -112,17 +123,22 @@ def select(
     hl_smi_rows: tuple[gaudi.HlSmiRow, ...] | None = None,
     pci_order: bool = True,
     hierarchy: DeviceHierarchy | str | None = None,
+    map_index: bool = True,
 ) -> Selection:
     """Validate `devices` for `kind` and return the `Selection`; bad input raises before anything runs.
+
+    `map_index=False` keeps a single Gaudi index unmapped (no hl-smi), as `current_selection` reads one.
 
     - `xpu`: `devices` is a `ZE_AFFINITY_MASK` (`"0,2"`; `"0.1"` only under COMPOSITE), read in the
       device model of `hierarchy` (`"FLAT"`, `"COMPOSITE"`, `"COMBINED"`; default: this process's
       `ZE_FLAT_DEVICE_HIERARCHY`, unset = FLAT); `pci_order=False` opts out
       of `ZE_ENABLE_PCI_ID_DEVICE_ORDER=1`.
     - `hpu`: `devices` are module IDs (`by="module"`, default, stable across reboots) or device
-      indices (`by="index"`). One card is a standard run: no group rule, and one index stays an
-      index (`HABANA_VISIBLE_DEVICES`, no hl-smi). Several cards are a distributed run: indices
-      are translated to module IDs with `hl-smi` and the group is checked against Intel's
+      indices (`by="index"`). One card is a standard run: no group rule; one module is also pinned
+      (`HLS_MODULE_ID`); one index is written as `HABANA_VISIBLE_DEVICES` (read only at a container
+      start) and, where hl-smi gives its module, as that module's pin; otherwise `note` says why a
+      child process is not restricted (`selects_in_process`). Several cards are a distributed run:
+      indices are translated to module IDs with `hl-smi` and the group is checked against Intel's
       supported combinations (G8).
     - `cuda`, `rocm` and any kind whose platform takes indices: the platform's variable
       (`CUDA_VISIBLE_DEVICES`, `HIP_VISIBLE_DEVICES`).
@@ -145,7 +161,12 @@ def select(
         if devices is None:
             return Selection(kind)
         ids, written_by = gaudi.selecting.parse_devices(devices, by, hl_smi_rows)
-        return Selection(kind, ids, by=written_by)
+        if written_by != "index" or not map_index:
+            return Selection(kind, ids, by=written_by)
+        module, why = gaudi.selecting.index_module(int(ids[0]), hl_smi_rows)
+        if module is None:
+            return Selection(kind, ids, by=written_by, note=gaudi.selecting.index_selection_note(ids[0], why))
+        return Selection(kind, ids, by=written_by, modules=(str(module),))
     if _grammar(kind) == "indices":
         if devices is None:
             return Selection(kind)
@@ -184,7 +205,9 @@ def current_selection(
         return select(kind, env.get(MASK_VARIABLE), pci_order=env.get(PCI_ORDER_VARIABLE) == "1", hierarchy=model)
     if _module_id_kind(kind):
         devices, by = gaudi.selecting.environment_devices(env, hl_smi_rows)
-        return Selection(kind) if devices is None else select(kind, devices, by=by, hl_smi_rows=hl_smi_rows)
+        if devices is None:
+            return Selection(kind)
+        return select(kind, devices, by=by, hl_smi_rows=hl_smi_rows, map_index=False)
     if _grammar(kind) == "indices":  # the first of the platform's variables that is set (ROCm: HIP_ before CUDA_)
         variable = next((v for v in get_platform(kind).visible_devices if env.get(v)), None)
         if variable is None:

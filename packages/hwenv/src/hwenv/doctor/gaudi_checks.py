@@ -1,7 +1,7 @@
 """Gaudi checks of `hwenv doctor`: plugin, Accelerate's gate, execution mode, int64, module pin, generation.
 
 Sources: gaudi-pytorch-bridge 1.19 (INTEL.md S8), transformers 5.22 `utils/import_utils.py` (S4),
-FACTS.md G2-G5, G10-G12. Each finding says what it rests on.
+HabanaAI/habana-container-runtime (who reads `HABANA_VISIBLE_DEVICES`), FACTS.md G2-G5, G10-G12. Each finding says what it rests on.
 """
 
 from __future__ import annotations
@@ -112,16 +112,45 @@ def malformed_flag_findings(env: Mapping[str, str]) -> list[Problem]:
     return [p for p in found + int64_found if p.code in malformed]
 
 
-def container_findings(env: Mapping[str, str]) -> list[str]:
-    """The assumption hwenv makes for a one-card `HABANA_VISIBLE_DEVICES` (no source says what hl-smi shows)."""
-    indices = env.get(gaudi.DEVICES_VARIABLE, "")
-    if "," in indices or not indices.strip() or gaudi.MODULES_VARIABLE in env:
-        return []
-    return [
-        f"{gaudi.DEVICES_VARIABLE}={indices} names one card (a one-card container, as in Intel's instructions). "
-        f"hwenv keeps it as a device index and does not map it through hl-smi: Intel's documentation does not "
-        f"say what hl-smi prints inside such a container. A single card needs no group check."
-    ]
+def container_findings(env: Mapping[str, str]) -> tuple[list[Problem], list[str]]:
+    """Who reads `HABANA_VISIBLE_DEVICES` (the container runtime at container start, never the bridge), and a
+    one-module selection that nothing pins (issue 41 points 3-4; `hwenv.gaudi.selecting`'s sources)."""
+    problems: list[Problem] = []
+    notes: list[str] = []
+    inside, evidence = gaudi.selecting.in_container()
+    indices = env.get(gaudi.DEVICES_VARIABLE)
+    if indices is not None:
+        if inside:
+            notes.append(
+                f"{gaudi.DEVICES_VARIABLE}={indices} was read by the habana container runtime when this container "
+                f"started ({evidence}): it mounted those cards and sets {gaudi.MODULES_VARIABLE} to their module IDs. "
+                f"The Gaudi bridge itself never reads {gaudi.DEVICES_VARIABLE}.")
+        else:
+            problems.append(Problem(
+                "habana-visible-devices-outside-container", "warning",
+                f"{gaudi.DEVICES_VARIABLE}={indices!r} is set, but this process is not in a container ({evidence}): "
+                f"only the habana container runtime reads it, when a container starts "
+                f"(HabanaAI/habana-container-runtime); the Gaudi bridge never does, so it selects no card here "
+                f"and a run takes any free card.",
+                f"select by module ID, which the bridge reads: hwenv exec --devices M -- CMD (writes "
+                f"{gaudi.MODULES_VARIABLE} and {gaudi.MODULE_ID_VARIABLE}; hl-smi -Q index,module_id -f csv maps "
+                f"indices to module IDs), or start a container with docker run --runtime=habana -e "
+                f"{gaudi.DEVICES_VARIABLE}={indices}",
+            ))
+    modules = env.get(gaudi.MODULES_VARIABLE, "")
+    one_module = modules.strip().isdigit()
+    world = env.get("WORLD_SIZE", "1").strip()
+    if one_module and not env.get(gaudi.MODULE_ID_VARIABLE) and world in ("", "1") and not inside:
+        problems.append(Problem(
+            "gaudi-module-not-pinned", "warning",
+            f"{gaudi.MODULES_VARIABLE}={modules} names one card, but nothing pins this process to it: the bridge "
+            f"sets {gaudi.MODULE_ID_VARIABLE} only for ranks of a distributed run (hccl _setup_module_id) or in "
+            f"set_device (TrainingArguments calls it; Accelerate's PartialState and .to('hpu') do not), and an "
+            f"unpinned process acquires any free card (backend/synapse_helpers/device.cpp).",
+            f"also set {gaudi.MODULE_ID_VARIABLE}={modules.strip()} (hwenv exec --devices {modules.strip()} -- CMD "
+            f"writes both)",
+        ))
+    return problems, notes
 
 
 def generation_findings(acc: Accelerator) -> tuple[list[Problem], list[str]]:
@@ -153,10 +182,9 @@ def gaudi_checks(acc: Accelerator | None, probes: Mapping[str, ProbeResult], env
         problems += found
         notes += said
         for check in (int64_findings(env, mode, acc.names[0] if acc.names else None), pin_findings(env),
-                      generation_findings(acc)):
+                      generation_findings(acc), container_findings(env)):
             problems += check[0]
             notes += check[1]
-        notes += container_findings(env)
     else:
         found, said = pin_findings(env)
         problems += found + malformed_flag_findings(env)

@@ -51,9 +51,10 @@ def modules_for_processes(nproc: int, environ: Mapping[str, str] | None = None) 
     - `HABANA_VISIBLE_MODULES` set: the list position is the local rank, so the first `nproc`
       entries; fewer entries than processes raises `SelectionError` (the bridge asserts).
     - neither: `0 .. nproc-1` (module ID = local rank). One process is not pinned by the bridge
-      unless something calls `set_device` (Accelerate and Trainer do, with index 0 -> module 0
-      on a full server); an unpinned process gets any free card, so `(0,)` is the module it is
-      pinned to if pinned at all.
+      unless something calls `set_device` (Transformers' `TrainingArguments` does, with index 0 ->
+      module 0 on a full server; Accelerate's `PartialState` and `.to("hpu")` do not); an unpinned
+      process gets any free card (`device.cpp`), so `(0,)` is the module it is pinned to if pinned at
+      all. `hwenv.select` therefore pins a one-card selection itself (`HLS_MODULE_ID`).
     """
     if nproc < 1:
         raise SelectionError(f"nproc={nproc!r}: a run needs at least one process.")
