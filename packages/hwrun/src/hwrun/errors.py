@@ -23,6 +23,11 @@ class ModelSourceError(HwrunError, OSError):
     """The model cannot be found or read: missing path, no safetensors, Hub not reachable."""
 
 
+class ModelIntegrityError(ModelSourceError):
+    """A model file is damaged: it differs from the checksums `hwrun train` recorded when it wrote it
+    (`hwrun_output.json`), or its safetensors header is not whole (any model). Raised before it loads."""
+
+
 class GenerateError(HwrunError, ValueError):
     """A `generate()` argument is invalid: no prompts, empty prompt, max_new_tokens <= 0, ..."""
 
@@ -59,6 +64,12 @@ class CheckpointError(TrainingError, RuntimeError):
 class NonFiniteLossError(TrainingError, FloatingPointError):
     """Training met a non-finite loss or non-finite weights (NaN or inf) and stopped (`on_nonfinite="stop"`):
     nothing was saved after it, so the last good checkpoint and any earlier final model stay as they were."""
+
+
+class TrainingDivergedError(NonFiniteLossError):
+    """Training diverged with finite values (`on_nonfinite="stop"` or "skip"): a loss worse than guessing or far above
+    its start, an exploding gradient norm, or weights grown far beyond their start (hwrun.training.guard's rules).
+    Nothing was saved after it, as for a non-finite value."""
 
 
 class AdapterFormatError(TrainingConfigError):
@@ -99,7 +110,8 @@ class ChatClientError(ServeError, OSError):
 
 
 __all__ = [
-    "AdapterFormatError", "CheckpointError", "ContinuousBatchingError", "FastDecodeError", "GenerateError", "HwrunError", "ModelSourceError",
-    "NonFiniteLossError", "PlanError", "QLoRAUnsupportedError", "QuantizationError", "TrainingConfigError", "TrainingDataError",
+    "AdapterFormatError", "CheckpointError", "ContinuousBatchingError", "FastDecodeError", "GenerateError", "HwrunError",
+    "ModelIntegrityError", "ModelSourceError",
+    "NonFiniteLossError", "PlanError", "TrainingDivergedError", "QLoRAUnsupportedError", "QuantizationError", "TrainingConfigError", "TrainingDataError",
     "TrainingError", "ServeError", "ServeConfigError", "EngineStartError", "RequestError", "ChatClientError",
 ]

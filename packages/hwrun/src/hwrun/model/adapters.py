@@ -9,7 +9,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import AdapterFormatError, TrainingConfigError
+from ..errors import AdapterFormatError, ModelIntegrityError, TrainingConfigError
+from .integrity import safetensors_header, verify_output
 
 if TYPE_CHECKING:
     from hwrun.model.plan import RunPlan
@@ -54,9 +55,13 @@ def check_adapter_weights(path: str | os.PathLike, *, allow_pickle: bool = False
         raise TrainingConfigError(f"allow_pickle={allow_pickle!r} must be True or False.")
     folder = Path(path)
     if (folder / ADAPTER_SAFETENSORS).is_file():
+        check_adapter_config(folder)
+        _whole(folder / ADAPTER_SAFETENSORS)
+        verify_output(folder)  # hwrun's own adapter: every byte against the sha256 it recorded (issue 42)
         return folder / ADAPTER_SAFETENSORS
     if (folder / ADAPTER_PICKLE).is_file():
         if allow_pickle:
+            check_adapter_config(folder)
             logger.warning("Loading %s, a pickle file (allow_pickle=True): only do this for files you trust.",
                            folder / ADAPTER_PICKLE)
             return folder / ADAPTER_PICKLE
@@ -70,6 +75,47 @@ def check_adapter_weights(path: str | os.PathLike, *, allow_pickle: bool = False
         f"Adapter folder {str(folder)!r} has {ADAPTER_CONFIG} but no {ADAPTER_SAFETENSORS}: there are no adapter "
         "weights to load. Fix: point at the folder `hwrun train` wrote (it holds both files), or re-save the adapter."
     )
+
+
+def _whole(file: Path) -> None:
+    """The adapter's safetensors header is whole (a damaged one is named here, not by safetensors' own error)."""
+    try:
+        safetensors_header(file)
+    except ModelIntegrityError as error:
+        raise AdapterFormatError(f"Adapter weights {error}") from None
+
+
+#: adapter_config.json fields PEFT's LoRA reads, with the rule each must follow.
+_LORA_FIELDS = {
+    "r": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an int >= 1"),
+    "lora_alpha": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "target_modules": (lambda v: v is None or isinstance(v, str) or (isinstance(v, list) and v and all(
+        isinstance(name, str) and name for name in v)), "a module name, a non-empty list of names, or null"),
+    "base_model_name_or_path": (lambda v: isinstance(v, str) and v.strip(), "the base model's folder or Hub id"),
+}
+
+
+def check_adapter_config(path: str | os.PathLike) -> dict:
+    """`path`'s adapter_config.json, checked before PEFT reads it: a JSON object whose LoRA fields (r, lora_alpha,
+    target_modules, base_model_name_or_path) have the types PEFT needs; else an AdapterFormatError naming the
+    file, the field and the rule (before: PEFT's TypeError surfaced as an internal error)."""
+    config_path = Path(path) / ADAPTER_CONFIG
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise AdapterFormatError(
+            f"{config_path} is unreadable ({error}); an adapter folder needs a valid adapter_config.json. "
+            "Fix: re-save the adapter with `hwrun train`."
+        ) from None
+    if not isinstance(config, dict):
+        raise AdapterFormatError(f"{config_path} holds a JSON {type(config).__name__}, not an object of adapter "
+                                 "settings. Fix: re-save the adapter with `hwrun train`.")
+    if config.get("peft_type", "LORA") == "LORA":
+        for name, (valid, rule) in _LORA_FIELDS.items():
+            if name in config and not valid(config[name]):
+                raise AdapterFormatError(f"{config_path}: {name}={config[name]!r} must be {rule}. Fix: correct it, "
+                                         "or re-save the adapter with `hwrun train`.")
+    return config
 
 
 def save_adapter(model: Any, tokenizer: Any, output_dir: str | os.PathLike,
@@ -104,12 +150,44 @@ def merge_adapter_folder(adapter_dir: str | os.PathLike, output_dir: str | os.Pa
     return save_merged(model, tokenizer, output_dir)
 
 
+def adapter_load_error(path: str | os.PathLike, base: str, error: BaseException) -> AdapterFormatError:
+    """PEFT's, torch's or safetensors' refusal of an adapter as an AdapterFormatError naming the file, what is
+    wrong and the fix. A pickle that torch's weights-only loader refused is named as such, without relaying
+    torch's advice to turn that protection off."""
+    folder = Path(path)
+    text = " ".join(str(error).split())
+    name = type(error).__name__
+    if "weights_only" in text or name == "UnpicklingError":
+        return AdapterFormatError(
+            f"{folder / ADAPTER_PICKLE} was refused by torch's safe (weights-only) loader: the pickle holds more than "
+            "tensors, which can run code while it loads. Fix: use adapter_model.safetensors from the adapter's "
+            "source, or convert the file where you trust it."
+        )
+    if "size mismatch" in text:
+        return AdapterFormatError(
+            f"Adapter {str(folder)!r} does not fit its base model {base!r}: its weights have other shapes "
+            f"({text[:240]}). Fix: load it on the model it was trained on (base_model_name_or_path in "
+            f"{ADAPTER_CONFIG}).")
+    if name == "NoMatchingPeftModuleError" or "not found in the base model" in text:
+        return AdapterFormatError(
+            f"{folder / ADAPTER_CONFIG}: target_modules names no module of the base model {base!r} ({text[:200]}). "
+            "Fix: load it on the model it was trained on, or correct target_modules.")
+    if name == "SafetensorError" or "safetensors" in text.lower() or "header" in text.lower():
+        return AdapterFormatError(f"{folder / ADAPTER_SAFETENSORS} cannot be read as safetensors ({text[:200]}): the "
+                                  "file is damaged. Fix: save or download the adapter again.")
+    return AdapterFormatError(f"Adapter {str(folder)!r} could not be loaded onto {base!r} ({name}: {text[:240]}). "
+                              "Fix: check adapter_config.json and the adapter weights, or re-save the adapter with "
+                              "`hwrun train`.")
+
+
 def load_adapter_model(path: str | os.PathLike, plan: RunPlan | None = None, *, quantized: bool | None = None,
-                       allow_pickle: bool = False):
+                       allow_pickle: bool = False, verify: bool = False):
     """Load the base model named in `path`'s adapter_config.json (with `plan`'s device, dtype and
     attention via `hwrun.from_pretrained_kwargs`) and attach the adapter; returns (model, tokenizer).
     Adapter weights load from adapter_model.safetensors only; a folder with only adapter_model.bin (pickle)
-    raises AdapterFormatError before anything loads unless `allow_pickle=True`."""
+    raises AdapterFormatError before anything loads unless `allow_pickle=True`. An adapter `hwrun train` wrote is
+    compared with its recorded sha256 first (and a base it wrote too: every byte with `verify=True`); PEFT's own
+    refusals (shapes of another base, target modules not found, a damaged file) are AdapterFormatErrors."""
     check_adapter_weights(path, allow_pickle=allow_pickle)
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -126,8 +204,12 @@ def load_adapter_model(path: str | os.PathLike, plan: RunPlan | None = None, *, 
     kwargs = dict(from_pretrained_kwargs(plan))
     if quantized is False:
         kwargs.pop("quantization_config", None)
+    verify_output(base, full=verify)  # a base that hwrun wrote (a merged model) is checked like the adapter
     model = AutoModelForCausalLM.from_pretrained(base, **kwargs)
-    model = PeftModel.from_pretrained(model, os.fspath(path), is_trainable=False)
+    try:
+        model = PeftModel.from_pretrained(model, os.fspath(path), is_trainable=False)
+    except Exception as error:  # noqa: BLE001 - PEFT's, torch's and safetensors' errors, translated
+        raise adapter_load_error(path, base, error) from error
     model.eval()
     tokenizer_source = path if (Path(path) / "tokenizer_config.json").is_file() else base
     tokenizer = load_tokenizer(plan, tokenizer_source)

@@ -80,10 +80,14 @@ def apply_env(plan: RunPlan) -> dict[str, str]:
     return changed
 
 
-def load(plan: RunPlan, *, tokenizer: PreTrainedTokenizerBase | None = None
+def load(plan: RunPlan, *, tokenizer: PreTrainedTokenizerBase | None = None, verify: bool = False
          ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load the plan's model and tokenizer (eval mode). Raises ModelSourceError when the model cannot be read.
-    `tokenizer`: one already loaded with `load_tokenizer(plan)`, used instead of loading it again."""
+    `tokenizer`: one already loaded with `load_tokenizer(plan)`, used instead of loading it again.
+    A model `hwrun train` wrote is first compared with the checksums it recorded (`hwrun.model.integrity`: every
+    byte up to 512 MiB, else sizes and safetensors headers; every byte with `verify=True`): ModelIntegrityError."""
+    from .integrity import verify_output
+
     source = resolve_source(plan.model)
     apply_env(plan)
     kwargs = from_pretrained_kwargs(plan)
@@ -92,8 +96,10 @@ def load(plan: RunPlan, *, tokenizer: PreTrainedTokenizerBase | None = None
     if plan.adapter is not None:
         from .adapters import load_adapter_model
 
-        model, tokenizer = load_adapter_model(plan.adapter, plan)
+        model, tokenizer = load_adapter_model(plan.adapter, plan, verify=verify)
         return _finish(model, tokenizer, plan)
+    if source.local:
+        verify_output(source.path, full=verify)
     try:
         if tokenizer is None:
             tokenizer = load_tokenizer(plan)
@@ -112,6 +118,16 @@ def load(plan: RunPlan, *, tokenizer: PreTrainedTokenizerBase | None = None
             f"({exc.__class__.__name__}: {str(exc).splitlines()[0][:200]}). Check the network or the id, set "
             "HF_HUB_OFFLINE=1 to use the cache only, or pass a local folder."
         ) from exc
+    except Exception as exc:  # noqa: BLE001 - only safetensors' own error is translated here
+        if type(exc).__name__ != "SafetensorError":
+            raise
+        from .integrity import safetensors_header
+
+        for file in source.safetensors:
+            safetensors_header(file)  # names the damaged file (ModelIntegrityError)
+        raise ModelSourceError(f"model={plan.model!r}: safetensors could not read its weights "
+                               f"({' '.join(str(exc).split())[:200]}): a weight file is damaged. Fix: download or "
+                               "save the model again.") from exc
     return _finish(model, tokenizer, plan)
 
 

@@ -287,6 +287,10 @@ def publish(staged: Path, final: Path) -> None:
     moved aside first and removed only after the new one is in place)."""
     old = None
     if final.exists():
+        problem = check_checkpoint(final)
+        if problem is not None:  # a damaged one a resume passed over: this run wrote that step again
+            logger.warning("Replacing %s, which did not verify (%s), with this run's checkpoint of the same step.",
+                           final, problem)
         old = final.with_name(f"{STAGING_PREFIX}old-{final.name}")
         if old.exists():
             shutil.rmtree(old)

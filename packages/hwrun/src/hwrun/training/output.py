@@ -95,8 +95,19 @@ def _write_record(path: Path, record: dict) -> None:
 
 
 def _file_entry(file: Path, sha256: str | None = None) -> dict:
+    """size, mtime and sha256 of a file hwrun wrote; for safetensors also the sha256 of its header, which a load
+    of a large model compares by default (hwrun.model.integrity)."""
+    from ..errors import ModelIntegrityError
+    from ..model.integrity import header_sha256
+
     info = file.stat()
-    return {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "sha256": sha256 or sha256_of(file)}
+    entry = {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "sha256": sha256 or sha256_of(file)}
+    if file.name.endswith(".safetensors"):
+        try:
+            entry["header_sha256"] = header_sha256(file)
+        except ModelIntegrityError as error:  # not whole: the full sha256 alone is recorded
+            logger.warning("%s", error)
+    return entry
 
 
 def _matches(file: Path, entry: object) -> bool:
@@ -115,10 +126,12 @@ def _written_name(name: str) -> bool:
 
 def _checkpoint_is_whole(folder: Path) -> bool:
     """A checkpoint folder is hwrun's only if its manifest lists every file in it (a note or an eval output
-    someone added inside makes it foreign, so rotation or a fresh start never deletes it)."""
+    someone added inside makes it foreign, so rotation or a fresh start never deletes it). One whose manifest is
+    there but damaged (unreadable, not complete) is hwrun's too: no other tool writes that name, and a resume
+    passes over it to the newest checkpoint that verifies, as its warning says (issue 42: it refused the folder)."""
     manifest, _ = _manifest(folder)
     if manifest is None:
-        return False
+        return (folder / MANIFEST_NAME).is_file()
     listed = set(manifest.get("files", {})) | {MANIFEST_NAME}
     return all(p.relative_to(folder).as_posix() in listed for p in folder.rglob("*") if not p.is_dir())
 

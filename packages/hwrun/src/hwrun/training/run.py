@@ -18,13 +18,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CheckpointError, NonFiniteLossError, QLoRAUnsupportedError, TrainingConfigError
+from ..errors import (
+    CheckpointError,
+    NonFiniteLossError,
+    QLoRAUnsupportedError,
+    TrainingConfigError,
+    TrainingDivergedError,
+)
 from . import output
-from .checkpoints import choose_resume, finished_at, schedule_change, trainer_state
+from .checkpoints import checkpoint_run, choose_resume, finished_at, schedule_change, trainer_state
 from .data import DEFAULT_MAX_DATA_BYTES
 from .lora import LoraSettings, lora_config, lora_targets
 from .options import check_all, check_overrides, lora_settings
 from .patching import PatchOptions, PatchStack, patch_base, patch_last, patch_lora
+from .resume_match import check_resume_matches, data_sha256
 from .sharding import fusion_blocker as _fusion_blocker
 
 if TYPE_CHECKING:
@@ -138,6 +145,9 @@ def _load_model(plan: RunPlan, *, qlora: bool, full: bool, tokenizer: Any | None
                  f"{plan.dtype}); pure {plan.dtype} AdamW updates lose small steps"
     if tokenizer is None:
         tokenizer = _data_tokenizer(plan)
+    from ..model.integrity import verify_output
+
+    verify_output(plan.model)  # a base hwrun wrote (a merged model) is compared with its record, as load() does
     model = AutoModelForCausalLM.from_pretrained(plan.model, **kwargs)
     return model, tokenizer, reason
 
@@ -149,7 +159,7 @@ class RunSettings:
     options: Mapping[str, Any]
     settings: LoraSettings | None
     qlora: bool
-    record: Mapping[str, str]  # {"kind": "lora" | "qlora" | "full", "model": ...}, stamped into checkpoints
+    record: Mapping[str, Any]  # kind, model, data, block size, LoRA shape (resume_match.run_record): in checkpoints
     kernel_asks: Mapping[str, str] = field(default_factory=dict)  # {op: impl} asked for explicitly
 
     def __getattr__(self, name: str) -> Any:
@@ -195,7 +205,10 @@ def _validate(plan: RunPlan, data: Any, options: dict[str, Any]) -> RunSettings:
         _check_qlora(plan)
     asks = _check_kernel_asks(plan, options, lora=settings is not None, qlora=qlora)
     kind = "qlora" if qlora else ("lora" if settings is not None else "full")
-    return RunSettings(options, settings, qlora, {"kind": kind, "model": plan.model}, asks)
+    from .resume_match import run_record
+
+    record = run_record(plan, kind, settings, options["block_size"] if isinstance(data, (str, os.PathLike)) else None)
+    return RunSettings(options, settings, qlora, record, asks)
 
 
 #: The option each op's explicit kernel needs switched on: an explicit choice with it off is a contradiction.
@@ -242,6 +255,8 @@ def _prepare_output(plan: RunPlan, run: RunSettings) -> OutputPlan:
     reasons = {"resume": choice.reason}
     if choice.folder is None:
         return OutputPlan(found, None, reasons)
+    # the model, block size and LoRA shape must be the checkpoint's (the data is compared once it is read)
+    reasons["resume checks"] = check_resume_matches(choice.folder, checkpoint_run(choice.folder), run.record)
     changed = schedule_change(choice.folder, run.max_steps, run.epochs)
     finished = finished_at(choice.folder, run.max_steps, run.epochs)
     if finished:
@@ -285,17 +300,22 @@ def _check_keywords(overrides: Mapping[str, Any]) -> None:
     check_overrides(overrides, TRAIN_OPTIONS)
 
 
-def _prepare_data(plan: RunPlan, data: Any, run: RunSettings) -> tuple[Any, Any]:
+def _prepare_data(plan: RunPlan, data: Any, run: RunSettings, where: OutputPlan) -> tuple[Any, Any, RunSettings]:
     """Phase 3: read (bounded by max_data_bytes), tokenise and pack the data before the weights load, so data
-    problems (block_size beyond the tokenizer's limit, too little text) surface first. Returns (dataset,
-    tokenizer); a ready dataset needs no tokenizer here."""
+    problems (block_size beyond the tokenizer's limit, too little text) surface first. The documents' sha256 joins
+    the run's record, and a resume from a checkpoint written on other data is refused before the tokenizer loads.
+    Returns (dataset, tokenizer, run); a ready dataset needs no tokenizer here."""
     from .data import build_dataset, read_documents
 
     if not isinstance(data, (str, os.PathLike)):
-        return data, None
+        return data, None, replace(run, record={**run.record, "data_sha256": None})
     documents = read_documents(data, max_bytes=run.max_data_bytes)
+    run = replace(run, record={**run.record, "data_sha256": data_sha256(doc.text for doc in documents)})
+    if where.resume_from is not None:
+        same = check_resume_matches(where.resume_from, checkpoint_run(where.resume_from), run.record, ("data_sha256",))
+        where.reasons["resume checks"] = f"{where.reasons.get('resume checks', '')}; {same}".lstrip("; ")
     tokenizer = _data_tokenizer(plan)
-    return build_dataset(documents, tokenizer, run.block_size), tokenizer
+    return build_dataset(documents, tokenizer, run.block_size), tokenizer, run
 
 
 def _arguments(plan: RunPlan, run: RunSettings, path: Path, overrides: Mapping[str, Any]) -> Any:
@@ -379,12 +399,32 @@ def _patch(model: Any, dataset: Any, plan: RunPlan, args: Any, run: RunSettings,
         reasons["4-bit base"] = prepare_kbit_base(model)
     set_seed(run.seed)  # LoRA A matrices are random: same seed, same adapter init, same run
     targets = lora_targets(getattr(model.config, "model_type", "") or "", run.settings.target_modules)
-    model = get_peft_model(model, lora_config(model.config, run.settings, targets))
+    model = _peft_model(model, lora_config(model.config, run.settings, targets), targets, get_peft_model)
     reasons["lora"] = f"r={run.settings.r} on {_adapted(model.peft_config['default'])} ({targets.reason})"
     patch_lora(model, options, _fusion_blocker(args, run.qlora), stack, reasons)
     _note_unapplied_swiglu(model, choices["swiglu"], "swiglu" in run.kernel_asks, reasons)
     patch_last(model, options, stack, reasons)
     return model
+
+
+def _peft_model(model: Any, config: Any, targets: Any, get_peft_model: Callable[..., Any]) -> Any:
+    """PEFT's LoRA wrapper; target modules the model does not have are a TrainingConfigError naming them and the
+    model's linear layers (before: PEFT's NoMatchingPeftModuleError surfaced as an internal error)."""
+    try:
+        return get_peft_model(model, config)
+    except ValueError as error:
+        if "not found in the base model" not in str(error) and type(error).__name__ != "NoMatchingPeftModuleError":
+            raise
+        import torch
+
+        linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                         if isinstance(module, torch.nn.Linear) and name})
+        asked = targets.modules if isinstance(targets.modules, str) else ",".join(targets.modules)
+        raise TrainingConfigError(
+            f"LoRA target_modules={asked} (--lora-targets) names no module of {getattr(model.config, 'model_type', 'this model')!r}; its linear "
+            f"layers are {', '.join(linear[:12]) or 'none'}. Fix: name some of those, or leave --lora-targets out "
+            "for PEFT's choice for the architecture."
+        ) from None
 
 
 def _note_unapplied_swiglu(model: Any, choice: Any, explicit: bool, reasons: dict) -> None:
@@ -469,6 +509,13 @@ def _check_finite(training: Training, where: OutputPlan, run: RunSettings) -> No
     step, what, value = training.guard.tripped
     last = latest_complete_checkpoint(where.found.path)
     kept = f"the last good checkpoint is {last}" if last is not None else "no checkpoint was written"
+    if training.guard.diverged:  # finite, beyond one of the guard's divergence bounds (hwrun.training.guard)
+        raise TrainingDivergedError(
+            f"Training stopped at step {step}: {what} is {value:.4g} ({training.guard.rule}), so the run diverged "
+            f"(lr={run.lr}). Nothing was saved after it: {kept}, and an earlier final model in {where.found.path} is "
+            "untouched. Fix: a lower learning rate (--lr), then --resume from that checkpoint or start over "
+            "(on_nonfinite='ignore', --on-nonfinite ignore, turns these checks off)."
+        )
     raise NonFiniteLossError(
         f"Training stopped at step {step}: {what} is {value} (not finite), so the run diverged (lr={run.lr}). "
         f"Nothing was saved after it: {kept}, and an earlier final model in {where.found.path} is untouched. Fix: "
@@ -562,7 +609,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     where = _prepare_output(plan, run)
     if where.finished == "done":
         return _finished_result(where, run)
-    dataset, data_tokenizer = _prepare_data(plan, data, run)
+    dataset, data_tokenizer, run = _prepare_data(plan, data, run, where)
     args = _arguments(plan, run, where.found.path, training_overrides)
     reasons = dict(where.reasons)
     plan, zero3 = _sharding(plan, args, reasons)
