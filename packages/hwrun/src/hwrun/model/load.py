@@ -141,4 +141,7 @@ def _finish(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: Ru
     model.eval()
     if plan.device_map is None:
         model.to(plan.device)
+    from .quantization import after_load
+
+    after_load(model, plan)  # bitsandbytes' CPU 4-bit layers its repacking cannot take (issue 43.4)
     return model, tokenizer

@@ -13,6 +13,7 @@ beyond CPU-like use.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,13 @@ from ..errors import QuantizationError
 if TYPE_CHECKING:
     import hwenv
 
+logger = logging.getLogger(__name__)
+
 QUANTIZATIONS = ("4bit", "8bit")
+
+#: bitsandbytes 0.50's CPU layout for 4-bit weights (`functional._convert_weight_packed_for_cpu`, block_n=32):
+#: the output features are tiled by 32.
+BNB_CPU_PACK_BLOCK_N = 32
 
 
 @dataclass(frozen=True)
@@ -111,3 +118,56 @@ def bnb_config(quantization: str, dtype: str) -> Any:
         bnb_4bit_compute_dtype=getattr(torch, dtype),
         bnb_4bit_use_double_quant=True,
     )
+
+
+def bnb_cpu_unpackable(in_features: int, out_features: int, blocksize: int) -> str | None:
+    """Why bitsandbytes' CPU repacking cannot take a 4-bit weight of this shape, or None when it can.
+
+    bitsandbytes 0.50 `Linear4bit.forward` (nn/modules.py), on a CPU with AVX512-BF16 in inference (eval, no grad),
+    repacks the weight once with `functional._convert_weight_packed_for_cpu`, which reshapes the per-block absmax
+    to `[out_features, in_features // blocksize]` and asserts `out_features % 32 == 0` and an even `in_features`.
+    The quantization itself is blockwise over the flattened weight, so a layer whose `in_features` is not a
+    multiple of the blocksize quantizes fine and then fails there: the shipped tiny model's `down_proj`
+    (in 352, blocksize 64) gave `shape '[128, 5]' is invalid for input of size 704`."""
+    if in_features % blocksize:
+        return f"in_features {in_features} is not a multiple of the 4-bit blocksize {blocksize}"
+    if out_features % BNB_CPU_PACK_BLOCK_N:
+        return f"out_features {out_features} is not a multiple of {BNB_CPU_PACK_BLOCK_N}"
+    if in_features % 2:
+        return f"in_features {in_features} is odd"
+    return None
+
+
+def keep_cpu_4bit_layers_unpacked(model: Any) -> dict[str, str]:
+    """Keep bitsandbytes' 4-bit layers that its CPU repacking cannot take (`bnb_cpu_unpackable`) on its generic
+    4-bit path (dequantize + matmul, the path training and non-AVX512 CPUs use), so they run instead of raising
+    at the first forward. Other layers keep the fast packed path. Returns {layer name: why}; logs a warning
+    naming them (a slower path for those layers, never a silent one). Does nothing where bitsandbytes does
+    not repack (no AVX512-BF16, a GPU, another bitsandbytes without `support_avx512bf16_for_cpu`)."""
+    kept: dict[str, str] = {}
+    for name, module in model.named_modules():
+        if not getattr(module, "support_avx512bf16_for_cpu", False):
+            continue
+        weight = getattr(module, "weight", None)
+        state = getattr(weight, "quant_state", None)
+        if state is None or weight.device.type != "cpu" or getattr(state, "packing_format_for_cpu", False):
+            continue
+        out_features, in_features = (int(d) for d in state.shape)
+        why = bnb_cpu_unpackable(in_features, out_features, int(state.blocksize))
+        if why:
+            module.support_avx512bf16_for_cpu = False
+            kept[name] = why
+    if kept:
+        first = next(iter(kept.values()))
+        logger.warning(
+            "bitsandbytes 4-bit on this CPU: %d layer(s) stay on bitsandbytes' generic 4-bit path (dequantize + "
+            "matmul, slower) because its AVX512-BF16 repacking needs in_features to be a multiple of the blocksize "
+            "and out_features of %d (e.g. %s: %s): %s", len(kept), BNB_CPU_PACK_BLOCK_N, next(iter(kept)), first,
+            ", ".join(kept))
+    return kept
+
+
+def after_load(model: Any, plan: Any) -> None:
+    """What a quantized model needs once loaded, before its first forward (called by `load()` for every path)."""
+    if getattr(model, "is_quantized", False) or plan.quantization:
+        keep_cpu_4bit_layers_unpacked(model)
