@@ -217,6 +217,47 @@ def choose_resume(resume: bool | str | os.PathLike | None, output_dir: str | Pat
     return ResumeChoice(str(folder), f"from {folder} (given)")
 
 
+#: Pickle files a Trainer checkpoint holds (optimizer, scheduler, RNG and scaler states, training arguments).
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin")
+
+
+def is_refused_pickle(error: BaseException) -> bool:
+    """True for torch's refusal of a pickle by its weights-only loader (torch.load's default since torch 2.6)."""
+    import pickle
+
+    return isinstance(error, pickle.UnpicklingError) or "Weights only load failed" in str(error)
+
+
+def refused_pickle(folder: str | Path, error: BaseException) -> CheckpointError:
+    """The CheckpointError for a checkpoint whose pickle torch's weights-only loader refused (`error`): the file is
+    found by loading each of the checkpoint's pickles the same safe way (error path only), and named with what it
+    holds; torch's advice to turn the protection off is not relayed."""
+    import torch
+
+    folder = Path(folder)
+    culprit, held, text = None, "", str(error)
+    for file in sorted((p for p in folder.rglob("*") if p.suffix in PICKLE_SUFFIXES), key=lambda p: p.stat().st_size):
+        try:
+            torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as refusal:  # noqa: BLE001 - any refusal names this file
+            culprit, text = file, str(refusal)
+            found = re.search(r"GLOBAL (\S+)", text)
+            held = f" ({found.group(1)})" if found else ""
+            break
+    what = str(culprit) if culprit is not None else f"a pickle file in {folder}"
+    if "Weights only load failed" not in text:
+        short = " ".join(text.split())[:160]
+        return CheckpointError(f"{what} cannot be read as a torch pickle ({short}): the file is damaged. Fix: resume "
+                               f"from another checkpoint (resume=PATH, or move {folder.name} out of the output folder "
+                               "so --resume takes the one before it), or start fresh in a new output_dir.")
+    return CheckpointError(
+        f"{what} was refused by torch's safe (weights-only) loader: it holds more than tensors and plain data{held}, "
+        "which can run code while it loads, and hwrun does not load such files. Fix: resume from another checkpoint "
+        f"(resume=PATH, or move {folder.name} out of the output folder so --resume takes the one before it), or start "
+        "fresh in a new output_dir."
+    )
+
+
 def resolve_resume(resume: bool | str | os.PathLike | None, output_dir: str | Path) -> str | None:
     """The folder `choose_resume` picks (None: start fresh)."""
     return choose_resume(resume, output_dir).folder

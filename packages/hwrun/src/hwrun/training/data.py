@@ -127,9 +127,24 @@ def _read_jsonl(path: Path, budget: _Budget) -> list[Document]:
                 f"{where}: \"text\" is a {type(record['text']).__name__}, not a string; every "
                 '"text" field must be a string. Fix that line.'
             )
+        _check_surrogates(record["text"], where)
         if record["text"].strip():
             documents.append(Document(record["text"], where))
     return documents
+
+
+def _check_surrogates(text: str, where: str) -> None:
+    """A JSON string may escape half of a UTF-16 pair ("\\ud800") that no UTF-8 text can hold: the tokenizer
+    refused it with a TypeError that surfaced as an internal error (issue 42). Name the line and the code point."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        code = ord(text[error.start])
+        raise TrainingDataError(
+            f"{where}: \"text\" holds a lone surrogate U+{code:04X} at character {error.start} (half of a UTF-16 "
+            "pair, from a JSON escape such as \\ud800 without its partner), which is not text. Fix: write the "
+            "character whole (both halves of the escape, or the character itself), or drop it."
+        ) from None
 
 
 def read_documents(path: str | Path, *, max_bytes: int = DEFAULT_MAX_DATA_BYTES) -> list[Document]:

@@ -495,6 +495,12 @@ def _train(training: Training, where: OutputPlan, run: RunSettings) -> None:
     installed = training.stopper.install()
     try:
         training.output = trainer.train(resume_from_checkpoint=where.resume_from)
+    except Exception as error:  # a checkpoint pickle torch refused: named as hwrun's error, not torch's advice
+        from .checkpoints import is_refused_pickle, refused_pickle
+
+        if where.resume_from is None or not is_refused_pickle(error):
+            raise
+        raise refused_pickle(where.resume_from, error) from None
     finally:
         if installed:
             training.stopper.uninstall()
