@@ -22,7 +22,7 @@ def test_parses_devices_and_subdevices_in_written_order():
 @pytest.mark.parametrize(
     ("mask", "words"),
     [
-        ("", "empty"),
+        ("  ", "blank"),
         ("0,,2", "item 2 is empty"),
         ("a", "'a' is not a non-negative decimal index"),
         ("-1", "'-1' is not a non-negative decimal index"),
@@ -39,6 +39,19 @@ def test_bad_masks_name_the_value_and_the_rule(mask, words):
     assert words in str(error.value)
     assert repr(mask) in str(error.value)
     assert isinstance(error.value, ValueError)
+
+
+@pytest.mark.facts("X4")
+@pytest.mark.parametrize("mask", ["", "default"])
+def test_an_empty_or_default_mask_is_no_mask_as_the_driver_reads_it(mask):
+    """Issue 41.7: intel/compute-runtime `shared/source/execution_environment/execution_environment.cpp`
+    `parseAffinityMask` returns before filtering when the mask is empty or "default" (the flag's default value in
+    `shared/source/debug_settings/release_variables_base.inl`): every device is exposed."""
+    from hwenv import select
+
+    assert parse_affinity_mask(mask) == ()
+    selection = select("xpu", mask)
+    assert selection.devices == () and selection.count is None and "ZE_AFFINITY_MASK" not in selection.env()
 
 
 @pytest.mark.facts("X4")

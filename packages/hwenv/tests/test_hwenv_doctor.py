@@ -29,9 +29,18 @@ def test_simulated_four_xpu_report(fake_xpu, capsys):
 
 
 @pytest.mark.facts("X17")
-def test_xpu_without_bf16_is_reported(fake_xpu):
+def test_xpu_with_emulated_bf16_is_reported_as_emulated_not_unsupported(fake_xpu):
+    """Issue 41.7: torch/xpu/__init__.py `is_bf16_supported()` (including_emulation=True) says yes on every
+    available XPU; the fake's `native_bf16=False` GPU is such a one: bf16 runs, emulated, and doctor says so."""
+    import hwenv
+
     fake_xpu(count=1, bf16=False)
-    assert "bf16-unsupported" in codes(diagnose())
+    report = diagnose()
+    assert "bf16-emulated" in codes(report) and "bf16-unsupported" not in codes(report)
+    found = next(p for p in report.problems if p.code == "bf16-emulated")
+    assert "emulated, not natively" in found.message and "TrainingArguments(bf16=True)" in found.message
+    accel = hwenv.detect()
+    assert accel.bf16 is False and accel.bf16_emulated is True
 
 
 @pytest.mark.facts("G4", "G5")

@@ -112,7 +112,9 @@ SELECTIONS = [
     ("hpu", {"HABANA_VISIBLE_DEVICES": "4"}, None),
     ("hpu", {"HABANA_VISIBLE_MODULES": "4,5", "HABANA_VISIBLE_DEVICES": "0,1"}, None),  # the same cards by hl-smi
     ("xpu", {"ZE_AFFINITY_MASK": "0.0"}, "not valid under ZE_FLAT_DEVICE_HIERARCHY=FLAT"),
-    ("xpu", {"ZE_AFFINITY_MASK": ""}, "ZE_AFFINITY_MASK='' is empty"),
+    ("xpu", {"ZE_AFFINITY_MASK": ""}, None),  # the driver reads "" as unset: every device (issue 41.7)
+    ("xpu", {"ZE_AFFINITY_MASK": "default"}, None),  # compute-runtime's flag default, also no mask
+    ("xpu", {"ZE_AFFINITY_MASK": " "}, "ZE_AFFINITY_MASK=' ' is blank"),
     ("xpu", {"ZE_AFFINITY_MASK": "a"}, "ZE_AFFINITY_MASK='a' is invalid"),
     ("xpu", {"ZE_FLAT_DEVICE_HIERARCHY": "flat"}, "ZE_FLAT_DEVICE_HIERARCHY='flat'"),
     ("xpu", {"ZE_AFFINITY_MASK": "0.1,1", "ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE"}, None),

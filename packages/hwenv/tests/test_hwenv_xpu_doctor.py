@@ -139,3 +139,19 @@ def test_a_discrete_xpu_has_none_of_them(fake_xpu):
     fake_xpu(4)
     found = codes(diagnose())
     assert not {"xpu-memory-unknown", "xpu-no-fp64", "xccl-missing", "invalid-device-hierarchy"} & set(found)
+
+
+def test_a_discrete_card_without_sysman_cannot_report_free_memory_and_the_fix_says_so(fake_xpu, monkeypatch):
+    """Issue 41.6: the free-memory aspect `torch.xpu.mem_get_info` reads "may need ZES_ENABLE_SYSMAN=1", on any card
+    (intel/llvm `sycl/doc/extensions/supported/sycl_ext_intel_device_info.md`, "Free Global Memory"); it is not only
+    integrated GPUs that fail. The fake's `needs_sysman=True` card reports it only with the variable set."""
+    import hwenv
+
+    fake_xpu(2, needs_sysman=True)  # a discrete card
+    found = problem(diagnose(), "xpu-memory-unknown")
+    assert "(a discrete GPU)" in found.message and "ZES_ENABLE_SYSMAN is not set here" in found.message
+    assert found.fix.startswith("set ZES_ENABLE_SYSMAN=1 for the run and check again")
+    assert "ZES_ENABLE_SYSMAN=1 may enable it" in hwenv.detect().memory_source
+    monkeypatch.setenv("ZES_ENABLE_SYSMAN", "1")
+    assert "xpu-memory-unknown" not in codes(diagnose())
+    assert hwenv.detect().memory_source.startswith("torch.xpu.mem_get_info")

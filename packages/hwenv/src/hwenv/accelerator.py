@@ -35,6 +35,9 @@ class Accelerator:
     reasons: tuple[str, ...] = field(default=(), compare=False)
     bf16_source: str = field(default="", compare=False)
     memory_source: str = field(default="", compare=False)
+    #: bf16 is not native but runs emulated, and the stack accepts it (torch.xpu.is_bf16_supported() is True,
+    #: so TrainingArguments(bf16=True) runs): usable when asked for, slow, and said so.
+    bf16_emulated: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -97,6 +100,7 @@ def _from_probe(result: ProbeResult, source: str, reasons: tuple[str, ...]) -> A
         reasons=reasons,
         bf16_source=result.bf16_source,
         memory_source=result.memory_source,
+        bf16_emulated=result.bf16_emulated,
     )
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import AffinityMaskError
-from .hierarchy import HIERARCHY_VARIABLE, DeviceHierarchy, as_hierarchy
+from .hierarchy import HIERARCHY_VARIABLE, DeviceHierarchy, as_hierarchy, mask_is_unset
 
 MASK_VARIABLE = "ZE_AFFINITY_MASK"
 PCI_ORDER_VARIABLE = "ZE_ENABLE_PCI_ID_DEVICE_ORDER"
@@ -48,6 +48,8 @@ def parse_affinity_mask(mask: str, device_count: int | None = None, *,
                         hierarchy: DeviceHierarchy | str | None = None) -> tuple[AffinityEntry, ...]:
     """Parse `mask` into entries, in the order written; raise `AffinityMaskError` on any bad part.
 
+    An empty mask (or `default`) is no mask: `()`, every device, as the driver reads it.
+
     `device_count`, when known, rejects indices beyond the devices present (devices of the
     hierarchy: tiles under FLAT/COMBINED, cards under COMPOSITE). `hierarchy` (a
     `DeviceHierarchy` or `"FLAT"`/`"COMPOSITE"`/`"COMBINED"`) checks the entries the way the
@@ -55,10 +57,12 @@ def parse_affinity_mask(mask: str, device_count: int | None = None, *,
     """
     if not isinstance(mask, str):
         raise AffinityMaskError(f"{MASK_VARIABLE} must be a string, got {mask!r} ({type(mask).__name__}).")
+    if mask_is_unset(mask):
+        return ()  # the driver reads "" and "default" as no mask: every device (compute-runtime parseAffinityMask)
     if mask.strip() == "":
         raise AffinityMaskError(
-            f"{MASK_VARIABLE}={mask!r} is empty: Level Zero would expose no device. "
-            f"Unset the variable to use every device, or list indices such as '0,2'."
+            f"{MASK_VARIABLE}={mask!r} is blank: the driver reads it as one entry that is not an index. Unset the "
+            f"variable (or leave it empty) to use every device, or list indices such as '0,2'."
         )
     entries: list[AffinityEntry] = []
     for position, item in enumerate(mask.split(","), start=1):

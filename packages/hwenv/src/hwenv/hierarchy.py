@@ -106,6 +106,32 @@ class ExposedDevice:
     tiles: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class Card:
+    """A physical Intel GPU as the driver sorts it: PCI address (domain, bus, device, function) and integrated."""
+
+    pci: tuple[int, int, int, int] = (0, 0, 0, 0)
+    integrated: bool = False
+
+
+def driver_order(cards: tuple[Card, ...] | list[Card], pci_order: bool) -> tuple[int, ...]:
+    """The physical cards in the order Level Zero reports them (indices into `cards`).
+
+    `intel/compute-runtime` `shared/source/execution_environment/execution_environment.cpp`
+    `comparePciIdBusNumber`, used by `sortNeoDevices`, which `device_factory.cpp` calls *before*
+    `parseAffinityMask`: without `ZE_ENABLE_PCI_ID_DEVICE_ORDER` discrete GPUs come before integrated ones,
+    then PCI domain, bus, device, function; with it, PCI order only (an integrated GPU on bus 0 comes first).
+    """
+    return tuple(sorted(range(len(cards)), key=lambda i: ((0 if pci_order else int(cards[i].integrated)),
+                                                          cards[i].pci)))
+
+
+def mask_is_unset(mask: str | None) -> bool:
+    """The driver reads an unset, empty or `default` `ZE_AFFINITY_MASK` as no mask (every device):
+    compute-runtime `parseAffinityMask` returns early for `""` and `"default"` (its flag's default value)."""
+    return mask is None or mask == "" or mask == "default"
+
+
 def _lenient_entries(mask: str) -> list[tuple[int, int | None]]:
     entries: list[tuple[int, int | None]] = []
     for item in mask.split(","):
@@ -117,23 +143,26 @@ def _lenient_entries(mask: str) -> list[tuple[int, int | None]]:
 
 
 def exposed_devices(cards: int, tiles: int, hierarchy: DeviceHierarchy | str | None = None,
-                    mask: str | None = None) -> tuple[ExposedDevice, ...]:
+                    mask: str | None = None, order: tuple[int, ...] | None = None) -> tuple[ExposedDevice, ...]:
     """The devices `zeDeviceGet` reports on `cards` cards of `tiles` tiles each, as the driver does.
 
     A model of `parseAffinityMask` in `intel/compute-runtime`: FLAT/COMBINED expose every tile as a
     device (card-major) and read mask ordinals as those devices, skipping `X.Y` entries and
     ordinals beyond them; COMPOSITE exposes cards, a `X` entry keeps card X whole and `X.Y` entries
     keep card X with those tiles (one device per card), skipping ordinals beyond the cards or
-    tiles. Order follows the hardware, not the mask; survivors are renumbered from 0. Entries the
-    driver skips are skipped here too (hwenv's `select` refuses them before anything runs).
+    tiles. Order follows the hardware (`order`: the physical cards as `driver_order` sorts them, which
+    the driver does before it reads the mask; default 0..cards-1), not the mask; survivors are
+    renumbered from 0. Entries the driver skips are skipped here too (hwenv's `select` refuses them
+    before anything runs). An empty or `default` mask is no mask (`mask_is_unset`).
     """
     model = as_hierarchy(hierarchy, {})
+    sorted_cards = tuple(range(cards)) if order is None else tuple(order)
     if model.tiles_are_devices:
-        slots = [(card, (tile,)) for card in range(cards) for tile in range(tiles)]
+        slots = [(card, (tile,)) for card in sorted_cards for tile in range(tiles)]
     else:
-        slots = [(card, tuple(range(tiles))) for card in range(cards)]
-    if mask is None or mask == "":
-        # unset (or empty, which the driver also treats as unset) exposes everything
+        slots = [(card, tuple(range(tiles))) for card in sorted_cards]
+    if mask_is_unset(mask):
+        # unset, empty or "default": the driver exposes everything
         return tuple(ExposedDevice(i, card, kept) for i, (card, kept) in enumerate(slots))
     keep: dict[int, set[int]] = {}
     for device, sub in _lenient_entries(mask):

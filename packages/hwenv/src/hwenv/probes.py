@@ -27,6 +27,7 @@ class ProbeResult:
     details: dict[str, str] = field(default_factory=dict)
     bf16_source: str = ""
     memory_source: str = ""
+    bf16_emulated: bool = False  # bf16 runs, emulated (torch's default is_bf16_supported() says yes; not native)
 
 
 def torch_module():

@@ -38,13 +38,21 @@ def common_checks(acc: Accelerator | None, probes: Mapping[str, ProbeResult], en
                 f"the wrong devices (X4, G6).",
                 f"unset {variable}; set it for one command only: hwenv exec --devices {env[variable]} -- CMD",
             ))
-    if acc is not None and acc.platform.is_accelerator and acc.bf16 is False:
+    if acc is not None and acc.platform.is_accelerator and acc.bf16 is False and acc.bf16_emulated:
+        problems.append(Problem(
+            "bf16-emulated", "warning",
+            f"{acc.name} {acc.names[0] if acc.names else ''} runs bf16 emulated, not natively "
+            f"({acc.bf16_source or 'as its stack reports it'}): torch's default is_bf16_supported() says yes, so "
+            f"TrainingArguments(bf16=True) and hwrun's dtype='bfloat16' run, slowly (X17).",
+            "use fp32 for speed (hwrun's dtype='auto' picks it here), or keep bf16 for its memory saving knowing it "
+            "is emulated",
+        ))
+    elif acc is not None and acc.platform.is_accelerator and acc.bf16 is False:
         problems.append(Problem(
             "bf16-unsupported", "warning",
-            f"{acc.name} {acc.names[0] if acc.names else ''} has no native bf16 "
+            f"{acc.name} {acc.names[0] if acc.names else ''} has no bf16 "
             f"({acc.bf16_source or 'as its stack reports it'}): TrainingArguments(bf16=True) raises ValueError "
-            f"where the stack's default check says no (CUDA), and runs bf16 emulated, slowly, where it says yes "
-            f"(torch.xpu.is_bf16_supported() is True on every available XPU; X17).",
+            f"where the stack's check says no (X17).",
             "train in fp32 or fp16; hwrun picks fp32 here by itself",
         ))
     return problems, []

@@ -13,6 +13,7 @@ from ..accelerator import Accelerator
 from ..affinity import MASK_VARIABLE, PCI_ORDER_VARIABLE, parse_affinity_mask, visible_root_devices
 from ..errors import HwenvError
 from ..hierarchy import HIERARCHY_VARIABLE, DeviceHierarchy, read_hierarchy
+from ..platforms.xpu import SYSMAN_VARIABLE
 from ..probes import ProbeResult
 from ..versions import installed_version, parse_version
 from .common import Checks, Problem
@@ -135,18 +136,26 @@ def _retired_package_checks() -> list[Problem]:
     return problems
 
 
-def _device_checks(xpu: ProbeResult) -> list[Problem]:
+def _device_checks(xpu: ProbeResult, env: Mapping[str, str]) -> list[Problem]:
     if not xpu.available:
         return []
     problems: list[Problem] = []
     if xpu.details.get("mem_get_info") == "unsupported":
+        sysman = env.get(SYSMAN_VARIABLE) == "1"
+        kind = "an integrated GPU" if xpu.details.get("is_integrated_gpu") == "True" else "a discrete GPU"
+        fix = ("pass max_memory={0: '<GiB>GiB', 'cpu': '<GiB>GiB'} to from_pretrained, or device_map='xpu:0' when "
+               "the model fits")
+        if not sysman:
+            fix = (f"set {SYSMAN_VARIABLE}=1 for the run and check again (hwenv doctor); if it still fails, " + fix)
         problems.append(Problem(
             "xpu-memory-unknown", "warning",
-            "torch.xpu.mem_get_info() raises on this device (integrated GPUs, WSL): Accelerate's get_max_memory, "
-            "which Transformers' device_map='auto' uses, then leaves the XPU out of max_memory, so the model is "
-            "placed on CPU/disk. hwenv's own plan assumed get_device_properties().total_memory is usable.",
-            "pass max_memory={0: '<GiB>GiB', 'cpu': '<GiB>GiB'} to from_pretrained, or device_map='xpu:0' when the "
-            "model fits",
+            f"torch.xpu.mem_get_info() raises on this device ({kind}): it does not report the free-memory aspect "
+            f"(ext_intel_free_memory), which integrated GPUs and WSL lack and which may need {SYSMAN_VARIABLE}=1 on "
+            f"any card (intel/llvm sycl_ext_intel_device_info.md, 'Free Global Memory'; {SYSMAN_VARIABLE} is "
+            f"{'set' if sysman else 'not set'} here). Accelerate's get_max_memory, which Transformers' "
+            f"device_map='auto' uses, then leaves the XPU out of max_memory, so the model is placed on CPU/disk. "
+            f"hwenv's own plan assumed get_device_properties().total_memory is usable.",
+            fix,
         ))
     if xpu.details.get("has_fp64") == "False":
         problems.append(Problem(
@@ -171,5 +180,5 @@ def xpu_checks(acc: Accelerator | None, probes: Mapping[str, ProbeResult], env: 
     problems += _torch_build_checks(acc, xpu, driver)
     problems += _xccl_checks(xpu)
     problems += _retired_package_checks()
-    problems += _device_checks(xpu)
+    problems += _device_checks(xpu, env)
     return problems, notes

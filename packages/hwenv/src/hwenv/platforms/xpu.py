@@ -3,16 +3,22 @@
 - bf16: `is_bf16_supported(including_emulation=True)` is True on *every* available XPU; only
   `including_emulation=False` tells native bf16 from emulated (integrated GPUs) (X17, INTEL.md S1).
 - memory: `torch.xpu.mem_get_info`, as Accelerate's `get_max_memory` reads it (INTEL.md S5);
-  where the driver cannot report it (integrated GPUs, WSL) the property `total_memory` is used
-  and the assumption is said in `ProbeResult.memory_source`.
+  where the driver cannot report it (integrated GPUs, WSL, or any card without Level Zero Sysman:
+  `ZES_ENABLE_SYSMAN=1` "may" be needed, intel/llvm `sycl_ext_intel_device_info.md`) the property
+  `total_memory` is used and the assumption is said in `ProbeResult.memory_source`.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 
 from ..probes import ProbeResult, memory_of, torch_missing, torch_module
 from .base import Platform
+
+#: Level Zero Sysman: the free-memory aspect `torch.xpu.mem_get_info` reads "may need" it, on any card
+#: (intel/llvm `sycl/doc/extensions/supported/sycl_ext_intel_device_info.md`, "Free Global Memory").
+SYSMAN_VARIABLE = "ZES_ENABLE_SYSMAN"
 
 PLATFORM = Platform(
     kind="xpu",
@@ -71,8 +77,10 @@ def memory(xpu, count: int) -> tuple[tuple[int, ...], str]:
         for index in range(count):
             sizes.append(int(xpu.mem_get_info(index)[1]))
         return tuple(sizes), "torch.xpu.mem_get_info (as Accelerate's get_max_memory reads it)"
-    except Exception as error:  # integrated GPUs and WSL cannot report free memory
+    except Exception as error:  # integrated GPUs and WSL cannot report free memory; others may need Sysman
         why = f"torch.xpu.mem_get_info failed ({type(error).__name__}: {error})"
+        if os.environ.get(SYSMAN_VARIABLE) != "1":
+            why += f" ({SYSMAN_VARIABLE}=1 may enable it, on discrete cards too)"
     sizes = memory_of(xpu.get_device_properties, count)
     if not sizes and count:
         return (), f"{why}; get_device_properties has no total_memory: memory unknown"
@@ -98,9 +106,10 @@ def probe() -> ProbeResult:
     count = int(xpu.device_count())
     names = tuple(str(xpu.get_device_name(index)) for index in range(count))
     bf16, bf16_source = native_bf16(xpu)
+    emulated = not bf16 and bool(xpu.is_bf16_supported())  # torch's default call counts emulation (X17)
     sizes, memory_source = memory(xpu, count)
     return ProbeResult("xpu", True, count, names, bf16, sizes, bf16_source=bf16_source, memory_source=memory_source,
-                       details=device_details(xpu, memory_source))
+                       details=device_details(xpu, memory_source), bf16_emulated=emulated)
 
 
 def device_details(xpu, memory_source: str) -> dict[str, str]:

@@ -309,6 +309,89 @@ def stream(stream):
     return _StreamContext(stream)
 
 
+def default_stream(device=None):
+    """`hpu/streams.py` `default_stream(device=None)`: the device's default stream (one per process)."""
+    if _GRAPH_STATE.get("default") is None:
+        _GRAPH_STATE["default"] = Stream(device)
+        _GRAPH_STATE["default"].is_default_stream = True
+    return _GRAPH_STATE["default"]
+
+
+# ---- hpu/random.py: one default generator, device 0 only (the bridge's rules) -----------------------------
+
+_RANDOM_STATE: dict[str, Any] = {"generator": None}
+
+
+def _generator():
+    import torch
+
+    if _RANDOM_STATE["generator"] is None:  # stands in for htcore._get_default_generator() (a device generator)
+        _RANDOM_STATE["generator"] = torch.Generator()
+    return _RANDOM_STATE["generator"]
+
+
+def _device_zero(device, what):
+    index = device if isinstance(device, int) else getattr(__import__("torch").device(device), "index", None)
+    if (index or 0) != 0:
+        raise RuntimeError(f"hpu {what} supports only device 0")
+
+
+def get_rng_state(device="hpu"):
+    """`hpu/random.py` `get_rng_state(device="hpu")`: only device 0."""
+    _device_zero(device, "get_rng_state")
+    return _generator().get_state()
+
+
+def set_rng_state(new_state, device="hpu"):
+    """`hpu/random.py` `set_rng_state(new_state, device="hpu")`: only device 0."""
+    _device_zero(device, "set_rng_state")
+    _generator().set_state(new_state)
+
+
+def manual_seed(seed):
+    """`hpu/random.py` `manual_seed(seed)`: seeds the default generator and returns it."""
+    return _generator().manual_seed(int(seed))
+
+
+def seed():
+    """`hpu/random.py` `seed()`."""
+    return _generator().seed()
+
+
+def initial_seed():
+    """`hpu/random.py` `initial_seed()`."""
+    return _generator().initial_seed()
+
+
+def get_rng_state_all():
+    """`hpu/random.py` `get_rng_state_all()`: a list of one state (one device per process)."""
+    return [get_rng_state(0)]
+
+
+def set_rng_state_all(new_states):
+    """`hpu/random.py` `set_rng_state_all(new_states)`: exactly one state."""
+    if len(new_states) != 1:
+        raise RuntimeError("hpu set_rng_state_all supports only states len of 1")
+    for state in new_states:
+        set_rng_state(state, 0)
+
+
+def manual_seed_all(seed):
+    """`hpu/random.py` `manual_seed_all(seed)`: the same as `manual_seed` (one device per process)."""
+    manual_seed(seed)
+
+
+def seed_all():
+    """`hpu/random.py` `seed_all()`."""
+    _generator().seed()
+    _generator().initial_seed()
+
+
+#: `hpu/random.py` `__all__`, star-imported into `habana_frameworks.torch.hpu`.
+RANDOM_NAMES = ("get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all", "manual_seed",
+                "manual_seed_all", "seed", "seed_all", "initial_seed")
+
+
 class Event:
     """`hpu/events.py` `Event(enable_timing=False)`."""
 
@@ -376,17 +459,151 @@ class graph:  # noqa: N801 - the bridge's name
         self.stream_ctx.__exit__(exc_type, exc_value, traceback)
 
 
+def _input_key(obj):
+    """`hpu/graphs.py` `input_hash`: the structure, each tensor's shape (and here dtype and strides), other values."""
+    import torch
+
+    if isinstance(obj, dict):
+        return ("dict", tuple((key, _input_key(value)) for key, value in obj.items()))
+    if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
+        return ("seq", tuple(_input_key(item) for item in obj))
+    if torch.is_tensor(obj):
+        return ("tensor", tuple(obj.shape), obj.dtype, obj.stride())
+    return ("value", obj)
+
+
+def _copy_to(dst, src):
+    """`hpu/graphs.py` `copy_to`: copy the new inputs into the tensors the graph captured."""
+    import torch
+
+    if isinstance(dst, dict):
+        for (_, dv), (_, sv) in zip(dst.items(), src.items(), strict=True):
+            _copy_to(dv, sv)
+    elif isinstance(dst, (list, tuple)) and not isinstance(dst, torch.Size):
+        for d, v in zip(dst, src, strict=True):
+            _copy_to(d, v)
+    elif torch.is_tensor(dst):
+        dst.copy_(src)
+
+
+def _graphed_forward(cache, capture_stream, orig_fwd, args, kwargs, max_graphs):
+    """`hpu/graphs.py` `wrapped_hpugraph_forward` (tensor cache on, no dry run): capture on the first call per
+    input key, then copy the inputs into the captured ones and replay; `bypass_hpu_graphs=True` calls through,
+    `warmup_mode=True` returns the cached outputs without a replay, a full cache (`max_graphs`) calls through."""
+    warmup_mode = kwargs.pop("warmup_mode", False)
+    if kwargs.pop("bypass_hpu_graphs", False):
+        return orig_fwd(*args, **kwargs)
+    inputs = (args, kwargs)
+    key = _input_key(inputs)
+    cached = cache.get(key)
+    if cached is None:
+        if max_graphs is not None and len(cache) == max_graphs:
+            return orig_fwd(*args, **kwargs)
+        with stream(capture_stream):
+            hpu_graph = HPUGraph()
+            hpu_graph.capture_begin(dry_run=False)
+            outputs = orig_fwd(*args, **kwargs)
+            hpu_graph.capture_end()
+        cache[key] = (inputs, outputs, hpu_graph)
+        return outputs
+    captured_inputs, outputs, hpu_graph = cached
+    if warmup_mode:
+        return outputs
+    _copy_to(captured_inputs, inputs)
+    hpu_graph.replay()
+    return outputs
+
+
 def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dry_run=False, max_graphs=None):
-    """`hpu/graphs.py` `wrap_in_hpu_graph`: replace `module.forward` (here: a plain call) and add the cache calls."""
-    original = module.forward
+    """`hpu/graphs.py` `wrap_in_hpu_graph`: `module.forward` captures one HPU graph per input shape and replays it
+    (the fake's `HPUGraph`, `OpTape`); adds `clear_cache()` and `clear_inputs()`. Returns the module."""
+    capture_stream = default_stream()
+    cache: dict = {}
+    orig_fwd = module.forward
 
     def forward(*args, **kwargs):
-        return original(*args, **kwargs)
+        return _graphed_forward(cache, capture_stream, orig_fwd, args, kwargs, max_graphs)
 
     module.forward = forward
-    module.clear_cache = lambda: None
-    module.clear_inputs = lambda: None
+    module.clear_cache = cache.clear
+    module.clear_inputs = lambda: None  # tensor cache on: nothing to drop
+    module.hpu_graph_cache = cache  # the fake's own: what was captured, for tests
     return module
+
+
+def make_graphed_callables(callables, sample_args, warmups=0, allow_unused_input=False, asynchronous=False,
+                           disable_tensor_cache=False, dry_run=False):
+    """`hpu/graphs.py` `make_graphed_callables`: the bridge's argument checks and warm-ups; each callable is
+    returned as a function that captures its forward on the first call per input shape and replays it after
+    (`wrap_in_hpu_graph`'s cache). The bridge also captures the backward pass into a second graph; the fake
+    runs backward through autograd on the captured forward's first run, so use the result for inference."""
+    import torch
+
+    just_one = not isinstance(callables, tuple)
+    if just_one:
+        callables, sample_args = (callables,), (sample_args,)
+    for function, args in zip(callables, sample_args, strict=True):
+        if isinstance(function, torch.nn.Module):
+            assert not (function._backward_hooks or function._forward_hooks or function._forward_pre_hooks), (
+                "Modules must not have hooks registered at the time they are passed.")
+        assert all(isinstance(arg, torch.Tensor) for arg in args), (
+            "In the beta API, sample_args for each callable must be a tuple of Tensors.")
+    for function, args in zip(callables, sample_args, strict=True):
+        for _ in range(warmups):
+            function(*args)
+    graphed = []
+    for function in callables:
+        cache: dict = {}
+        capture_stream = default_stream()
+
+        def run(*args, _function=function, _cache=cache, _stream=capture_stream, **kwargs):
+            return _graphed_forward(_cache, _stream, _function, args, kwargs, None)
+
+        graphed.append(run)
+    return graphed[0] if just_one else tuple(graphed)
+
+
+class ModuleCacher:
+    """`hpu/graphs.py` `ModuleCacher(max_graphs=10)`: `ModuleCacher(n)(model, ...)` replaces `model.forward`; the
+    bridge caches a graphed copy per input while training with gradients in lazy mode. The fake keeps the bridge's
+    signatures and counts what the bridge counts (`cached_hits_dict`, `uncached_train_hits`, `uncached_eval_hits`),
+    capturing through `wrap_in_hpu_graph`'s cache for forward only."""
+
+    def __init__(self, max_graphs=10):
+        self.max_graphs = max_graphs
+        self.cached_hits_dict: dict = {}
+        self.uncached_train_hits = 0
+        self.uncached_eval_hits = 0
+        self.model = None
+
+    def __call__(self, model, use_lfu=False, inplace=True, allow_unused_input=False, asynchronous=False,
+                 have_grad_accumulation=False, log_frequency=100, verbose=False, disable_tensor_cache=False,
+                 dry_run=False):
+        import copy
+
+        import torch
+
+        if not inplace:
+            model = copy.copy(model)
+        self.model = model
+        model.orig_forward = model.forward
+        cache: dict = {}
+        capture_stream = default_stream()
+
+        def forward(*args, **kwargs):
+            use_cache = model.training and torch.is_grad_enabled() and _GRAPH_STATE["lazy"]
+            key = _input_key((args, kwargs))
+            if use_cache and (key in cache or len(cache) < self.max_graphs):
+                self.cached_hits_dict[key] = self.cached_hits_dict.get(key, 0) + (key in cache)
+                return _graphed_forward(cache, capture_stream, model.orig_forward, args, kwargs, self.max_graphs)
+            if model.training:
+                self.uncached_train_hits += 1
+            else:
+                self.uncached_eval_hits += 1
+            return model.orig_forward(*args, **kwargs)
+
+        model.forward = forward
+        return model
 
 
 def mark_step(device_str="", sync=False):
@@ -408,7 +625,7 @@ def initialize_distributed_hpu(world_size=None, rank=None, local_rank=None):
 
 
 #: Graph names `hpu/__init__.py` re-exports into `habana_frameworks.torch.hpu` in lazy mode only.
-LAZY_ONLY_HPU_NAMES = ("HPUGraph", "graph", "wrap_in_hpu_graph")
+LAZY_ONLY_HPU_NAMES = ("HPUGraph", "graph", "wrap_in_hpu_graph", "make_graphed_callables", "ModuleCacher")
 
 
 @contextlib.contextmanager
@@ -445,17 +662,29 @@ def fake_gaudi(count: int = 8, *, name: str = "GAUDI2", memory: int = 96 * GiB, 
             mode = execution_mode(os.environ, plugin_version=plugin_version)  # read once, as at plugin import
             functions = _device_functions(count, name, memory)
             graphs = _package("habana_frameworks.torch.hpu.graphs", HPUGraph=HPUGraph, graph=graph,
-                              wrap_in_hpu_graph=wrap_in_hpu_graph)
+                              wrap_in_hpu_graph=wrap_in_hpu_graph, make_graphed_callables=make_graphed_callables,
+                              ModuleCacher=ModuleCacher)
+            random = _package("habana_frameworks.torch.hpu.random", **{n: globals()[n] for n in RANDOM_NAMES})
             lazy_names = {key: getattr(graphs, key) for key in LAZY_ONLY_HPU_NAMES} if mode.lazy else {}
             # Stream/Event: torch._dynamo reads them from torch.hpu while tracing (_in_graph_classes).
-            _GRAPH_STATE.update(events=[], lazy=mode.lazy, current=None)
+            _GRAPH_STATE.update(events=[], lazy=mode.lazy, current=None, default=None)
+            _RANDOM_STATE["generator"] = None
             graph.default_capture_stream = None
             hpu = _package("habana_frameworks.torch.hpu", **functions, Stream=Stream, Event=Event, graphs=graphs,
-                           current_stream=current_stream, stream=stream, **lazy_names)
-            internal = _package("habana_frameworks.torch.utils.internal", is_lazy=lambda: mode.lazy)
+                           current_stream=current_stream, stream=stream, default_stream=default_stream,
+                           random=random, **{n: getattr(random, n) for n in RANDOM_NAMES}, **lazy_names)
+            def is_lazy():
+                """`utils/internal.py` `is_lazy()`: fixed when the plugin is imported (here: on entry)."""
+                return mode.lazy
+
+            pin_names = {"HABANA_VISIBLE_MODULES_VAR": MODULES_VARIABLE, "HLS_MODULE_ID_VAR": MODULE_ID_VARIABLE}
+            hpu.is_lazy = is_lazy  # hpu/__init__.py and core/__init__.py import it from utils.internal
+            hpu.__dict__.update(pin_names)  # hpu/_utils.py constants, imported by hpu/__init__.py
+            internal = _package("habana_frameworks.torch.utils.internal", is_lazy=is_lazy)
             utils = _package("habana_frameworks.torch.utils", internal=internal)
-            core = _package("habana_frameworks.torch.core", mark_step=mark_step)
-            hccl = _package("habana_frameworks.torch.distributed.hccl", initialize_distributed_hpu=initialize_distributed_hpu)
+            core = _package("habana_frameworks.torch.core", mark_step=mark_step, is_lazy=is_lazy)
+            hccl = _package("habana_frameworks.torch.distributed.hccl", initialize_distributed_hpu=initialize_distributed_hpu,
+                            **pin_names)
             distributed = _package("habana_frameworks.torch.distributed", hccl=hccl)
             htorch = _package("habana_frameworks.torch", core=core, hpu=hpu, distributed=distributed, utils=utils)
             root = _package("habana_frameworks", torch=htorch, __version__=plugin_version)
@@ -463,7 +692,7 @@ def fake_gaudi(count: int = 8, *, name: str = "GAUDI2", memory: int = 96 * GiB, 
             # returns True; save them so the fake leaves torch as it found it.
             for owner, attribute in _torch_globals_transformers_patches(torch):
                 patches.setattr(owner, attribute, getattr(owner, attribute))
-            for module in (root, htorch, core, hpu, graphs, utils, internal, distributed, hccl):
+            for module in (root, htorch, core, hpu, graphs, random, utils, internal, distributed, hccl):
                 patches.module(module.__name__, module)
             patches.setattr(torch, "hpu", hpu)  # torch._register_device_module("hpu", hpu) (core/__init__.py)
             patches.module("torch.hpu", hpu)

@@ -11,7 +11,10 @@ What it models, and from which source (read 2026-12; INTEL.md S1, S5, S6):
 - `get_device_properties()` has every field of torch's `_XpuDeviceProperties` (`torch/_C/__init__.pyi`).
 - `mem_get_info()` returns (free, total), or raises torch's RuntimeError ("doesn't support
   querying the available free memory", `torch/csrc/xpu/Module.cpp`) where the device lacks
-  `ext_intel_free_memory` (integrated GPUs, WSL).
+  `ext_intel_free_memory`: integrated GPUs and WSL by default, and any card made with
+  `free_memory_query=False`; with `needs_sysman=True` a card (discrete too) reports it only while
+  `ZES_ENABLE_SYSMAN=1` is set (intel/llvm `sycl/doc/extensions/supported/sycl_ext_intel_device_info.md`,
+  "Free Global Memory": "one may need to set ZES_ENABLE_SYSMAN=1 to fully enable this extension").
 - `torch.accelerator` answers `xpu` (`current_accelerator`, `device_count`, `is_available`,
   `current_device_index`, `set_device_index`, `synchronize`, `get_memory_info`), which is what
   Accelerate 1.16's `get_torch_accelerator_backend` (`utils/imports.py`) and `PartialState` read.
@@ -35,6 +38,7 @@ from typing import Any
 
 from ..errors import DeviceHierarchyError
 from ..hierarchy import HIERARCHY_VARIABLE, exposed_devices, parse_hierarchy
+from ..platforms.xpu import SYSMAN_VARIABLE
 from .common import DEVICE_VARIABLES, GiB, _device_index, _Patches, clear_library_caches
 from .graphs import OpTape
 
@@ -68,7 +72,7 @@ def _xpu_properties(name: str, memory: int, *, native_bf16: bool, integrated: bo
 
 
 def _xpu_functions(cards: int, tiles: int, name: str, memory: int, *, native_bf16: bool, integrated: bool,
-                   fp64: bool, free_memory_query: bool, free: int | None) -> dict[str, Any]:
+                   fp64: bool, free_memory_query: bool, free: int | None, needs_sysman: bool = False) -> dict[str, Any]:
     """Functions with the signatures (and, where torch's are pure Python, the bodies) of `torch.xpu`'s."""
     state = {"current": 0}
 
@@ -105,7 +109,7 @@ def _xpu_functions(cards: int, tiles: int, name: str, memory: int, *, native_bf1
 
     def mem_get_info(device=None) -> tuple[int, int]:
         index = _device_index(device if device is not None else state["current"], device_count())
-        if not free_memory_query:
+        if not free_memory_query or (needs_sysman and os.environ.get(SYSMAN_VARIABLE) != "1"):
             raise RuntimeError(
                 f"The device ({name}) doesn't support querying the available free memory. You can file an issue at "
                 f"https://github.com/pytorch/pytorch/issues to help us prioritize its implementation."
@@ -277,13 +281,16 @@ def _accelerator_functions(torch: Any, xpu: dict[str, Any]) -> dict[str, Any]:
 def fake_xpu(count: int = 1, *, bf16: bool | None = None, name: str = "Intel(R) Data Center GPU Max 1550",
              memory: int = 64 * GiB, tiles: int = 1, native_bf16: bool | None = None, integrated: bool = False,
              fp64: bool = True, free_memory_query: bool | None = None, free_memory: int | None = None,
-             hierarchy: str | None = None, affinity_mask: str | None = None) -> Iterator[types.SimpleNamespace]:
+             hierarchy: str | None = None, affinity_mask: str | None = None,
+             needs_sysman: bool = False) -> Iterator[types.SimpleNamespace]:
     """Make the real `torch.xpu` and `torch.accelerator` report `count` Intel GPU cards of `tiles` tiles.
 
     - `native_bf16` (old name `bf16`): the device's `has_bfloat16_conversions`. False models a GPU
       whose bf16 is emulated only: `is_bf16_supported()` is still True (as torch's), only
       `is_bf16_supported(including_emulation=False)` is False.
     - `integrated`: `is_integrated_gpu`; `mem_get_info` then raises unless `free_memory_query=True`.
+    - `needs_sysman`: `mem_get_info` works only while `ZES_ENABLE_SYSMAN=1` is set (discrete cards too);
+      `free_memory_query=False` makes any card unable to report free memory.
     - `memory` per card (a FLAT tile-device reports its share), `free_memory` for `mem_get_info`.
     - `hierarchy` / `affinity_mask` set `ZE_FLAT_DEVICE_HIERARCHY` / `ZE_AFFINITY_MASK` for the
       duration; the fake reads both from `os.environ` on every call, so a test may also set them.
@@ -297,11 +304,11 @@ def fake_xpu(count: int = 1, *, bf16: bool | None = None, name: str = "Intel(R) 
     native = native_bf16 if native_bf16 is not None else (True if bf16 is None else bf16)
     query = (not integrated) if free_memory_query is None else free_memory_query
     functions = _xpu_functions(count, tiles, name, memory, native_bf16=native, integrated=integrated, fp64=fp64,
-                               free_memory_query=query, free=free_memory)
+                               free_memory_query=query, free=free_memory, needs_sysman=needs_sysman)
     accelerator = _accelerator_functions(torch, functions)
     patches = _Patches()
     try:
-        for variable in DEVICE_VARIABLES:
+        for variable in (*DEVICE_VARIABLES, SYSMAN_VARIABLE):
             patches.setenv(variable, None)
         if hierarchy is not None:
             patches.setenv(HIERARCHY_VARIABLE, hierarchy)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .. import devices
 from ..errors import PlanError
 from .adapters import adapter_base_model, check_adapter_weights, is_adapter_folder
-from .quantization import check_quantization
+from .quantization import plan_quantization
 from .source import DEFAULT_MODEL, model_config, needs_remote_code, resolve_source, weight_bytes
 
 if TYPE_CHECKING:
@@ -279,9 +279,15 @@ def choose_dtype(accel: hwenv.Accelerator, dtype: str) -> tuple[str, str]:
             fact = devices.row(BF16_FACTS, accel.kind, "")
             source = f"; read by {read}" if read else ""
             return "bfloat16", f"{accel.kind} supports bf16 ({fact}{source}): half the memory of fp32, same range"
+        if accel.bf16_emulated:  # torch says yes by counting emulation: usable, slow (X17)
+            return "float32", (f"{accel.kind} runs bf16 emulated only ({read or 'X17'}), so float32 for speed; pass "
+                               "dtype='bfloat16' to use it anyway (torch and TrainingArguments accept it)")
         return "float32", (f"{accel.kind} reports no bf16 support ({read or 'X17'}), so float32; pass "
                            "dtype='float16' for half precision")
     name = DTYPES[dtype.lower()]
+    if name == "bfloat16" and accel.platform.is_accelerator and not accel.bf16 and accel.bf16_emulated:
+        return name, (f"given; {accel.kind} runs bf16 emulated, not natively ({read or 'X17'}): it runs, slowly, as "
+                      f"torch.xpu.is_bf16_supported() and TrainingArguments(bf16=True) accept it")
     if name == "bfloat16" and accel.platform.is_accelerator and not accel.bf16:
         raise PlanError(
             f"dtype={dtype!r} but {accel.name} ({', '.join(accel.names) or accel.kind}) does not support bfloat16 "
@@ -393,8 +399,10 @@ def plan(
     reasons["device"] = (f"{accel.source}: {accel.name}" if not isinstance(device, str) or device == "auto"
                          else f"given: device={device!r}")
     dtype_name, reasons["dtype"] = choose_dtype(accel, dtype)
-    reasons["quantization"] = check_quantization(quantization, accel)
-    nbytes, how = weight_bytes(source, dtype_name, quantization)
+    # every method of hwrun's quantization table, and a pre-quantized checkpoint's own config (issue 43)
+    quant = plan_quantization(quantization, accel, dtype_name, model_config(source))
+    reasons["quantization"] = quant.reason
+    nbytes, how = weight_bytes(source, dtype_name, quant.size_key)
     device_map, reasons["device_map"] = choose_device_map(accel, nbytes, how)
 
     try:
@@ -434,7 +442,7 @@ def plan(
         attention=choice,
         use_kernels=use_kernels,
         compile=decision,
-        quantization=quantization,
+        quantization=quant.value,
         env=env,
         trust_remote_code=trust_remote_code,
         dist_backend=dist,
