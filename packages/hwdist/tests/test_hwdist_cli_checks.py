@@ -53,7 +53,7 @@ def test_valid_launch_options_pass(tmp_path, monkeypatch):
                               "train.py"))
     check_launch(_launch_args("--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1]:29400", "train.py"))
     check_launch(_launch_args("--dry-run", "elsewhere.py"))  # a dry run may be for another machine
-    check_launch(_launch_args("-m", "json"))
+    check_launch(_launch_args("--standalone", "-m", "json"))  # standalone: no fixed port to find free (issue 42)
 
 
 def test_missing_script_and_folder(tmp_path, monkeypatch):

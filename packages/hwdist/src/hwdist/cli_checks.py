@@ -77,6 +77,89 @@ def check_script(script: str, module: bool) -> None:
         raise LaunchError(f"script {script!r} is a folder without __main__.py; pass the training script's path.")
     if not os.access(script, os.R_OK):
         raise LaunchError(f"script {script!r} is not readable; fix its permissions.")
+    if os.path.isfile(script):
+        check_python(script)
+
+
+#: A script larger than this is not compiled before the launch (torchrun's python still reads it whole).
+COMPILE_LIMIT = 16 * 1024 * 1024
+
+
+def check_python(script: str) -> None:
+    """torchrun runs the script with this Python: a shell script, a binary or a file with a syntax error would
+    fail in every worker with torchrun's ChildFailedError traceback (issue 42). Read the shebang, then compile
+    the source with this interpreter (nothing runs)."""
+    with open(script, "rb") as handle:
+        source = handle.read(COMPILE_LIMIT + 1)
+    if len(source) > COMPILE_LIMIT:
+        return
+    first = source.split(b"\n", 1)[0]
+    if first.startswith(b"#!") and b"python" not in first:
+        interpreter = first[2:].decode("utf-8", "replace").strip() or "another program"
+        raise LaunchError(f"script {script!r} is a {interpreter} script, not Python, and torchrun runs its script "
+                          f"with {sys.executable}. Fix: pass the Python training script it starts, or run it "
+                          "directly (hwenv exec for a device selection).")
+    try:
+        compile(source, script, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as error:
+        where = f" (line {error.lineno}: {error.msg})" if isinstance(error, SyntaxError) and error.lineno else \
+            f" ({error})"
+        raise LaunchError(f"script {script!r} is not Python this interpreter can run{where}; torchrun would start "
+                          f"{sys.executable} on it in every process and each would fail. Fix: pass the Python "
+                          "training script, or fix that line.") from None
+
+
+def check_log_dir(log_dir: str) -> None:
+    """torchrun creates `--log-dir` (and its parents) when it starts: refuse a folder it cannot create or write
+    (a path under a file, an unwritable parent, /proc) before, instead of its traceback."""
+    path = os.path.abspath(log_dir)
+    if os.path.isdir(path):
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise LaunchError(f"--log-dir {log_dir!r} is not writable; torchrun writes its logs there. Fix its "
+                              "permissions, or pass another folder.")
+        return
+    parent = os.path.dirname(path)
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise LaunchError(f"--log-dir {log_dir!r} cannot be created: {parent!r} is a file, not a folder. Pass a "
+                          "folder path.")
+    if not os.access(parent, os.W_OK | os.X_OK) or parent.startswith(("/proc", "/sys")):
+        raise LaunchError(f"--log-dir {log_dir!r} cannot be created: {parent!r} is not writable. Fix its "
+                          "permissions, or pass a folder you can write to.")
+
+
+#: torchrun's default port of the static rendezvous (TCPStore on node rank 0).
+DEFAULT_MASTER_PORT = 29500
+_LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "::")
+
+
+def check_master_port(args: argparse.Namespace) -> None:
+    """On node rank 0 of a static rendezvous torchrun's store listens on --master-port (29500 by default): a port
+    another process holds fails only inside torchrun, with its traceback (issue 42). Try to bind it first (as the
+    store does, SO_REUSEADDR: a closed connection's TIME_WAIT does not count); nothing listens afterwards."""
+    import socket
+
+    if args.standalone or args.rdzv_backend not in (None, STATIC_RDZV) or args.rdzv_endpoint is not None:
+        return
+    if args.node_rank is not None and int(str(args.node_rank).strip()) != 0:
+        return  # the store runs on node rank 0
+    address = args.master_addr
+    if address is not None and address.strip() not in (*_LOCAL_ADDRESSES, socket.gethostname()):
+        return  # the store runs on another machine
+    number = port(args.master_port, "--master-port") if args.master_port is not None else DEFAULT_MASTER_PORT
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("0.0.0.0", number))
+    except OSError as error:
+        given = "--master-port" if args.master_port is not None else "torchrun's default --master-port"
+        raise LaunchError(f"{given} {number} is in use on this machine ({error.strerror or error}): torchrun's "
+                          "rendezvous store listens there on node rank 0, so every process would fail. Fix: pass "
+                          "another --master-port, or stop the process that holds it (an earlier launch still "
+                          "running?).") from None
+    finally:
+        probe.close()
 
 
 def check_launch(args: argparse.Namespace) -> None:
@@ -128,6 +211,9 @@ def check_launch(args: argparse.Namespace) -> None:
                           f"use --rdzv-endpoint HOST:PORT instead, or drop {', '.join(master)}.")
     if not args.dry_run:  # a dry run may print a command for another machine, where the script lives
         check_script(args.script, args.module)
+        if args.log_dir is not None:
+            check_log_dir(args.log_dir)
+        check_master_port(args)
 
 
 def check_bench(args: argparse.Namespace) -> None:
@@ -148,4 +234,5 @@ def check_bench(args: argparse.Namespace) -> None:
         parse_sizes(args.sizes)
 
 
-__all__ = ["check_bench", "check_launch", "check_script", "nnodes", "port"]
+__all__ = ["check_bench", "check_launch", "check_log_dir", "check_master_port", "check_python", "check_script", "nnodes",
+           "port"]

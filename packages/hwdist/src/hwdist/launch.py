@@ -86,6 +86,7 @@ def _nproc(platform: hwenv.Platform, requested: int | None, selection: hwenv.Sel
     if requested is not None:
         if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
             raise LaunchError(f"--nproc-per-node {requested!r} must be a positive integer.")
+        _check_process_bound(platform, requested, selection.count if selection.count is not None else target)
         available = selection.count if selection.count is not None else target
         if available is not None and requested > available:
             what = ("selected" if selection.count is not None else "per node (--device-count)"
@@ -115,6 +116,47 @@ def _nproc(platform: hwenv.Platform, requested: int | None, selection: hwenv.Sel
         f"cannot count {kind} devices on this machine (it has none); pass --nproc-per-node N, --devices, or "
         f"--device-count N (the {kind} devices of each node the command is for)."
     )
+
+
+#: Processes per node on a device kind that is not selected (CPU): this many per core this process may use (at
+#: least CPU_PROCESS_FLOOR). Each is a whole Python process with its own copy of the model, and every step waits for
+#: the slowest, so processes beyond the cores only time-slice; 100000 exhausted the process table (issue 42).
+CPU_PROCESSES_PER_CORE = 4
+CPU_PROCESS_FLOOR = 8
+#: Processes per node when the device count of an accelerator node is not known (--kind for another machine, no
+#: --device-count): beyond any node built (8-16 accelerators; 64 for the largest boards' sub-devices).
+MAX_PROCESSES_PER_NODE = 256
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, else os.cpu_count())."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _check_process_bound(platform: hwenv.Platform, requested: int, available: int | None) -> None:
+    """An upper bound on --nproc-per-node where no device count bounds it (the bound and why in the message)."""
+    if available is not None:
+        return  # bounded by the devices (below)
+    if not platform.selectable:
+        cores = usable_cores()
+        bound = max(CPU_PROCESSES_PER_CORE * cores, CPU_PROCESS_FLOOR)
+        if requested > bound:
+            raise LaunchError(
+                f"--nproc-per-node {requested} on {platform.kind} exceeds {bound} ({CPU_PROCESSES_PER_CORE} per core "
+                f"of the {cores} this process may use, at least {CPU_PROCESS_FLOOR}): each process is a whole Python "
+                "with its own copy of the model and every step waits for the slowest, so beyond the cores they only "
+                f"time-slice. Fix: --nproc-per-node {min(cores, bound)} (one per core), or launch on the machine the "
+                "processes are for."
+            )
+    elif requested > MAX_PROCESSES_PER_NODE:
+        raise LaunchError(
+            f"--nproc-per-node {requested} exceeds {MAX_PROCESSES_PER_NODE}, more {platform.kind} devices than any "
+            f"node has (one process per device, G16). Fix: the node's device count, or pass --device-count N to "
+            "check it against the node the command is for."
+        )
 
 
 def _check_by(by: str | None, devices: str | None, platform: hwenv.Platform) -> None:
