@@ -33,14 +33,29 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", nargs="?", const=True, default=False, metavar="BACKEND",
                         help="compile the decode step (optionally with this torch.compile backend)")
     parser.add_argument("--quantization", choices=("4bit", "8bit"), default=None, help="bitsandbytes 4/8-bit (X14)")
+    parser.add_argument("--quantize", default=None, metavar="METHOD",
+                        help="int4-weight-only, int8-weight-only, int8-dynamic, float8 (torchao), bnb-4bit, bnb-8bit, "
+                             "hqq, or awq, gptq, auto-round, compressed-tensors, fp8 (pre-quantized checkpoints); "
+                             "refused before load where the device does not run it (hwrun's README has the table)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code")
+
+
+def _quantization_of(args: argparse.Namespace) -> str | None:
+    """--quantize METHOD, or --quantization 4bit|8bit (bitsandbytes' spelling); both only when they agree."""
+    quantize, bnb = getattr(args, "quantize", None), getattr(args, "quantization", None)
+    if quantize and bnb and quantize not in (bnb, f"bnb-{bnb}"):
+        from ..errors import QuantizationError
+
+        raise QuantizationError(f"--quantize {quantize} and --quantization {bnb} disagree; pass one "
+                                f"(--quantization {bnb} is --quantize bnb-{bnb}).")
+    return quantize or bnb
 
 
 def _plan_from(args: argparse.Namespace, model: str | None):
     from ..model.plan import plan
 
     return plan(model, device=args.device, dtype=args.dtype, attention=args.attention, use_kernels=args.use_kernels,
-                compile=args.compile, quantization=args.quantization, trust_remote_code=args.trust_remote_code)
+                compile=args.compile, quantization=_quantization_of(args), trust_remote_code=args.trust_remote_code)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -91,8 +91,10 @@ def graph_api_of(plan: RunPlan) -> tuple[str, str] | None:
 def _plan_blockers(plan: RunPlan) -> list[str]:
     """What keeps hwrun's loops from running the plan at all (before load)."""
     blockers = []
-    if plan.quantization:
-        blockers.append("bitsandbytes weights")
+    if plan.quantization:  # which method, and why (hwrun.model.quantization.decode_blocker)
+        from ..model.quantization import decode_blocker
+
+        blockers.append(decode_blocker(plan.quantization))
     if plan.device_map == "auto":
         blockers.append("the model is split across devices")
     return blockers

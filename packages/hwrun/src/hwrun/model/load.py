@@ -46,9 +46,12 @@ def from_pretrained_kwargs(plan: RunPlan) -> dict[str, Any]:
     if plan.device_map is not None:
         kwargs["device_map"] = plan.device_map
     if plan.quantization:
-        from .quantization import bnb_config
+        from .quantization import quantization_config
 
-        kwargs["quantization_config"] = bnb_config(plan.quantization, plan.dtype)
+        # bitsandbytes, torchao or hqq on load; none for a pre-quantized checkpoint (Transformers reads its own)
+        config = quantization_config(plan, model_config(source))
+        if config is not None:
+            kwargs["quantization_config"] = config
     if source.local or hub_offline():
         kwargs["local_files_only"] = True
     return kwargs

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .. import devices
 from ..errors import PlanError
 from .adapters import adapter_base_model, check_adapter_weights, is_adapter_folder
-from .quantization import check_quantization
+from .quantization import plan_quantization
 from .source import DEFAULT_MODEL, model_config, needs_remote_code, resolve_source, weight_bytes
 
 if TYPE_CHECKING:
@@ -399,8 +399,10 @@ def plan(
     reasons["device"] = (f"{accel.source}: {accel.name}" if not isinstance(device, str) or device == "auto"
                          else f"given: device={device!r}")
     dtype_name, reasons["dtype"] = choose_dtype(accel, dtype)
-    reasons["quantization"] = check_quantization(quantization, accel)
-    nbytes, how = weight_bytes(source, dtype_name, quantization)
+    # every method of hwrun's quantization table, and a pre-quantized checkpoint's own config (issue 43)
+    quant = plan_quantization(quantization, accel, dtype_name, model_config(source))
+    reasons["quantization"] = quant.reason
+    nbytes, how = weight_bytes(source, dtype_name, quant.size_key)
     device_map, reasons["device_map"] = choose_device_map(accel, nbytes, how)
 
     try:
@@ -440,7 +442,7 @@ def plan(
         attention=choice,
         use_kernels=use_kernels,
         compile=decision,
-        quantization=quantization,
+        quantization=quant.value,
         env=env,
         trust_remote_code=trust_remote_code,
         dist_backend=dist,

@@ -171,3 +171,264 @@ def after_load(model: Any, plan: Any) -> None:
     """What a quantized model needs once loaded, before its first forward (called by `load()` for every path)."""
     if getattr(model, "is_quantized", False) or plan.quantization:
         keep_cpu_4bit_layers_unpacked(model)
+
+
+# ---- every method of the table (issue 43): plan, pre-quantized checkpoints, the config passed to from_pretrained ----
+
+#: int4 group sizes hwrun picks from, largest first (torchao's CPU int4 layout takes 32/64/128; its tinygemm
+#: layout 32..256). torchao skips, with only an info log, a weight whose in_features the group size does not divide
+#: (`quant_api._int4_weight_only_quantize_tensor`), so hwrun picks one that divides every linear layer's.
+INT4_GROUP_SIZES = (128, 64, 32)
+
+
+@dataclass(frozen=True)
+class QuantizationChoice:
+    """What the plan holds for quantization: `value` (the plan's `quantization`: "4bit"/"8bit" for bitsandbytes, else
+    the method's name; None for none), the table's `method`, whether the checkpoint is `pre_quantized` (its
+    config.json has a `quantization_config`: Transformers reads it, hwrun passes none), the `reason`, and `bits`
+    for the size estimate (None: the weights keep the planned dtype or the checkpoint's own packing)."""
+
+    value: str | None
+    method: str | None
+    pre_quantized: bool
+    reason: str
+    bits: int | None
+
+    @property
+    def size_key(self) -> str | None:
+        """The key of `source.QUANT_BYTES` for the weight-size estimate ("4bit"/"8bit"), None for none."""
+        if self.bits is None or self.pre_quantized:  # a pre-quantized checkpoint's headers already count its packing
+            return None
+        return "4bit" if self.bits == 4 else "8bit"
+
+
+def checkpoint_quantization(config: dict | None) -> tuple[str, str] | None:
+    """(table method, what the checkpoint says) for a config.json with a `quantization_config`, else None.
+    Raises QuantizationError for a `quant_method` hwrun has no row for (naming it and the ones it has)."""
+    from .quantization_table import METHODS
+
+    qc = (config or {}).get("quantization_config")
+    if not isinstance(qc, dict):
+        return None
+    quant_method = str(qc.get("quant_method", "")).lower()
+    said = f"quantization_config.quant_method={quant_method!r}"
+    if quant_method == "bitsandbytes":
+        return ("bnb-8bit" if qc.get("load_in_8bit") else "bnb-4bit"), said
+    if quant_method == "torchao":
+        return _torchao_method(qc, said), said
+    for name, method in METHODS.items():  # torchao and bitsandbytes, several methods each, are read above
+        if quant_method in method.quant_methods:
+            return name, said
+    known = sorted({q for m in METHODS.values() for q in m.quant_methods})
+    raise QuantizationError(
+        f"the checkpoint's config.json says {said}; hwrun has no row for it in its quantization table "
+        f"(it plans {', '.join(known)}). Load a checkpoint quantized with one of those, or an unquantized one.")
+
+
+#: torchao config class -> table method (a checkpoint's `quant_type.default._type`).
+TORCHAO_TYPES = {
+    "Int4WeightOnlyConfig": "int4-weight-only", "PrototypeInt4WeightOnlyConfig": "int4-weight-only",
+    "Int8WeightOnlyConfig": "int8-weight-only", "Int8DynamicActivationInt8WeightConfig": "int8-dynamic",
+    "Float8DynamicActivationFloat8WeightConfig": "float8",
+}
+
+#: torchao int4 layouts are device-specific: a checkpoint saved in one loads on that device only (torchao 0.18:
+#: Int4OpaqueTensor CPU, tile_packed_to_4d CUDA tinygemm, plain_int32 XPU; `plain` needs mslk on CUDA).
+INT4_LAYOUT_DEVICE = {"PrototypeInt4WeightOnlyConfig": "cpu", "tile_packed_to_4d": "cuda", "plain_int32": "xpu",
+                      "plain": "cuda", "preshuffled": "cuda"}
+
+
+def _torchao_type(qc: dict) -> tuple[str, dict]:
+    quant_type = qc.get("quant_type")
+    entry = quant_type.get("default", quant_type) if isinstance(quant_type, dict) else {}
+    entry = entry if isinstance(entry, dict) else {}
+    return str(entry.get("_type", quant_type if isinstance(quant_type, str) else "")), entry.get("_data") or {}
+
+
+def _torchao_method(qc: dict, said: str) -> str:
+    type_name, _ = _torchao_type(qc)
+    if type_name not in TORCHAO_TYPES:
+        raise QuantizationError(
+            f"the checkpoint's config.json says {said} with quant_type {type_name or '(none)'!r}; hwrun plans torchao "
+            f"{', '.join(TORCHAO_TYPES)}. Load a checkpoint quantized with one of those, or an unquantized one.")
+    return TORCHAO_TYPES[type_name]
+
+
+def _int4_layout_device(qc: dict) -> str | None:
+    type_name, data = _torchao_type(qc)
+    if type_name == "PrototypeInt4WeightOnlyConfig":
+        return "cpu"
+    layout = data.get("int4_packing_format")
+    if isinstance(layout, dict):  # an enum serialised by torchao's config_to_dict
+        layout = layout.get("_data", layout.get("value"))
+    return INT4_LAYOUT_DEVICE.get(str(layout or "plain").lower())
+
+
+def int4_group_size(config: dict | None) -> tuple[int, str]:
+    """(group size, why) for int4 weight-only: the largest of INT4_GROUP_SIZES dividing every linear layer's
+    in_features (hidden size, attention width, intermediate size) read from config.json. Raises QuantizationError
+    when none divides them (torchao would leave those layers unquantized, logging only at info)."""
+    text = (config or {}).get("text_config") or config or {}
+    hidden = text.get("hidden_size")
+    if not hidden:
+        return INT4_GROUP_SIZES[0], f"group size {INT4_GROUP_SIZES[0]} (config.json not read: layer widths unchecked)"
+    heads = text.get("num_attention_heads") or 1
+    widths = {int(hidden), int(text.get("head_dim") or hidden // heads) * int(heads)}
+    if text.get("intermediate_size"):
+        widths.add(int(text["intermediate_size"]))
+    for size in INT4_GROUP_SIZES:
+        if all(w % size == 0 for w in widths):
+            return size, f"group size {size} (divides every linear layer's in_features: {sorted(widths)})"
+    raise QuantizationError(
+        f"int4-weight-only: no group size of {INT4_GROUP_SIZES} divides this model's layer widths {sorted(widths)}; "
+        "torchao would leave those layers unquantized. Use int8-weight-only, or bnb-4bit.")
+
+
+def quantize_methods() -> tuple[str, ...]:
+    """Every `--quantize` spelling: the table's methods plus the bitsandbytes plan values "4bit"/"8bit"."""
+    from .quantization_table import ALIASES, METHODS
+
+    return (*METHODS, *ALIASES)
+
+
+def plan_quantization(quantization: str | None, accel: hwenv.Accelerator, dtype: str,
+                      config: dict | None = None) -> QuantizationChoice:
+    """Decide quantization for the plan, before anything loads: the requested method (`--quantize`, or "4bit"/"8bit")
+    and/or the checkpoint's own `quantization_config`, checked against the table row of the accelerator's kind, the
+    cell's finer rule (compute capability, Gaudi generation, dtype) and the library being installed. Raises
+    QuantizationError naming the value, the rule and the fix."""
+    from .quantization_table import (
+        METHODS,
+        QUANTIZATION_TABLE,
+        cell,
+        method_name,
+        plan_value,
+    )
+
+    if quantization is not None and method_name(quantization) not in METHODS:
+        raise QuantizationError(
+            f"quantization={quantization!r} is not a method hwrun plans; use one of {', '.join(quantize_methods())} "
+            "('4bit'/'8bit' are bitsandbytes), or None for none.")
+    found = checkpoint_quantization(config)
+    requested = method_name(quantization) if quantization is not None else None
+    if found is None and requested is None:
+        return QuantizationChoice(None, None, False, "none requested (weights keep the planned dtype)", None)
+    if found is not None and requested is not None and found[0] != requested:
+        raise QuantizationError(
+            f"quantization={quantization!r}: the checkpoint is already quantized ({found[1]}, which hwrun plans as "
+            f"{found[0]!r}); drop the option to load it as it is, or pass an unquantized checkpoint.")
+    name = requested or found[0]
+    method = METHODS[name]
+    value = plan_value(name)
+    here = cell(accel.kind, name)
+    where = [k for k, row in QUANTIZATION_TABLE.items() if row[name].runs]
+    cited = f"sources: {', '.join(here.sources) or 'none'} (hwrun's README lists them)"
+    if not here.runs and name not in PLAN_VALUE_BNB:  # bitsandbytes: BITSANDBYTES' own messages, below
+        raise QuantizationError(
+            f"quantization={value!r} ({method.library}) on {accel.name} ({accel.kind}): {here.reason} [{cited}]. "
+            f"hwrun runs it on: {', '.join(where) or 'no device'}; pick another method for {accel.kind} "
+            f"(`hwrun plan --quantize METHOD` says which) or load without quantization.")
+    if found is None and not method.on_load:
+        raise QuantizationError(
+            f"quantization={quantization!r} loads {method.summary} only (run by {method.library}) and this model's "
+            f"config.json has no quantization_config; quantize it first, or pick a method that "
+            f"quantizes on load ({', '.join(n for n, m in METHODS.items() if m.on_load)}).")
+    if name in PLAN_VALUE_BNB:  # bitsandbytes: the generation table on Gaudi, its own messages (kept)
+        reason = check_quantization(value, accel)
+    else:
+        refusal = here.check(accel, dtype) if here.check else None
+        if refusal:
+            raise QuantizationError(f"quantization={value!r} ({method.library}) on {accel.name}: {refusal}. "
+                                    f"Pick another method or device (`hwrun plan --quantize METHOD`).")
+        reason = f"{name} via {method.library} ({method.summary}): {accel.kind} runs it, {here.reason}"
+    if found is not None:
+        reason += f"; pre-quantized checkpoint ({found[1]}): Transformers reads its config, hwrun passes none"
+        if name == "int4-weight-only":
+            layout_device = _int4_layout_device(config["quantization_config"])
+            if layout_device and layout_device != accel.device_type:
+                raise QuantizationError(
+                    f"the checkpoint's torchao int4 layout is {layout_device}-only (torchao 0.18 packs int4 per "
+                    f"device) and this plan runs on {accel.device_type}; load it on {layout_device}, or quantize the "
+                    f"unquantized model on load here (--quantize int4-weight-only).")
+    elif name == "int4-weight-only":
+        reason += f"; {int4_group_size(config)[1]}"
+    _require_library(value, method)
+    return QuantizationChoice(value, name, found is not None, reason, None if found else method.bits)
+
+
+PLAN_VALUE_BNB = ("bnb-4bit", "bnb-8bit")
+
+
+def _require_library(value: str, method: Any) -> None:
+    if method.package in ("transformers",) or method.name in PLAN_VALUE_BNB:  # bitsandbytes checked above
+        return
+    if importlib.util.find_spec(method.package) is None:
+        install = (f"`pip install 'hwrun[{method.extra}]'`" if method.extra
+                   else f"`pip install {method.library}`")
+        raise QuantizationError(f"quantization={value!r} needs {method.library}, which is not installed; install it "
+                                f"with {install}.")
+
+
+def quantization_config(plan: Any, config: dict | None) -> Any:
+    """The `quantization_config` `from_pretrained` gets for `plan` (None for none, and for a pre-quantized checkpoint:
+    Transformers reads the checkpoint's own). Device-specific layouts follow the table (torchao int4: the CPU opaque
+    layout, CUDA's tinygemm tile_packed_to_4d, XPU's plain_int32)."""
+    from .quantization_table import method_name
+
+    if not plan.quantization or checkpoint_quantization(config) is not None:
+        return None
+    name = method_name(plan.quantization)
+    if name in PLAN_VALUE_BNB:
+        return bnb_config(plan.quantization, plan.dtype)
+    if name == "hqq":
+        from transformers import HqqConfig
+
+        return HqqConfig(nbits=4, group_size=64)
+    from transformers import TorchAoConfig
+
+    return TorchAoConfig(torchao_config(name, plan.accelerator.device_type, config))
+
+
+def torchao_config(name: str, device_type: str, config: dict | None = None) -> Any:
+    """The torchao `AOBaseConfig` for a torchao method on `device_type` (imports torchao)."""
+    if name == "int8-weight-only":
+        from torchao.quantization import Int8WeightOnlyConfig
+
+        return Int8WeightOnlyConfig()
+    if name == "int8-dynamic":
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+
+        return Int8DynamicActivationInt8WeightConfig()
+    if name == "float8":
+        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow
+
+        return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+    if name != "int4-weight-only":
+        raise QuantizationError(f"quantization={name!r} is not a torchao method ({', '.join(TORCHAO_TYPES.values())})")
+    group_size, _ = int4_group_size(config)
+    if device_type == "cpu":
+        from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+
+        return PrototypeInt4WeightOnlyConfig(group_size=group_size)
+    from torchao.quantization import Int4WeightOnlyConfig
+
+    layout = "plain_int32" if device_type == "xpu" else "tile_packed_to_4d"
+    return Int4WeightOnlyConfig(group_size=group_size, int4_packing_format=layout)
+
+
+def decode_blocker(value: str) -> str:
+    """Why hwrun's graph decode loops (and its serving engine) do not run a plan quantized with `value`: named by
+    method and library, for `inference.decision`. They were built for plain `nn.Linear` weights: the fused Llama step
+    concatenates q/k/v and gate/up weights into new tensors (`decode/fused_step.py` refuses quantized models rather
+    than build dequantized copies), and the graph loops have not been run on quantized kernels; Transformers' own
+    loop runs the quantized layers as they are (no dequantized copy)."""
+    from .quantization_table import METHODS, method_name
+
+    name = method_name(value)
+    method = METHODS.get(name)
+    library = method.library if method else "an unknown library"
+    kind = ("Linear4bit/Linear8bitLt layers" if library == "bitsandbytes"
+            else "tensor-subclass weights" if library == "torchao" else "quantized layers")
+    return (f"{library} weights ({value}: {kind}): hwrun's graph loops run plain Linear weights only and have not "
+            "been run on quantized kernels, and its fused step would need dequantized copies; Transformers' loop "
+            "runs them as they are")

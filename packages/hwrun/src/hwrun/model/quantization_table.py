@@ -1,0 +1,322 @@
+"""Which quantization method runs on which device, as data: one row per hwenv platform kind, one cell per method,
+each with yes/no, the reason and the sources it was read from (issue 43.1).
+
+The columns are the methods of Transformers' quantization overview that hwrun plans, read against the libraries'
+own code at the versions the registry serves (transformers 5.25, torchao 0.18, bitsandbytes 0.50, compressed-tensors
+0.20, gptqmodel 7.7, auto-round 0.16, hqq 0.2.8) and Intel's documents for Gaudi. "yes" means hwrun lets the method
+run on that device and says so in the plan; "no" is refused before anything loads, with the reason. A cell that
+the overview marks green but hwrun has not run there says so in its reason (only CPU rows are run by hwrun's
+tests; GPU rows are the sources' word). Rules finer than the kind (a CUDA compute capability, a Gaudi
+generation, the dtype) are the cell's `check`.
+
+`hwrun.model.quantization` decides with this table; the README's table is generated from it (`markdown()`), and a
+test checks that they agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import hwenv
+
+#: Where each claim was read. Keys are cited by the cells.
+SOURCES: dict[str, str] = {
+    "overview": "Transformers, docs/source/en/quantization/overview.md (the table with the 'Intel GPU' column, "
+                "v5.8+; https://huggingface.co/docs/transformers/quantization/overview)",
+    "tf": "transformers 5.25 `quantizers/quantizer_*.py` (`validate_environment`, `update_dtype`) and "
+          "`utils/quantization_config.py`",
+    "torchao": "torchao 0.18: `quantization/quantize_/workflows/int4/` (Int4TilePackedTo4dTensor: tinygemm "
+               "`_weight_int4pack_mm`, CUDA compute capability >= 8.0, bfloat16; Int4PlainInt32Tensor: XPU oneDNN "
+               "and NPU only), `prototype/quantization/int4/int4_opaque_tensor.py` (CPU: "
+               "`_weight_int4pack_mm_for_cpu`, group size 32/64/128), `quantization/quant_api.py` (Int8Tensor: "
+               "plain torch ops), `float8/inference.py` `_check_hardware_support` (CUDA >= 8.9, MI300/MI350 or XPU)",
+    "bnb": "bitsandbytes 0.50: `supported_torch_devices = {cpu, cuda, xpu, hpu, npu, mps}`, `backends/` per "
+           "device, installation guide (ROCm wheels, Intel XPU, Gaudi)",
+    "bnb-cpu": "bitsandbytes 0.50 `nn/modules.py` `Linear4bit.forward` and `functional._convert_weight_packed_for_cpu` "
+               "(AVX512-BF16 repacking; issue 43.4)",
+    "G10": "FACTS.md G10 (Transformers' Gaudi guide): bitsandbytes 4/8-bit on Gaudi 2 and Gaudi 3",
+    "X14": "FACTS.md X14: the Intel GPU column of Transformers' quantization overview",
+    "gptqmodel": "overview notes 3/4: GPTQModel on CPU via torch (all bits) / IPEX (4-bit), on Intel GPU via IPEX "
+                 "4-bit only; transformers 5.25 loads AWQ through gptqmodel (`quantizer_awq.py`)",
+    "inc-fp8": "Intel Neural Compressor `docs/source/3x/PT_FP8Quant.md` support matrix (HPU: FP8 mode; CPU: FP8 QDQ "
+               "only) and docs.habana.ai 'Run Inference Using FP8' (a measurement run, then quantize with "
+               "QUANT_CONFIG; optimum-habana / vLLM)",
+    "hwenv-gen": "hwenv's Gaudi generation table (`hwenv.generation_of`: bnb_4bit, bnb_8bit, fp8)",
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    """One quantization method hwrun plans.
+
+    `name`: the `--quantize` spelling. `library`/`package`: what runs it (the import name is checked before load).
+    `extra`: the hwrun extra that installs it (`pip install 'hwrun[EXTRA]'`). `quant_methods`: the
+    `quantization_config.quant_method` values of a checkpoint this method loads. `on_load`: hwrun quantizes an
+    unquantized checkpoint on load (False: pre-quantized checkpoints only). `bits`: weight bits, for the size estimate.
+    """
+
+    name: str
+    library: str
+    package: str
+    extra: str
+    quant_methods: tuple[str, ...]
+    on_load: bool
+    bits: int
+    summary: str
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("int4-weight-only", "torchao", "torchao", "torchao", ("torchao",), True, 4,
+           "int4 weights, bf16/fp32 activations (A16W4), group-wise"),
+    Method("int8-weight-only", "torchao", "torchao", "torchao", ("torchao",), True, 8,
+           "int8 per-channel weights, activations unquantized (A16W8)"),
+    Method("int8-dynamic", "torchao", "torchao", "torchao", ("torchao",), True, 8,
+           "int8 weights and per-token dynamic int8 activations (A8W8)"),
+    Method("float8", "torchao", "torchao", "torchao", ("torchao",), True, 8,
+           "float8 weights and dynamic float8 activations, per row"),
+    Method("bnb-4bit", "bitsandbytes", "bitsandbytes", "quant", ("bitsandbytes",), True, 4,
+           "NF4 with double quantization (`--quantization 4bit`)"),
+    Method("bnb-8bit", "bitsandbytes", "bitsandbytes", "quant", ("bitsandbytes",), True, 8,
+           "LLM.int8() (`--quantization 8bit`)"),
+    Method("awq", "gptqmodel", "gptqmodel", "gptq", ("awq",), False, 4, "pre-quantized AWQ checkpoints"),
+    Method("gptq", "gptqmodel", "gptqmodel", "gptq", ("gptq",), False, 4, "pre-quantized GPTQ checkpoints"),
+    Method("auto-round", "auto-round", "auto_round", "autoround", ("auto-round", "intel/auto-round"), False, 4,
+           "pre-quantized AutoRound checkpoints"),
+    Method("compressed-tensors", "compressed-tensors", "compressed_tensors", "compressed-tensors",
+           ("compressed-tensors",), False, 8, "pre-quantized llm-compressor checkpoints"),
+    Method("hqq", "hqq", "hqq", "hqq", ("hqq",), True, 4, "Half-Quadratic Quantization on load"),
+    Method("fp8", "transformers", "transformers", "", ("fp8",), False, 8,
+           "pre-quantized fine-grained FP8 checkpoints (DeepSeek/Qwen style, W8A8 per block)"),
+    Method("fp8-inc", "neural-compressor", "neural_compressor", "", (), False, 8,
+           "FP8 on Gaudi through Intel Neural Compressor (measure, then quantize)"),
+)}
+
+#: `--quantization 4bit|8bit` are bitsandbytes; the plan keeps these values (training and the engines read them).
+PLAN_VALUE = {"bnb-4bit": "4bit", "bnb-8bit": "8bit"}
+ALIASES = {value: name for name, value in PLAN_VALUE.items()}
+
+
+def method_name(value: str) -> str:
+    """The table's name of a plan value or a `--quantize` spelling ("4bit" -> "bnb-4bit")."""
+    return ALIASES.get(value, value)
+
+
+def plan_value(name: str) -> str:
+    """The plan's `quantization` value for a method ("bnb-4bit" -> "4bit"; others keep their name)."""
+    return PLAN_VALUE.get(name, name)
+
+
+# ---- checks finer than the kind ------------------------------------------------------------------------
+
+
+def _capability_at_least(minimum: tuple[int, int], what: str) -> Callable[[hwenv.Accelerator, str], str | None]:
+    def check(accel: hwenv.Accelerator, dtype: str) -> str | None:
+        if accel.capability is None or tuple(accel.capability) >= minimum:
+            return None
+        return (f"{what} needs compute capability >= {minimum[0]}.{minimum[1]}; this GPU has "
+                f"{accel.capability[0]}.{accel.capability[1]}")
+    return check
+
+
+def _int4_cuda(accel: hwenv.Accelerator, dtype: str) -> str | None:
+    if dtype != "bfloat16":
+        return f"torchao's tinygemm int4 layout takes bfloat16 weights only, not {dtype} (pass dtype='bfloat16')"
+    return _capability_at_least((8, 0), "torchao's tinygemm int4 kernel")(accel, dtype)
+
+
+def _int4_xpu(accel: hwenv.Accelerator, dtype: str) -> str | None:
+    if dtype not in ("bfloat16", "float16"):
+        return f"torchao's XPU int4 layout (oneDNN) takes bfloat16 or float16 weights, not {dtype}"
+    return None
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One device x method: does hwrun run it (`runs`), why, from which `sources` (keys of SOURCES), and an optional
+    finer `check(accel, dtype) -> why refused or None`. `tested`: run by hwrun's own tests on this device."""
+
+    runs: bool
+    reason: str
+    sources: tuple[str, ...]
+    check: Callable[[hwenv.Accelerator, str], str | None] | None = None
+    tested: bool = False
+
+
+def _yes(reason, *sources, check=None, tested=False):
+    return Cell(True, reason, sources, check, tested)
+
+
+def _no(reason, *sources):
+    return Cell(False, reason, sources)
+
+
+_NOT_ON_MPS = "hwrun plans Apple GPUs like a CPU without quantization"
+_NO_GAUDI_COLUMN = "the overview has no Gaudi column and the library has no HPU backend"
+_INC_ONLY_GAUDI = "INC's FP8 mode runs on Gaudi only (CPU: QDQ simulation)"
+_INC_NOT_WIRED = ("Intel documents FP8 on Gaudi 2/3 through INC, as a measurement run then a quantized run "
+                  "(QUANT_CONFIG); hwrun has no INC path yet: use optimum-habana or vLLM for FP8 on Gaudi")
+
+#: kind -> method -> Cell. Every registered hwenv kind has a row (a test checks it); a kind with no row (a plug-in)
+#: gets `NO_ROW` for every method.
+QUANTIZATION_TABLE: dict[str, dict[str, Cell]] = {
+    "cuda": {
+        "int4-weight-only": _yes("torchao Int4WeightOnlyConfig, tile_packed_to_4d layout (tinygemm); bfloat16, "
+                                 "compute capability >= 8.0", "overview", "torchao", check=_int4_cuda),
+        "int8-weight-only": _yes("torchao Int8WeightOnlyConfig (Int8Tensor, torch ops)", "overview", "torchao"),
+        "int8-dynamic": _yes("torchao Int8DynamicActivationInt8WeightConfig (torch._int_mm)", "overview", "torchao"),
+        "float8": _yes("torchao Float8DynamicActivationFloat8WeightConfig, per row; compute capability >= 8.9",
+                       "overview", "torchao", check=_capability_at_least((8, 9), "torchao's float8")),
+        "bnb-4bit": _yes("bitsandbytes' CUDA backend", "overview", "bnb"),
+        "bnb-8bit": _yes("bitsandbytes' CUDA backend", "overview", "bnb"),
+        "awq": _yes("gptqmodel's AWQ kernels (Transformers casts bf16 to fp16 on CUDA)", "overview", "tf",
+                    "gptqmodel"),
+        "gptq": _yes("gptqmodel (with optimum)", "overview", "tf", "gptqmodel"),
+        "auto-round": _yes("auto-round's CUDA backends", "overview", "tf"),
+        "compressed-tensors": _yes("compressed-tensors; FP8 kernels need compute capability >= 8.9", "overview",
+                                   "tf"),
+        "hqq": _yes("hqq's CUDA path", "overview", "tf"),
+        "fp8": _yes("Transformers' fine-grained FP8 kernels; below compute capability 8.9 Transformers would "
+                    "dequantize to bf16 silently, so hwrun refuses there", "overview", "tf",
+                    check=_capability_at_least((8, 9), "fine-grained FP8 (else Transformers dequantizes silently)")),
+        "fp8-inc": _no(_INC_ONLY_GAUDI, "inc-fp8"),
+    },
+    "rocm": {
+        "int4-weight-only": _no("the overview marks torchao red on ROCm; torchao's int4 layouts are CUDA "
+                                "(tinygemm), XPU and CPU ones", "overview", "torchao"),
+        "int8-weight-only": _no("the overview marks torchao red on ROCm; not run by hwrun there", "overview"),
+        "int8-dynamic": _no("the overview marks torchao red on ROCm; not run by hwrun there", "overview"),
+        "float8": _no("the overview marks torchao red on ROCm (torchao's own check accepts MI300/MI350; not run by "
+                      "hwrun there)", "overview", "torchao"),
+        "bnb-4bit": _yes("bitsandbytes' ROCm wheels (0.50 installation guide)", "overview", "bnb"),
+        "bnb-8bit": _yes("bitsandbytes' ROCm wheels (0.50 installation guide)", "overview", "bnb"),
+        "awq": _yes("gptqmodel's ROCm kernels", "overview", "tf"),
+        "gptq": _yes("gptqmodel's ROCm kernels", "overview", "tf"),
+        "auto-round": _no("the overview marks AutoRound red on ROCm", "overview"),
+        "compressed-tensors": _yes("compressed-tensors", "overview", "tf"),
+        "hqq": _no("the overview marks HQQ red on ROCm", "overview"),
+        "fp8": _no("the overview marks fine-grained FP8 red on ROCm", "overview"),
+        "fp8-inc": _no(_INC_ONLY_GAUDI, "inc-fp8"),
+    },
+    "xpu": {
+        "int4-weight-only": _yes("torchao Int4WeightOnlyConfig, plain_int32 layout (oneDNN); bfloat16 or float16",
+                                 "overview", "torchao", "X14", check=_int4_xpu),
+        "int8-weight-only": _yes("torchao Int8WeightOnlyConfig (Int8Tensor, torch ops)", "overview", "torchao", "X14"),
+        "int8-dynamic": _yes("torchao Int8DynamicActivationInt8WeightConfig (torch._int_mm on XPU)", "overview",
+                             "torchao", "X14"),
+        "float8": _yes("torchao's float8 check accepts XPU", "overview", "torchao", "X14"),
+        "bnb-4bit": _yes("bitsandbytes' XPU backend (overview: yellow, in progress)", "overview", "bnb", "X14"),
+        "bnb-8bit": _yes("bitsandbytes' XPU backend (overview: yellow, in progress)", "overview", "bnb", "X14"),
+        "awq": _yes("gptqmodel's Intel XPU kernels (Transformers casts bf16 to fp16 on XPU)", "overview", "tf",
+                    "gptqmodel", "X14"),
+        "gptq": _yes("gptqmodel via IPEX, 4-bit checkpoints only (overview note 4)", "overview", "gptqmodel", "X14"),
+        "auto-round": _yes("auto-round's XPU backends", "overview", "tf", "X14"),
+        "compressed-tensors": _no("the overview marks compressed-tensors red on Intel GPU", "overview", "X14"),
+        "hqq": _yes("hqq's torch path (overview: green on Intel GPU)", "overview", "X14"),
+        "fp8": _yes("Transformers' fine-grained FP8 runs on XPU (`quantizer_finegrained_fp8.py`)", "overview", "tf",
+                    "X14"),
+        "fp8-inc": _no(_INC_ONLY_GAUDI, "inc-fp8"),
+    },
+    "hpu": {
+        "int4-weight-only": _no(f"torchao: {_NO_GAUDI_COLUMN}", "overview", "torchao"),
+        "int8-weight-only": _no(f"torchao: {_NO_GAUDI_COLUMN}", "overview", "torchao"),
+        "int8-dynamic": _no(f"torchao: {_NO_GAUDI_COLUMN}", "overview", "torchao"),
+        "float8": _no(f"torchao: {_NO_GAUDI_COLUMN}; FP8 on Gaudi is INC's (fp8-inc)", "overview", "torchao"),
+        "bnb-4bit": _yes("bitsandbytes' HPU backend, Gaudi 2 and Gaudi 3 (G10)", "G10", "bnb", "hwenv-gen"),
+        "bnb-8bit": _yes("bitsandbytes' HPU backend, Gaudi 2 and Gaudi 3 (G10)", "G10", "bnb", "hwenv-gen"),
+        "awq": _no(f"gptqmodel: {_NO_GAUDI_COLUMN}", "overview"),
+        "gptq": _no(f"gptqmodel: {_NO_GAUDI_COLUMN}", "overview"),
+        "auto-round": _no("Intel ships a separate auto-round-hpu build; hwrun has not wired or run it", "overview"),
+        "compressed-tensors": _no(f"compressed-tensors: {_NO_GAUDI_COLUMN}", "overview"),
+        "hqq": _no(f"hqq: {_NO_GAUDI_COLUMN}", "overview"),
+        "fp8": _no("Transformers' fine-grained FP8 kernels need a CUDA GPU or XPU (elsewhere it dequantizes "
+                   "silently); FP8 on Gaudi is INC's (fp8-inc)", "tf"),
+        "fp8-inc": _no(_INC_NOT_WIRED, "inc-fp8", "hwenv-gen"),
+    },
+    "mps": {name: _no(_NOT_ON_MPS, "overview") for name in METHODS},
+    "cpu": {
+        "int4-weight-only": _yes("torchao PrototypeInt4WeightOnlyConfig (Int4OpaqueTensor, "
+                                 "_weight_int4pack_mm_for_cpu), group size 32/64/128", "overview", "torchao",
+                                 tested=True),
+        "int8-weight-only": _yes("torchao Int8WeightOnlyConfig (Int8Tensor, torch ops)", "overview", "torchao",
+                                 tested=True),
+        "int8-dynamic": _yes("torchao Int8DynamicActivationInt8WeightConfig (torch._int_mm)", "overview", "torchao",
+                             tested=True),
+        "float8": _no("torchao's float8 check asks for CUDA >= 8.9, MI300/MI350 or XPU", "torchao"),
+        "bnb-4bit": _yes("bitsandbytes' CPU backend (slow; layers its AVX512-BF16 repacking cannot take stay "
+                         "on the generic path)", "overview", "bnb", "bnb-cpu", tested=True),
+        "bnb-8bit": _yes("bitsandbytes' CPU backend (slow)", "overview", "bnb", tested=True),
+        "awq": _yes("gptqmodel's torch CPU kernels", "overview", "gptqmodel"),
+        "gptq": _yes("gptqmodel's torch CPU kernels, all bits (IPEX: 4-bit)", "overview", "gptqmodel"),
+        "auto-round": _yes("auto-round's CPU backends", "overview", "tf"),
+        "compressed-tensors": _yes("compressed-tensors (FP8 schemes without FP8 kernels here)", "overview", "tf"),
+        "hqq": _yes("hqq's torch path", "overview", "tf"),
+        "fp8": _no("without a GPU or XPU Transformers dequantizes FP8 checkpoints to bf16 silently "
+                   "(`quantizer_finegrained_fp8.validate_environment`); hwrun refuses rather than load a "
+                   "dequantized copy", "tf"),
+        "fp8-inc": _no("INC runs FP8 on CPU only as QDQ simulation (no FP8 kernels)", "inc-fp8"),
+    },
+}
+
+NO_ROW = Cell(False, "hwrun has no quantization row for this kind", ())
+
+
+def cell(kind: str, method: str) -> Cell:
+    """The table's cell for `kind` x `method` (`NO_ROW` for a kind with no row)."""
+    from .. import devices
+
+    return devices.row(QUANTIZATION_TABLE, kind, {}).get(method, NO_ROW)
+
+
+def markdown(kinds: tuple[str, ...] = ("cuda", "rocm", "xpu", "hpu", "cpu", "mps")) -> str:
+    """The README's table: one line per method, one column per kind ("yes"/"no", "(tested)" where hwrun's tests ran
+    it), then the sources' keys."""
+    header = "| method | library | " + " | ".join(kinds) + " | sources |"
+    lines = [header, "|" + "---|" * (len(kinds) + 3)]
+    for name, method in METHODS.items():
+        cells = []
+        sources: dict[str, None] = {}
+        for kind in kinds:
+            c = QUANTIZATION_TABLE[kind][name]
+            cells.append(("yes" if c.runs else "no") + (" (tested)" if c.tested else ""))
+            sources.update(dict.fromkeys(c.sources))
+        runs_somewhere = any(QUANTIZATION_TABLE[kind][name].runs for kind in kinds)
+        on = "on load" if method.on_load else "pre-quantized" if runs_somewhere else "not in hwrun yet"
+        lines.append(f"| `{name}` ({on}) | {method.library} | " + " | ".join(cells) + f" | {', '.join(sources)} |")
+    return "\n".join(lines)
+
+
+def reasons_markdown(kinds: tuple[str, ...] = ("cuda", "rocm", "xpu", "hpu", "cpu", "mps")) -> str:
+    """Each cell's reason, per method (the README's list under the table)."""
+    out = []
+    for name in METHODS:
+        parts = [f"{kind}: {'yes' if (c := QUANTIZATION_TABLE[kind][name]).runs else 'no'}, {c.reason}"
+                 for kind in kinds if kind != "mps"]
+        out.append(f"- `{name}`: " + "; ".join(parts) + ".")
+    return "\n".join(out)
+
+
+README_START = "<!-- quantization-table: generated by hwrun.model.quantization_table.readme_block(); do not edit -->"
+README_END = "<!-- quantization-table: end -->"
+
+
+def readme_block() -> str:
+    """The generated part of the README's quantization section: the table, each cell's reason, and the sources."""
+    sources = "\n".join(f"- **{key}**: {text}" for key, text in SOURCES.items())
+    return (f"{README_START}\n{markdown()}\n\nWhy, per method and device (mps: {_NOT_ON_MPS}):\n\n{reasons_markdown()}\n\n"
+            f"Sources:\n\n{sources}\n{README_END}")
+
+
+def write_readme(path: str) -> bool:
+    """Replace the generated block in the README at `path`; returns whether it changed."""
+    from pathlib import Path
+
+    readme = Path(path)
+    text = readme.read_text()
+    start, end = text.index(README_START), text.index(README_END) + len(README_END)
+    new = text[:start] + readme_block() + text[end:]
+    if new != text:
+        readme.write_text(new)
+    return new != text
