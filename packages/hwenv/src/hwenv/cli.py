@@ -58,6 +58,7 @@ def _selection_from_args(args: argparse.Namespace) -> Selection:
 
     kind = args.kind
     device_count = None
+    integrated = None
     if kind is None:
         acc = detect()
         kind = acc.kind
@@ -67,9 +68,14 @@ def _selection_from_args(args: argparse.Namespace) -> Selection:
                 f"no selectable accelerator here (detected {kind}); pass --kind {'|'.join(selectable_kinds())} to "
                 f"prepare the environment for another machine."
             )
+        if get_platform(kind).selection_grammar == "affinity-mask":  # which devices are integrated GPUs (issue 41.7)
+            from .probes import run_probe
+
+            flags = run_probe(kind).details.get("integrated_gpus")
+            integrated = tuple(flag == "True" for flag in flags.split(",")) if flags else None
     validate_selection_args(kind, args)
     return select(kind, args.devices, by=args.by or "module", device_count=device_count,
-                  pci_order=not args.no_pci_order)
+                  pci_order=not args.no_pci_order, integrated=integrated)
 
 
 def _add_selection_arguments(parser: argparse.ArgumentParser) -> None:

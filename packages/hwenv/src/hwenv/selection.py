@@ -124,10 +124,16 @@ def select(
     pci_order: bool = True,
     hierarchy: DeviceHierarchy | str | None = None,
     map_index: bool = True,
+    integrated: tuple[bool, ...] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Selection:
     """Validate `devices` for `kind` and return the `Selection`; bad input raises before anything runs.
 
     `map_index=False` keeps a single Gaudi index unmapped (no hl-smi), as `current_selection` reads one.
+    `integrated`: per XPU device, in the order this process enumerates them (`environ`, default `os.environ`),
+    whether it is an integrated GPU (hwenv's XPU probe, `details["integrated_gpus"]`): with an integrated GPU
+    next to discrete ones the indices would name other GPUs under the PCI order the child gets, so such a
+    selection is refused with the fix (`check_pci_order`).
 
     - `xpu`: `devices` is a `ZE_AFFINITY_MASK` (`"0,2"`; `"0.1"` only under COMPOSITE), read in the
       device model of `hierarchy` (`"FLAT"`, `"COMPOSITE"`, `"COMBINED"`; default: this process's
@@ -154,6 +160,8 @@ def select(
         if devices is None:
             return Selection(kind, (), pci_order, hierarchy=given)
         entries = parse_affinity_mask(devices, device_count, hierarchy=model)
+        if entries and pci_order:
+            check_pci_order(devices, integrated, os.environ if environ is None else environ)
         return Selection(kind, tuple(format_affinity_mask([e]) for e in entries), pci_order, hierarchy=given)
     if _module_id_kind(kind):
         if by not in ("module", "index"):
@@ -180,6 +188,29 @@ def select(
             f"{kind} has no device selection; leave --devices out (or pass --kind {_selectable_kinds()})."
         )
     return Selection(kind)
+
+
+def check_pci_order(devices: str, integrated: tuple[bool, ...] | None, environ: Mapping[str, str]) -> None:
+    """Refuse XPU indices that `ZE_ENABLE_PCI_ID_DEVICE_ORDER=1` would move to other GPUs.
+
+    intel/compute-runtime `shared/source/execution_environment/execution_environment.cpp`
+    `comparePciIdBusNumber` (used by `sortNeoDevices`, which `shared/source/os_interface/device_factory.cpp`
+    calls before `parseAffinityMask`): without the variable discrete GPUs come before integrated ones, with it
+    PCI order only. The two orders differ only when integrated and discrete GPUs are both present; indices read
+    in this process's order (`environ` without the variable) then name other GPUs in a child that has it.
+    """
+    if integrated is None or environ.get(PCI_ORDER_VARIABLE) == "1" or not (True in integrated and False in integrated):
+        return
+    raise SelectionError(
+        f"--devices {devices}: this machine has an integrated Intel GPU next to {integrated.count(False)} discrete "
+        f"one(s), and Level Zero orders them differently with and without {PCI_ORDER_VARIABLE}: discrete GPUs first "
+        f"by default (the order these indices were read in here), PCI bus order with {PCI_ORDER_VARIABLE}=1 (the "
+        f"integrated GPU, usually on bus 0, becomes device 0). The driver sorts before it applies {MASK_VARIABLE} "
+        f"(intel/compute-runtime execution_environment.cpp comparePciIdBusNumber), so with the stable PCI order "
+        f"hwenv sets (X5) these indices would name other GPUs. Fix: set {PCI_ORDER_VARIABLE}=1 in this shell, read "
+        f"the indices again (hwenv doctor lists the devices) and pass those; or pass --no-pci-order to keep the "
+        f"default order."
+    )
 
 
 def current_selection(

@@ -181,4 +181,13 @@ def xpu_checks(acc: Accelerator | None, probes: Mapping[str, ProbeResult], env: 
     problems += _xccl_checks(xpu)
     problems += _retired_package_checks()
     problems += _device_checks(xpu, env)
+    flags = xpu.details.get("integrated_gpus", "").split(",") if xpu.available else []
+    if "True" in flags and "False" in flags:
+        order = ("PCI bus order (ZE_ENABLE_PCI_ID_DEVICE_ORDER=1)" if env.get(PCI_ORDER_VARIABLE) == "1"
+                 else "the default order, discrete GPUs first")
+        notes.append(
+            f"An integrated Intel GPU is next to discrete ones: devices are listed in {order}. Level Zero sorts "
+            f"discrete GPUs first by default and by PCI bus with {PCI_ORDER_VARIABLE}=1, before it applies "
+            f"{MASK_VARIABLE} (intel/compute-runtime comparePciIdBusNumber), so one index names different GPUs "
+            f"in the two orders; hwenv exec refuses indices the PCI order it sets would move.")
     return problems, notes

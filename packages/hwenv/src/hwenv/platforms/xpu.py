@@ -120,4 +120,8 @@ def device_details(xpu, memory_source: str) -> dict[str, str]:
         value = getattr(props, field, None)
         if value is not None:
             details[field] = str(bool(value))
+    # per device, in this process's order: an integrated GPU next to discrete ones moves when
+    # ZE_ENABLE_PCI_ID_DEVICE_ORDER changes (hwenv.hierarchy.driver_order), which hwenv.select checks
+    details["integrated_gpus"] = ",".join(
+        str(bool(getattr(xpu.get_device_properties(i), "is_integrated_gpu", False))) for i in range(xpu.device_count()))
     return details

@@ -37,12 +37,33 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import DeviceHierarchyError
-from ..hierarchy import HIERARCHY_VARIABLE, exposed_devices, parse_hierarchy
+from ..hierarchy import HIERARCHY_VARIABLE, Card, driver_order, exposed_devices, parse_hierarchy
 from ..platforms.xpu import SYSMAN_VARIABLE
 from .common import DEVICE_VARIABLES, GiB, _device_index, _Patches, clear_library_caches
 from .graphs import OpTape
 
 MASK_VARIABLE = "ZE_AFFINITY_MASK"
+PCI_ORDER_VARIABLE = "ZE_ENABLE_PCI_ID_DEVICE_ORDER"
+
+
+def _parse_bdf(text: str) -> tuple[int, int, int, int]:
+    """`0000:03:00.0` -> (domain, bus, device, function), as the driver's `PhysicalDevicePciBusInfo` holds it."""
+    domain, bus, rest = text.split(":")
+    device, function = rest.split(".")
+    return int(domain, 16), int(bus, 16), int(device, 16), int(function, 16)
+
+
+def _cards(count: int, integrated, pci) -> tuple[Card, ...]:
+    """The physical cards: `integrated` one bool for all or one per card; `pci` BDF strings, else integrated GPUs on
+    bus 0 (00:02.x, where Intel puts them) and discrete ones on buses 3, 4, ..."""
+    flags = [bool(integrated)] * count if isinstance(integrated, bool) else [bool(f) for f in integrated]
+    if len(flags) != count:
+        raise ValueError(f"fake_xpu: integrated={integrated!r} must be one bool or {count} of them")
+    if pci is None:
+        pci = [f"0000:00:02.{i}" if flag else f"0000:{3 + i:02x}:00.0" for i, flag in enumerate(flags)]
+    if len(pci) != count:
+        raise ValueError(f"fake_xpu: pci={pci!r} must name {count} PCI addresses")
+    return tuple(Card(_parse_bdf(address), flag) for address, flag in zip(pci, flags, strict=True))
 
 
 def _hierarchy_now() -> str:
@@ -71,13 +92,27 @@ def _xpu_properties(name: str, memory: int, *, native_bf16: bool, integrated: bo
     )
 
 
-def _xpu_functions(cards: int, tiles: int, name: str, memory: int, *, native_bf16: bool, integrated: bool,
-                   fp64: bool, free_memory_query: bool, free: int | None, needs_sysman: bool = False) -> dict[str, Any]:
-    """Functions with the signatures (and, where torch's are pure Python, the bodies) of `torch.xpu`'s."""
+def _xpu_functions(cards: int, tiles: int, name: str, memory: int, *, native_bf16: bool, integrated,
+                   fp64: bool, free_memory_query, free: int | None, needs_sysman: bool = False,
+                   pci=None) -> dict[str, Any]:
+    """Functions with the signatures (and, where torch's are pure Python, the bodies) of `torch.xpu`'s.
+
+    The driver sorts the cards (`driver_order`: discrete before integrated unless `ZE_ENABLE_PCI_ID_DEVICE_ORDER=1`,
+    then PCI) before it applies the hierarchy and the mask, as compute-runtime's `device_factory.cpp` does."""
     state = {"current": 0}
+    physical = _cards(cards, integrated, pci)
 
     def devices():
-        return exposed_devices(cards, tiles, _hierarchy_now(), os.environ.get(MASK_VARIABLE))
+        order = driver_order(physical, os.environ.get(PCI_ORDER_VARIABLE) == "1")
+        return exposed_devices(cards, tiles, _hierarchy_now(), os.environ.get(MASK_VARIABLE), order=order)
+
+    def card_of(index: int) -> Card:
+        return physical[devices()[index].card]
+
+    def can_query(index: int) -> bool:
+        flag = card_of(index).integrated
+        query = (not flag) if free_memory_query is None else free_memory_query
+        return query and not (needs_sysman and os.environ.get(SYSMAN_VARIABLE) != "1")
 
     def device_memory(index: int) -> int:
         # a card's memory is shared by its tiles: a FLAT tile-device has its share
@@ -100,7 +135,8 @@ def _xpu_functions(cards: int, tiles: int, name: str, memory: int, *, native_bf1
 
     def get_device_properties(device=None):
         index = _device_index(device if device is not None else state["current"], device_count())
-        return _xpu_properties(name, device_memory(index), native_bf16=native_bf16, integrated=integrated,
+        card = card_of(index)
+        return _xpu_properties(name, device_memory(index), native_bf16=native_bf16, integrated=card.integrated,
                                fp64=fp64, index=index)
 
     def get_device_capability(device=None) -> dict[str, Any]:
@@ -109,7 +145,7 @@ def _xpu_functions(cards: int, tiles: int, name: str, memory: int, *, native_bf1
 
     def mem_get_info(device=None) -> tuple[int, int]:
         index = _device_index(device if device is not None else state["current"], device_count())
-        if not free_memory_query or (needs_sysman and os.environ.get(SYSMAN_VARIABLE) != "1"):
+        if not can_query(index):
             raise RuntimeError(
                 f"The device ({name}) doesn't support querying the available free memory. You can file an issue at "
                 f"https://github.com/pytorch/pytorch/issues to help us prioritize its implementation."
@@ -279,16 +315,20 @@ def _accelerator_functions(torch: Any, xpu: dict[str, Any]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def fake_xpu(count: int = 1, *, bf16: bool | None = None, name: str = "Intel(R) Data Center GPU Max 1550",
-             memory: int = 64 * GiB, tiles: int = 1, native_bf16: bool | None = None, integrated: bool = False,
+             memory: int = 64 * GiB, tiles: int = 1, native_bf16: bool | None = None, integrated=False,
              fp64: bool = True, free_memory_query: bool | None = None, free_memory: int | None = None,
              hierarchy: str | None = None, affinity_mask: str | None = None,
-             needs_sysman: bool = False) -> Iterator[types.SimpleNamespace]:
+             needs_sysman: bool = False, pci=None) -> Iterator[types.SimpleNamespace]:
     """Make the real `torch.xpu` and `torch.accelerator` report `count` Intel GPU cards of `tiles` tiles.
 
     - `native_bf16` (old name `bf16`): the device's `has_bfloat16_conversions`. False models a GPU
       whose bf16 is emulated only: `is_bf16_supported()` is still True (as torch's), only
       `is_bf16_supported(including_emulation=False)` is False.
-    - `integrated`: `is_integrated_gpu`; `mem_get_info` then raises unless `free_memory_query=True`.
+    - `integrated`: `is_integrated_gpu`, one bool for every card or one per card (an integrated GPU next to
+      discrete ones); `mem_get_info` raises on an integrated one unless `free_memory_query=True`. `pci`: the
+      cards' PCI addresses (`0000:03:00.0`; default: integrated on bus 0, discrete from bus 3). The fake
+      driver sorts the cards as compute-runtime does before the mask applies: discrete first by default,
+      PCI order with `ZE_ENABLE_PCI_ID_DEVICE_ORDER=1` (read from `os.environ` on every call).
     - `needs_sysman`: `mem_get_info` works only while `ZES_ENABLE_SYSMAN=1` is set (discrete cards too);
       `free_memory_query=False` makes any card unable to report free memory.
     - `memory` per card (a FLAT tile-device reports its share), `free_memory` for `mem_get_info`.
@@ -302,9 +342,9 @@ def fake_xpu(count: int = 1, *, bf16: bool | None = None, name: str = "Intel(R) 
     if bf16 is not None and native_bf16 is not None and bf16 != native_bf16:
         raise TypeError(f"fake_xpu: bf16={bf16} and native_bf16={native_bf16} disagree; pass native_bf16 only.")
     native = native_bf16 if native_bf16 is not None else (True if bf16 is None else bf16)
-    query = (not integrated) if free_memory_query is None else free_memory_query
     functions = _xpu_functions(count, tiles, name, memory, native_bf16=native, integrated=integrated, fp64=fp64,
-                               free_memory_query=query, free=free_memory, needs_sysman=needs_sysman)
+                               free_memory_query=free_memory_query, free=free_memory, needs_sysman=needs_sysman,
+                               pci=pci)
     accelerator = _accelerator_functions(torch, functions)
     patches = _Patches()
     try:
