@@ -25,7 +25,7 @@ from packaging.markers import Marker
 ROOT = Path(__file__).resolve().parent.parent
 #: What the gpu tests and the benchmarks import beyond the image's packages (uv.lock gives versions).
 ROOTS = ("transformers", "kernels", "accelerate", "peft", "liger-kernel", "openai", "starlette", "uvicorn",
-         "fastapi", "rich", "httptools", "uvloop")
+         "fastapi", "rich", "httptools", "uvloop", "pyzmq", "msgspec")
 #: In the image already and not version-sensitive for us, or too large to carry (torch and CUDA libraries).
 #: (typing-inspection is not: the image's pydantic predates it, and the carried one failed to import without it;
 #: nor annotated-types: KINDS.md's package list of the image lacks it, and `openai` failed to import on 2026-12-06.)
