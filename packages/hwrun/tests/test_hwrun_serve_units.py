@@ -843,3 +843,133 @@ def test_a_request_without_events_fails_after_twice_the_stall_seconds(tokenizer)
     assert _stream_text(run, [], together=True) == []
     assert 0.09 < time.monotonic() - start < 5
     assert run.error is not None and run.outcome == "error" and run.state.engine.cancelled == [run.rid]
+
+
+# ------------------------------------------------------------------ the engine core's IPC and the front's reader
+
+
+MULTIBYTE = "The king said, é 中文 😀 and the Lord spake: 'amen'. ñandú — ü ß 𝔘 ok"
+
+
+def _decoded_pieces(make, ids: list[int], chunks: int = 1) -> list[str]:
+    detok = make()
+    pieces = [detok.push(ids[i:i + chunks]) for i in range(0, len(ids), chunks)]
+    return pieces + [detok.flush()]
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_decode_stream_detokenizer_equals_the_full_decode_across_split_characters(tokenizer, chunks):
+    """The front's detokenizer (tokenizers' DecodeStream for the shipped fast tokenizer): its pieces join to
+    `tokenizer.decode` of the whole sequence, multi-byte UTF-8 split across tokens included, one token or three
+    per push (a batch may carry several of a request's tokens)."""
+    from hwrun.serve.text import StreamDetokenizer, detokenizer_factory
+
+    make, why = detokenizer_factory(tokenizer)
+    assert "DecodeStream" in why and isinstance(make(), StreamDetokenizer)
+    ids = tokenizer(MULTIBYTE, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    pieces = _decoded_pieces(make, ids, chunks)
+    assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert not any("\ufffd" in p for p in pieces) and sum(1 for p in pieces if p) > 5
+
+
+def test_decode_stream_detokenizer_flushes_an_incomplete_last_character_as_decode_does(tokenizer):
+    from hwrun.serve.text import detokenizer_factory
+
+    make, _ = detokenizer_factory(tokenizer)
+    ids = tokenizer("and then 😀", add_special_tokens=False)["input_ids"]
+    for cut in range(1, len(ids) + 1):  # the answer may end inside the emoji's bytes (max_tokens)
+        assert "".join(_decoded_pieces(make, ids[:cut])) == tokenizer.decode(ids[:cut], skip_special_tokens=True)
+
+
+def test_slow_tokenizers_keep_the_window_detokenizer(tokenizer):
+    from types import SimpleNamespace
+
+    from hwrun.serve.text import detokenizer_factory
+
+    slow = SimpleNamespace(is_fast=False, decode=tokenizer.decode)
+    make, why = detokenizer_factory(slow)
+    assert isinstance(make(), Detokenizer) and "slow" in why
+    ids = tokenizer(MULTIBYTE, add_special_tokens=False)["input_ids"]
+    assert "".join(_decoded_pieces(make, ids)) == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_ipc_messages_round_trip_between_the_two_sides():
+    from hwrun.serve.ipc import AddRequest, Batch, Cancel, Channel, Failed, Ready, Shutdown
+
+    front = Channel.bind()
+    core = Channel.connect(front.addresses)
+    try:
+        sent = [AddRequest("r1", [1, 2, 3], 16, 0.0, 1.0, 0, None, False), Cancel(["r1", "r2"]), Shutdown()]
+        for message in sent:
+            front.send(message)
+        got = [core.recv(5) for _ in sent]
+        assert got == sent
+        back = [Ready({"engine": "x", "eos_ids": [2]}, b"tok", 123),
+                Batch([("r1", [5, 6], False, None, None), ("r2", [], True, "error", "boom")], 1, 0, 3, 7),
+                Failed("RuntimeError: x", b"", True)]
+        for message in back:
+            core.send(message)
+        assert [front.recv(5) for _ in back] == back
+        assert front.recv(0) is None and front.recv_ready() == []
+    finally:
+        core.close()
+        front.close()
+    import os
+
+    assert not os.path.exists(front.folder)  # the sockets' private folder is removed
+
+
+def test_the_front_detokenizes_each_batch_off_the_loop_and_flushes_at_the_end(tokenizer):
+    """The Engine's reader thread turns each batch's token ids into text with the request's detokenizer; the texts
+    of one request join to the full decode, and the end of the text comes with its finishing event."""
+    from hwrun.serve.text import detokenizer_factory
+
+    ids = tokenizer(MULTIBYTE, add_special_tokens=False)["input_ids"]
+
+    class Replay(ScriptedBackend):
+        def step(self):
+            time.sleep(0.002)
+            events = []
+            for request_id, state in list(self.active.items()):
+                chunk = ids[state[0]:state[0] + 2]  # two tokens a step: split characters inside one event too
+                state[0] += len(chunk)
+                done = state[0] >= len(ids)
+                if done:
+                    del self.active[request_id]
+                events.append(EngineEvent(request_id, tuple(chunk), done, "length" if done else None))
+            return events
+
+    engine = Engine(lambda: Replay(slots=2), max_concurrency=2, max_queue=2)
+    engine.detokenizer = detokenizer_factory(tokenizer)[0]
+    events, done, sink_for = _collector()
+
+    async def work():
+        for name in ("a", "b"):
+            engine.submit(EngineRequest(name, (1,), len(ids)), sink_for(name))
+        await asyncio.wait_for(asyncio.gather(done["a"].wait(), done["b"].wait()), 10)
+
+    _run_engine(engine, work)
+    for name in ("a", "b"):
+        assert all(e.text is not None for e in events[name])
+        assert "".join(e.text for e in events[name]) == tokenizer.decode(ids, skip_special_tokens=True)
+        assert [t for e in events[name] for t in e.token_ids] == ids
+
+
+def test_the_front_refuses_past_its_limits_before_the_core_answers():
+    """429 is decided by the front (requests in flight >= slots + queue), at once, without a round trip."""
+    backend = ScriptedBackend(slots=1)
+    engine = Engine(lambda: backend, max_concurrency=1, max_queue=1)
+    events, done, sink_for = _collector()
+
+    async def work():
+        engine.submit(EngineRequest("a", (1,), 10_000), sink_for("a"))
+        engine.submit(EngineRequest("b", (1,), 3), sink_for("b"))
+        with pytest.raises(QueueFullError):
+            engine.submit(EngineRequest("c", (1,), 3), sink_for("c"))
+        assert engine.in_flight == 2
+        engine.cancel("a")
+        await asyncio.wait_for(asyncio.gather(done["a"].wait(), done["b"].wait()), 10)
+        assert engine.in_flight == 0
+
+    _run_engine(engine, work)
+    assert events["a"][-1].finish_reason == "cancelled" and events["b"][-1].finish_reason == "length"

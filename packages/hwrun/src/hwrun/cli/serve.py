@@ -51,6 +51,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--torch-threads", default=None, metavar="N",
                    help="torch intra-op threads (default: all cores but one on the host, 1 on an accelerator; "
                         "OMP_NUM_THREADS wins)")
+    p.add_argument("--keep-alive-on-engine-death", action="store_true",
+                   help="when the engine process dies, keep serving 503s (/health 'failed') instead of exiting "
+                        "(for a supervisor that restarts on a failed health probe)")
     p.add_argument("--served-model-name", default=None, metavar="ID",
                    help="the model id clients send (default: MODEL as given, or hwrun/tiny-llama)")
     p.set_defaults(func=run_serve)
@@ -69,6 +72,7 @@ def config_from(args: argparse.Namespace, environ: dict[str, str] | None = None)
         max_model_len=_integer(args.max_model_len, "--max-model-len") if args.max_model_len is not None else None,
         model_id=args.served_model_name or args.model or DEFAULT_MODEL_ID,
         torch_threads=_integer(args.torch_threads, "--torch-threads") if args.torch_threads is not None else None,
+        keep_alive_on_engine_death=bool(getattr(args, "keep_alive_on_engine_death", False)),
     )
     check_config(config)
     key = read_api_key(args.api_key_env, environ)
@@ -85,10 +89,12 @@ def run_serve(args: argparse.Namespace) -> int:
     declared = (model_config(resolve_source(run_plan.model)) or {}).get("max_position_embeddings")
     context_limit(config.max_model_len, declared if isinstance(declared, int) else None)
     try:
+        import msgspec  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
+        import zmq  # noqa: F401
     except ImportError as exc:
-        raise ServeConfigError(f"hwrun serve needs Starlette and uvicorn ({exc.name} is missing): "
+        raise ServeConfigError(f"hwrun serve needs Starlette, uvicorn, pyzmq and msgspec ({exc.name} is missing): "
                                "pip install 'hwrun[serve]'.") from None
     from ..serve.server import serve
 

@@ -1,9 +1,15 @@
-"""The serving engine: a backend-neutral scheduler over live requests, run in one worker thread.
+"""The serving engine as the HTTP front sees it: `Engine` submits requests to the engine core and hands each
+request's tokens, already turned into text, to its sink on the event loop.
 
-A `Backend` decodes; the `Engine` schedules. Between two `backend.step()` calls the worker cancels what
-clients dropped, admits waiting requests into free slots (`backend.free_slots()`), and hands each
-step's tokens to the asyncio loop with `loop.call_soon_threadsafe` (torch work never runs on the event
-loop). Requests join and leave the running batch between steps: continuous batching of live traffic.
+The engine core (`hwrun.serve.core`: the scheduler loop over a `Backend`) runs in its own process, started
+with `python -c` bootstrap code (no shell, no spawn re-import of the caller's `__main__`), or, as a seam for
+tests that bring their own backend, in a thread of this process; the two sides talk over ZeroMQ sockets
+(`hwrun.serve.ipc`). A reader thread of the front receives each step's batch of events, detokenizes them
+incrementally (`hwrun.serve.text`: tokenizers' `DecodeStream` where the tokenizer is fast) and wakes the
+event loop once per batch (`loop.call_soon_threadsafe`): neither torch nor detokenization runs on the loop,
+and the engine never waits for the front. The front keeps the admission limits (a full server answers 429
+at once), learns the core's counters from its batches, and watches it: a core that dies (or stops on an
+error) fails every request in flight with an error event, and `/health` answers 503.
 
 Backends (`choose_engine` picks one and says why):
 - `slots` (`hwrun.serve.backend_slots`): hwrun's slot decoder over a static cache, one graph replay per
@@ -17,21 +23,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .protocol import Sampling
+
+if TYPE_CHECKING:
+    from ..model.plan import RunPlan
+    from .config import ServeConfig
+    from .ipc import Batch, Channel, Ready
 
 logger = logging.getLogger(__name__)
 
 #: Finish reasons an engine reports: EOS ("stop"), the token budget ("length"), or the request ended early.
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
-#: Seconds the idle worker sleeps before it looks again (a new request wakes it at once).
-IDLE_WAIT = 0.5
+#: Seconds the front's reader waits for a message before it checks that the core still lives.
+POLL_SECONDS = 0.1
+#: Seconds `stop()` waits for the core to exit after `Shutdown`, then after SIGTERM, before SIGKILL.
+STOP_WAIT = (10.0, 5.0)
 #: Seconds a running request may go without a token before the engine fails it (`--stall-seconds`), and
 #: seconds without a finished step, while requests run, after which `/health` answers 503.
 DEFAULT_STALL_SECONDS = 120.0
@@ -62,6 +79,7 @@ class EngineEvent:
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    text: str | None = None  # the tokens' new text (the front's reader fills it); None: not detokenized yet
 
 
 @dataclass(frozen=True)
@@ -101,44 +119,88 @@ class EngineNotReady(Exception):
     """The engine is still loading or warming, is draining, or failed (the server answers 503)."""
 
 
+class EngineDied(RuntimeError):
+    """The engine process exited without saying why (killed, out of memory, a crash in native code)."""
+
+
+Sink = Callable[[EngineEvent], None]
+
+
 Sink = Callable[[EngineEvent], None]
 
 
 class Engine:
-    """Schedules live requests onto a backend built by `factory()` in the worker thread (it loads and warms the
-    model there, so the server can answer `/health` with 503 meanwhile)."""
+    """The front's handle on the engine core. `process=(plan, config)` runs the core in its own process (what
+    `hwrun serve` does); else `factory()` builds a backend for a core in a thread of this process (tests).
+    `on_loaded(ready)` runs on the reader thread when the core is ready, before any request is taken (the server
+    reads the load's facts and the tokenizer there, and sets `detokenizer`)."""
 
-    def __init__(self, factory: Callable[[], Backend], *, max_concurrency: int, max_queue: int,
-                 stall_seconds: float = DEFAULT_STALL_SECONDS) -> None:
+    def __init__(self, factory: Callable[[], Backend] | None = None, *, max_concurrency: int, max_queue: int,
+                 stall_seconds: float = DEFAULT_STALL_SECONDS,
+                 process: tuple[RunPlan, ServeConfig] | None = None) -> None:
+        if (factory is None) == (process is None):
+            raise ValueError("give the Engine either a backend factory (in-process core) or process=(plan, config)")
         self.factory = factory
+        self.process_args = process
         self.stall_seconds = stall_seconds
         self.max_concurrency = max_concurrency
         self.max_queue = max_queue
         self.state = "new"  # new -> loading -> ready -> draining -> stopped | failed
         self.error: BaseException | None = None
-        self.backend: Backend | None = None
-        self._cond = threading.Condition()
-        self._waiting: deque[tuple[EngineRequest, Sink]] = deque()
-        self._running: dict[str, Sink] = {}
-        self._cancels: list[str] = []
-        self._stop = False
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.was_ready = False  # True once it took requests: a later failure is a runtime one, not a start's
+        self.on_loaded: Callable[[Ready], None] | None = None
         self.on_ready: Callable[[], None] | None = None
         self.on_failed: Callable[[BaseException], None] | None = None
+        #: Makes one request's incremental detokenizer (set by the server once the tokenizer is known; None:
+        #: events go out with `text=None`, as the backend gave them).
+        self.detokenizer: Callable[[], Any] | None = None
+        self.core_pid: int | None = None  # the engine process, once started (None: a thread of this process)
         self.steps = 0
-        self.was_ready = False  # True once it took requests: a later failure is a runtime one, not a start's
-        self._progress: dict[str, float] = {}  # running request -> monotonic time of its last token (or admission)
-        self._beat = time.monotonic()  # the worker's last turn (idle waits and finished steps)
+        self.free_slots = 0
+        self._running = 0
+        self._waiting = 0
+        self._sinks: dict[str, Sink] = {}  # requests in flight (touched on the event loop only)
+        self._detoks: dict[str, Any] = {}  # their detokenizers (touched by the reader thread only)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._channel: Channel | None = None
+        self._send_lock = threading.Lock()
+        self._child: subprocess.Popen | None = None
+        self._core_thread: threading.Thread | None = None
+        self._reader: threading.Thread | None = None
+        self._closing = False
+        self._beat = time.monotonic()  # the core's last message
+
+    @property
+    def mode(self) -> str:
+        """"process" (the core in its own process) or "thread" (in this process)."""
+        return "process" if self.process_args is not None else "thread"
 
     # ------------------------------------------------------------------------------------ event-loop side
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Start the worker thread; events are delivered on `loop`."""
+        """Start the core (process or thread) and the reader; events are delivered on `loop`."""
+        from .ipc import Channel
+
         self._loop = loop
         self.state = "loading"
-        self._thread = threading.Thread(target=self._run, name="hwrun-serve-engine", daemon=True)
-        self._thread.start()
+        self._channel = Channel.bind()
+        try:
+            if self.process_args is not None:
+                self._child = _spawn_core(self._channel.addresses, *self.process_args)
+                self.core_pid = self._child.pid
+            else:
+                from .core import run_thread
+
+                factory = self.factory
+                assert factory is not None
+                self._core_thread = run_thread(lambda: (factory(), {}), self._channel.addresses,
+                                               self.stall_seconds)
+        except BaseException:
+            self._channel.close()
+            self._channel = None
+            raise
+        self._reader = threading.Thread(target=self._read, name="hwrun-serve-reader", daemon=True)
+        self._reader.start()
 
     @property
     def ready(self) -> bool:
@@ -147,194 +209,204 @@ class Engine:
 
     @property
     def stalled(self) -> bool:
-        """Whether requests are waiting or running but the worker has not finished a turn for `stall_seconds`
-        (a step that hangs); `/health` answers 503 then."""
-        busy = bool(self._running or self._waiting)
-        return self.state == "ready" and busy and time.monotonic() - self._beat > self.stall_seconds
+        """Whether requests are in flight but the core has sent nothing for `stall_seconds` (a step that hangs;
+        a working core sends at least a heartbeat every half second); `/health` answers 503 then."""
+        return (self.state == "ready" and bool(self._sinks)
+                and time.monotonic() - self._beat > self.stall_seconds)
 
     @property
     def queue_depth(self) -> int:
-        """Requests waiting for a slot."""
-        return len(self._waiting)
+        """Requests waiting for a slot (as the core last said, plus those sent since)."""
+        return self._waiting
 
     @property
     def running(self) -> int:
-        """Requests being decoded."""
-        return len(self._running)
+        """Requests being decoded (as the core last said)."""
+        return self._running
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not finished, as the front counts them."""
+        return len(self._sinks)
 
     def submit(self, request: EngineRequest, sink: Sink) -> None:
-        """Queue `request`; `sink(event)` is called on the loop for each of its events. Raises `EngineNotReady`
-        or `QueueFullError` (the caller answers 503 or 429)."""
-        with self._cond:
-            if self.state != "ready":
-                raise EngineNotReady(self.state)
-            if len(self._running) + len(self._waiting) >= self.max_concurrency + self.max_queue:
-                raise QueueFullError(f"{len(self._running)} running and {len(self._waiting)} waiting")
-            self._waiting.append((request, sink))
-            self._cond.notify()
+        """Send `request` to the core; `sink(event)` is called on the loop for each of its events. Raises
+        `EngineNotReady` or `QueueFullError` (the caller answers 503 or 429). Call it on the event loop."""
+        from .ipc import AddRequest
+
+        if self.state != "ready":
+            raise EngineNotReady(self.state)
+        if len(self._sinks) >= self.max_concurrency + self.max_queue:
+            raise QueueFullError(f"{len(self._sinks)} requests running or waiting")
+        self._sinks[request.request_id] = sink
+        s = request.sampling
+        self._send(AddRequest(request.request_id, list(request.input_ids), request.max_new_tokens,
+                              float(s.temperature), float(s.top_p), int(s.top_k), s.seed, request.ignore_eos))
 
     def cancel(self, request_id: str) -> None:
-        """Drop `request_id` (waiting or running) at the worker's next turn; safe to call twice or too late."""
-        with self._cond:
-            self._cancels.append(request_id)
-            self._cond.notify()
+        """Drop `request_id` (waiting or running) at the core's next turn; safe to call twice or too late."""
+        from .ipc import Cancel
+
+        if self.state in ("loading", "ready", "draining"):
+            self._send(Cancel([request_id]))
 
     def drain(self) -> None:
         """Take no new requests; those queued or running finish (SIGTERM's first step)."""
-        with self._cond:
-            if self.state == "ready":
-                self.state = "draining"
+        if self.state == "ready":
+            self.state = "draining"
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Cancel whatever still runs, stop the worker and close the backend (waits up to `timeout` seconds)."""
-        with self._cond:
-            self._stop = True
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                logger.warning("the engine worker did not stop within %.0f s", timeout)
+    def stop(self, timeout: float = STOP_WAIT[0]) -> None:
+        """Tell the core to cancel what runs and exit; wait up to `timeout` seconds, then end the process
+        (SIGTERM, then SIGKILL): no engine process outlives the server. Safe to call twice."""
+        from .ipc import Shutdown
 
-    # ---------------------------------------------------------------------------------------- worker side
+        self._send(Shutdown())
+        child, thread = self._child, self._core_thread
+        if child is not None:
+            _end_process(child, timeout)
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                logger.warning("the engine core thread did not stop within %.0f s", timeout)
+        self._closing = True
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(timeout)
+        if self.state != "failed":
+            self.state = "stopped"
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
 
-    def _run(self) -> None:
+    def kill_core(self) -> None:
+        """SIGKILL the engine process (tests: a crash mid-stream)."""
+        if self._child is not None:
+            self._child.send_signal(signal.SIGKILL)
+
+    def _send(self, message: Any) -> None:
+        with self._send_lock:
+            if self._channel is not None:
+                self._channel.send(message)
+
+    # ---------------------------------------------------------------------------------------- reader side
+
+    def _read(self) -> None:
+        """The reader thread: the core's messages until it stops (or the front closes)."""
+        channel = self._channel
+        assert channel is not None
+        while not self._closing:
+            try:
+                message = channel.recv(POLL_SECONDS)
+            except Exception:  # noqa: BLE001 - the channel closed under us (stopping)
+                if self._closing:
+                    return
+                raise
+            if message is not None:
+                if not self._handle(message):
+                    return
+                continue
+            if not self._core_alive():
+                for message in channel.recv_ready():  # what it sent before it ended
+                    if not self._handle(message):
+                        return
+                if not self._closing and self.state in ("loading", "ready", "draining"):
+                    self._fail(EngineDied(self._death_note()))
+                return
+
+    def _handle(self, message: Any) -> bool:
+        """One message of the core; False once it said it failed (nothing more comes)."""
+        from .ipc import Batch, Failed, Ready
+
+        self._beat = time.monotonic()
+        if isinstance(message, Batch):
+            self._on_batch(message)
+        elif isinstance(message, Ready):
+            self._on_ready(message)
+        elif isinstance(message, Failed):
+            self._fail(_exception_of(message), was_ready=message.was_ready)
+            return False
+        return True
+
+    def _core_alive(self) -> bool:
+        if self._child is not None:
+            return self._child.poll() is None
+        return self._core_thread is not None and self._core_thread.is_alive()
+
+    def _death_note(self) -> str:
+        child = self._child
+        if child is None:
+            return "the engine core thread ended without a word"
+        code = child.poll()
+        how = f"exit status {code}"
+        if code is not None and code < 0:
+            try:
+                how = f"signal {-code} ({signal.Signals(-code).name})"
+            except ValueError:
+                how = f"signal {-code}"
+        return f"the engine process (pid {child.pid}) died: {how}"
+
+    def _on_ready(self, message: Ready) -> None:
+        if self.process_args is not None:
+            self.core_pid = message.pid
         try:
-            self.backend = self.factory()
-        except BaseException as exc:  # noqa: BLE001 - reported to the server, which exits with it
+            if self.on_loaded is not None:
+                self.on_loaded(message)
+        except BaseException as exc:  # noqa: BLE001 - the front cannot serve what the core loaded
+            logger.exception("the engine core is up, but the server could not take its load")
             self._fail(exc)
             return
-        with self._cond:
-            if self._stop:
-                self._close()
-                return
+        if self.state == "loading":
             self.state = "ready"
             self.was_ready = True
-            self._beat = time.monotonic()
         if self.on_ready is not None:
             self._call_on_loop(self.on_ready)
-        try:
-            self._loop_body()
-        except BaseException as exc:  # noqa: BLE001
-            logger.exception("the engine stopped at runtime")
-            self._fail(exc)
+
+    def _on_batch(self, batch: Batch) -> None:
+        self._running, self._waiting, self.free_slots, self.steps = (batch.running, batch.waiting,
+                                                                      batch.free_slots, batch.steps)
+        if not batch.events:
             return
-        self._close()
+        make = self.detokenizer
+        events = []
+        for request_id, tokens, finished, reason, error in batch.events:
+            text = None
+            if make is not None:
+                detok = self._detoks.get(request_id)
+                if detok is None:
+                    detok = self._detoks[request_id] = make()
+                text = detok.push(tokens) if tokens else ""
+                if finished:
+                    del self._detoks[request_id]
+                    if reason in ("stop", "length"):
+                        text += detok.flush()
+            events.append(EngineEvent(request_id, tuple(tokens), finished, reason, error, text))
+        self._call_on_loop(self._dispatch, events)
 
-    def _loop_body(self) -> None:
-        backend = self.backend
-        if backend is None:
-            raise RuntimeError("the engine's worker has no backend (it was closed)")
-        failures = 0
-        while True:
-            with self._cond:
-                for request_id in self._cancels:
-                    self._cancel_locked(backend, request_id)
-                self._cancels.clear()
-                if self._stop:
-                    for request_id in [r.request_id for r, _ in self._waiting] + list(self._running):
-                        self._cancel_locked(backend, request_id)
-                admit = []
-                free = backend.free_slots()
-                now = time.monotonic()
-                while self._waiting and len(admit) < free:
-                    request, sink = self._waiting.popleft()
-                    self._running[request.request_id] = sink
-                    self._progress[request.request_id] = now
-                    admit.append(request)
-                self._beat = now
-                if not self._running:
-                    if self._stop:
-                        return
-                    self._cond.wait(IDLE_WAIT)
-                    continue
-            failed = []
-            for request in admit:
-                try:
-                    backend.add(request)
-                except Exception as exc:  # noqa: BLE001 - this request's failure, not the engine's
-                    logger.exception("the %s backend refused request %s", backend.name, request.request_id)
-                    failed.append(EngineEvent(request.request_id, finished=True, finish_reason="error",
-                                              error=f"{type(exc).__name__}: {exc}"))
-            self._deliver(failed)
-            try:
-                events = backend.step()
-            except Exception as exc:
-                failures += 1
-                if failures >= MAX_STEP_FAILURES:
-                    raise
-                logger.exception("a %s step failed: the requests it was decoding fail, the engine goes on",
-                                 backend.name)
-                self._fail_running(backend, f"{type(exc).__name__}: {exc}")
-                continue
-            failures = 0
-            self._deliver(events)
-            self.steps += 1
-            self._check_stalls(backend)
+    def _dispatch(self, events: list[EngineEvent]) -> None:
+        """On the loop: each event to its request's sink (one wake-up per batch)."""
+        sinks = self._sinks
+        for event in events:
+            sink = sinks.pop(event.request_id, None) if event.finished else sinks.get(event.request_id)
+            if sink is not None:
+                sink(event)
 
-    def _fail_running(self, backend: Backend, error: str) -> None:
-        """Fail every running request (a step raised): error events to their clients, their slots freed."""
-        with self._cond:
-            running = list(self._running.items())
-            self._running.clear()
-            for request_id, _ in running:
-                self._progress.pop(request_id, None)
-        for request_id, sink in running:
-            try:
-                backend.cancel(request_id)
-            except Exception:  # noqa: BLE001 - freeing a failed request's slot is best effort
-                logger.exception("cancelling failed request %s", request_id)
-            self._call_on_loop(sink, EngineEvent(request_id, finished=True, finish_reason="error", error=error))
-
-    def _check_stalls(self, backend: Backend) -> None:
-        """Fail running requests that got no token for `stall_seconds` (the backend lost them)."""
-        now = time.monotonic()
-        with self._cond:
-            self._beat = now
-            stalled = [r for r, t in self._progress.items() if now - t > self.stall_seconds]
-            sinks = [(r, self._running.pop(r)) for r in stalled if r in self._running]
-            for request_id in stalled:
-                self._progress.pop(request_id, None)
-        for request_id, sink in sinks:
-            logger.error("request %s got no token for %.0f s (--stall-seconds): it fails", request_id,
-                         self.stall_seconds)
-            try:
-                backend.cancel(request_id)
-            except Exception:  # noqa: BLE001
-                logger.exception("cancelling stalled request %s", request_id)
-            self._call_on_loop(sink, EngineEvent(request_id, finished=True, finish_reason="error",
-                                                 error=f"no token for {self.stall_seconds:.0f} s (stalled)"))
-
-    def _cancel_locked(self, backend: Backend, request_id: str) -> None:
-        for index, (request, sink) in enumerate(self._waiting):
-            if request.request_id == request_id:
-                del self._waiting[index]
-                self._call_on_loop(sink, EngineEvent(request_id, finished=True, finish_reason="cancelled"))
-                return
-        sink = self._running.pop(request_id, None)
-        self._progress.pop(request_id, None)
-        if sink is not None:
-            backend.cancel(request_id)
-            self._call_on_loop(sink, EngineEvent(request_id, finished=True, finish_reason="cancelled"))
-
-    def _deliver(self, events: list[EngineEvent]) -> None:
-        """Hand `events` to their requests' sinks on the loop (one wake-up per step)."""
-        if not events:
+    def _fail(self, exc: BaseException, *, was_ready: bool | None = None) -> None:
+        """The core failed (said so, or died): every request in flight gets an error event, then `on_failed`."""
+        if self.state == "failed":
             return
-        batch = []
-        with self._cond:
-            for event in events:
-                sink = self._running.get(event.request_id)
-                if sink is None:  # cancelled meanwhile
-                    continue
-                if event.finished:
-                    del self._running[event.request_id]
-                    self._progress.pop(event.request_id, None)
-                elif event.token_ids:
-                    self._progress[event.request_id] = time.monotonic()
-                batch.append((sink, event))
-            self._cond.notify()
-        if batch:
-            self._call_on_loop(_deliver_all, batch)
+        self.state, self.error = "failed", exc
+        if was_ready is not None:
+            self.was_ready = was_ready
+        self._detoks.clear()
+        text = f"{type(exc).__name__}: {exc}"
+        self._call_on_loop(self._fail_all, text)
+        if self.on_failed is not None:
+            self._call_on_loop(self.on_failed, exc)
+
+    def _fail_all(self, error: str) -> None:
+        sinks, self._sinks = self._sinks, {}
+        self._running = self._waiting = 0
+        for request_id, sink in sinks.items():
+            sink(EngineEvent(request_id, (), True, "error", error, ""))
 
     def _call_on_loop(self, function: Callable[..., Any], *args: Any) -> None:
         loop = self._loop
@@ -345,33 +417,53 @@ class Engine:
         except RuntimeError:  # the loop closed meanwhile (server shut down)
             pass
 
-    def _fail(self, exc: BaseException) -> None:
-        with self._cond:
-            self.state, self.error = "failed", exc
-            pending = [sink for _, sink in self._waiting] + list(self._running.values())
-            ids = [r.request_id for r, _ in self._waiting] + list(self._running)
-            self._waiting.clear()
-            self._running.clear()
-            self._progress.clear()
-        for request_id, sink in zip(ids, pending, strict=True):
-            self._call_on_loop(sink, EngineEvent(request_id, finished=True, finish_reason="error",
-                                                 error=f"{type(exc).__name__}: {exc}"))
-        if self.on_failed is not None:
-            self._call_on_loop(self.on_failed, exc)
-        self._close()
 
-    def _close(self) -> None:
-        backend, self.backend = self.backend, None
-        if self.state != "failed":
-            self.state = "stopped"
-        if backend is not None:
-            try:
-                backend.close()
-            except Exception:  # noqa: BLE001 - closing is best effort at shutdown
-                logger.exception("closing the %s backend failed", getattr(backend, "name", "?"))
+#: What the engine process runs first: the payload (sys.path, then run_process's arguments) is read from stdin.
+_BOOTSTRAP = ("import pickle, sys; payload = pickle.load(sys.stdin.buffer); sys.path[:] = payload['path']; "
+              "from hwrun.serve.core import run_process; run_process(**payload['args'])")
 
 
-def _deliver_all(batch: list[tuple[Sink, EngineEvent]]) -> None:
-    for sink, event in batch:
-        sink(event)
+def _spawn_core(addresses: tuple[str, str], plan: RunPlan, config: ServeConfig) -> subprocess.Popen:
+    """Start the engine process: this Python, bootstrap code, no shell; its own session (Ctrl-C reaches the
+    front, which drains and then stops it); the plan and settings pickled on its stdin (the API key left out)."""
+    payload = {"path": list(sys.path), "args": {
+        "addresses": addresses, "plan": plan, "config": replace(config, api_key=None, api_key_env=None),
+        "log_level": logging.getLogger().getEffectiveLevel(), "parent": os.getpid()}}
+    child = subprocess.Popen([sys.executable, "-c", _BOOTSTRAP], stdin=subprocess.PIPE, start_new_session=True)
+    assert child.stdin is not None
+    try:
+        child.stdin.write(pickle.dumps(payload))
+        child.stdin.close()
+    except BaseException:
+        child.kill()
+        child.wait(10)
+        raise
+    return child
 
+
+def _end_process(child: subprocess.Popen, timeout: float) -> None:
+    """Wait for `child` to exit; past `timeout` SIGTERM it, then SIGKILL it."""
+    try:
+        child.wait(timeout)
+        return
+    except subprocess.TimeoutExpired:
+        logger.warning("the engine process (pid %d) did not exit within %.0f s: SIGTERM", child.pid, timeout)
+    child.terminate()
+    try:
+        child.wait(STOP_WAIT[1])
+    except subprocess.TimeoutExpired:
+        logger.warning("the engine process (pid %d) ignored SIGTERM: SIGKILL", child.pid)
+        child.kill()
+        child.wait(STOP_WAIT[1])
+
+
+def _exception_of(message: Any) -> BaseException:
+    """The core's exception (unpickled) or, when it did not pickle, a RuntimeError with its text."""
+    if message.error:
+        try:
+            exc = pickle.loads(message.error)
+            if isinstance(exc, BaseException):
+                return exc
+        except Exception:  # noqa: BLE001 - an exception class this process cannot import
+            pass
+    return RuntimeError(message.text)

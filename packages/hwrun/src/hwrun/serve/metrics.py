@@ -44,9 +44,11 @@ class Histogram:
 
 
 class Metrics:
-    """What `/metrics` reports. `queue_depth` and `running` are read from the engine when rendered."""
+    """What `/metrics` reports. `queue_depth`, `running` and `steps` are read from the engine when rendered (the
+    engine core sends them with every token batch and heartbeat)."""
 
-    def __init__(self, queue_depth: Callable[[], int] = lambda: 0, running: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, queue_depth: Callable[[], int] = lambda: 0, running: Callable[[], int] = lambda: 0,
+                 steps: Callable[[], int] = lambda: 0) -> None:
         self.requests: dict[tuple[str, str], int] = {}  # (endpoint, outcome) -> count
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -55,6 +57,7 @@ class Metrics:
         self.duration = Histogram(DURATION_BUCKETS)
         self.queue_depth = queue_depth
         self.running = running
+        self.steps = steps
         self.info: dict[str, str] = {}
 
     def count_request(self, endpoint: str, outcome: str) -> None:
@@ -76,7 +79,9 @@ class Metrics:
                   "# HELP hwrun_queue_depth Requests waiting for a decode slot.", "# TYPE hwrun_queue_depth gauge",
                   f"hwrun_queue_depth {self.queue_depth()}",
                   "# HELP hwrun_running_requests Requests being decoded.", "# TYPE hwrun_running_requests gauge",
-                  f"hwrun_running_requests {self.running()}"]
+                  f"hwrun_running_requests {self.running()}",
+                  "# HELP hwrun_engine_steps_total Decode steps the engine core ran (sent with its token batches).",
+                  "# TYPE hwrun_engine_steps_total counter", f"hwrun_engine_steps_total {self.steps()}"]
         for name, hist, text in (
                 ("hwrun_time_to_first_token_seconds", self.ttft, "Request arrival to its first token."),
                 ("hwrun_inter_token_latency_seconds", self.itl, "Time between a request's consecutive tokens."),

@@ -147,6 +147,8 @@ class Run:
             end: EngineEvent | None = None
             stopped = False
             for event in events:
+                # the server's reader detokenized the event (`text`); one made without it is detokenized here
+                detokenized = event.text is not None
                 if event.token_ids:
                     count = len(event.token_ids)
                     if self.last is None:
@@ -156,16 +158,23 @@ class Run:
                     self.last = now
                     self.completion_tokens += count
                     metrics.generation_tokens += count
-                    piece = self.text.push(event.token_ids)
+                    piece = self.text.push_text(event.text) if detokenized else self.text.push(event.token_ids)
                     if piece:
                         out.append(piece)
                     if self.text.stopped:  # a stop string: the request ends here, the engine stops it
                         stopped = True
                         break
+                elif detokenized and event.text:  # the held end of the text, flushed on the finishing event
+                    piece = self.text.push_text(event.text)
+                    if piece:
+                        out.append(piece)
+                    if self.text.stopped:
+                        stopped = True
+                        break
                 if event.finished:
                     end = event
                     if event.finish_reason in ("stop", "length"):
-                        tail = self.text.finish()
+                        tail = self.text.finish_text() if detokenized else self.text.finish()
                         if tail:
                             out.append(tail)
                     break

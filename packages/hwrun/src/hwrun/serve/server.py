@@ -84,12 +84,19 @@ def make_server(state: ServeState) -> Any:
                       f"{state.engine_name}, up to {state.config.max_concurrency} requests at once")
 
         def failed(exc: BaseException) -> None:
-            if state.engine.was_ready:
-                state.say(f"the engine stopped at runtime ({type(exc).__name__}; the log has the traceback); "
-                          "the server exits")
+            from .engine import EngineDied
+
+            keep = state.config.keep_alive_on_engine_death and state.engine.was_ready
+            then = ("the server stays up, answering 503 (--keep-alive-on-engine-death)" if keep else
+                    "the server exits")
+            if isinstance(exc, EngineDied):
+                state.say(f"{exc}; the requests in flight got errors; {then}")
+            elif state.engine.was_ready:
+                state.say(f"the engine stopped at runtime ({type(exc).__name__}; the log has the traceback); {then}")
             else:
                 state.say(f"the engine failed to start: {exc}")
-            server_box["server"].should_exit = True
+            if not keep:
+                server_box["server"].should_exit = True
 
         state.engine.on_ready, state.engine.on_failed = ready, failed
         state.engine.start(loop)

@@ -1,6 +1,8 @@
 """Token ids to streamed text: incremental detokenization and OpenAI `stop` strings (backend-neutral).
 
-`Detokenizer` decodes a window of the newest tokens and sends only text that is complete: a token that
+The server's reader thread detokenizes (never the engine's loop, never the event loop): `detokenizer_factory`
+picks `StreamDetokenizer` (tokenizers' `DecodeStream`, which keeps its own offsets and decodes only the
+newest tokens) where the tokenizer is fast, else `Detokenizer`. `Detokenizer` decodes a window of the newest tokens and sends only text that is complete: a token that
 ends inside a multi-byte character (the decode ends in U+FFFD) waits for the next one, and the window
 starts at the previous piece's tokens so tokenizers that drop a leading space at a sequence's start (SentencePiece)
 still give the right spaces (the method of TGI's and vLLM's detokenizers). `StopMatcher` holds back the
@@ -9,7 +11,73 @@ tail of the text that could be the start of a stop string, so a stop string neve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+
+class StreamDetokenizer:
+    """Incremental detokenization with tokenizers' `DecodeStream` over a Rust `tokenizers.Tokenizer`: `push(ids)`
+    returns the new complete text, `flush()` what is still held at the end (as `tokenizer.decode` of the whole
+    sequence gives it, an incomplete character included)."""
+
+    def __init__(self, tokenizer: Any, *, skip_special_tokens: bool = True) -> None:
+        from tokenizers.decoders import DecodeStream
+
+        self.tokenizer = tokenizer
+        self.skip = skip_special_tokens
+        self.stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self.ids: list[int] = []
+        self.pieces: list[str] = []
+        self.held = False  # tokens pushed whose text has not come out yet
+
+    def push(self, ids: list[int] | tuple[int, ...]) -> str:
+        """Text the new `ids` complete (one `DecodeStream.step` per token)."""
+        out = []
+        step, tokenizer = self.stream.step, self.tokenizer
+        for token in ids:
+            self.ids.append(token)
+            piece = step(tokenizer, token)
+            if piece is None:
+                self.held = True
+            else:
+                self.held = False
+                out.append(piece)
+        text = "".join(out)
+        if text:
+            self.pieces.append(text)
+        return text
+
+    def flush(self) -> str:
+        """The text of tokens still held (one decode of the whole sequence, only when some are)."""
+        if not self.held:
+            return ""
+        self.held = False
+        full = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
+        sent = "".join(self.pieces)
+        return full[len(sent):] if full.startswith(sent) else ""
+
+
+def detokenizer_factory(tokenizer: Any, skip_special_tokens: bool = True) -> tuple[Callable[[], Any], str]:
+    """(a function making one request's detokenizer, which kind and why). A fast tokenizer whose decode adds no
+    clean-up gets `StreamDetokenizer` over its own copy of the Rust tokenizer (the server encodes prompts with
+    the original in another thread; a fast tokenizer is not shared across threads); else `Detokenizer`."""
+    backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+    cleanup = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+    try:
+        from tokenizers.decoders import DecodeStream  # noqa: F401 - tokenizers >= 0.21
+    except ImportError:
+        backend, why = None, "this tokenizers has no DecodeStream"
+    else:
+        why = ("its decode cleans up tokenization spaces (DecodeStream does not)" if cleanup else
+               "a slow (Python) tokenizer")
+    if backend is not None and not cleanup:
+        from tokenizers import Tokenizer
+
+        own = Tokenizer.from_str(backend.to_str())
+        return (lambda: StreamDetokenizer(own, skip_special_tokens=skip_special_tokens),
+                "tokenizers' DecodeStream (fast tokenizer)")
+    return (lambda: Detokenizer(tokenizer, skip_special_tokens=skip_special_tokens),
+            f"incremental decode of a window of tokens ({why})")
 
 
 class Detokenizer:
@@ -86,8 +154,9 @@ class StopMatcher:
 
 
 class TextStream:
-    """Detokenizer plus stop matcher for one request: `push(ids)` -> text to send; `stopped` once a stop string
-    was seen (the caller then cancels the request and finishes with `finish_reason="stop"`)."""
+    """Detokenizer plus stop matcher for one request: `push(ids)` -> text to send (or `push_text(text)` with text
+    the server's reader already detokenized); `stopped` once a stop string was seen (the caller then cancels the
+    request and finishes with `finish_reason="stop"`)."""
 
     def __init__(self, tokenizer: Any, stops: tuple[str, ...] | list[str] = ()) -> None:
         self.detokenizer = Detokenizer(tokenizer)
@@ -102,6 +171,19 @@ class TextStream:
     def push(self, ids: list[int] | tuple[int, ...]) -> str:
         """New text to send for `ids` (stop strings cut and held back)."""
         out = self.matcher.push(self.detokenizer.push(ids))
+        self.text += out
+        return out
+
+    def push_text(self, text: str) -> str:
+        """New text to send for already detokenized `text` (stop strings cut and held back)."""
+        out = self.matcher.push(text)
+        self.text += out
+        return out
+
+    def finish_text(self, tail: str = "") -> str:
+        """The last text at the end of the output when the reader detokenized it (`tail`: its flushed end)."""
+        out = self.matcher.push(tail) if not self.stopped else ""
+        out += self.matcher.flush()
         self.text += out
         return out
 

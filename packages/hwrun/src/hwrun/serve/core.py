@@ -1,0 +1,277 @@
+"""The engine core: the scheduling loop over a backend, in its own process (vLLM V1's shape) or, as a seam for
+tests, in a thread of the server's process.
+
+`CoreLoop.run()` takes requests, cancels and the shutdown from the front's channel between two steps, admits
+waiting requests into free slots (`backend.free_slots()`), runs `backend.step()`, and sends every event of
+that step to the front as one `Batch` message with its counters (running, waiting, free slots, steps). It
+never waits on the front: sends are queued by ZeroMQ. Idle, it waits for the front's next message up to
+`IDLE_WAIT` seconds and sends an empty batch (a heartbeat) at least every `HEARTBEAT` seconds, so the front
+tells a hung step (no message for `--stall-seconds`) from an idle engine.
+
+`run_process(addresses, plan, config, log_level)` is the child process's entry point (multiprocessing's spawn
+context starts it): it ignores SIGINT (Ctrl-C reaches the whole process group; the front drains and then
+stops the core), exits if its parent dies (no orphan holds the device), loads the model and warms the
+backend (`hwrun.serve.startup.load_backend`), sends `Ready` with the pickled tokenizer, and runs the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .engine import GENERIC_FAILURE, MAX_STEP_FAILURES, Backend, EngineRequest
+from .ipc import AddRequest, Batch, Cancel, Channel, Failed, Ready, Shutdown
+from .protocol import Sampling
+
+if TYPE_CHECKING:
+    from ..model.plan import RunPlan
+    from .config import ServeConfig
+
+logger = logging.getLogger(__name__)
+
+#: Seconds the idle core waits for the front's next message before it looks again.
+IDLE_WAIT = 0.25
+#: Longest gap, in seconds, between two messages of a working core (an empty batch fills it).
+HEARTBEAT = 0.5
+#: Seconds the core's last messages may take to reach the front when it exits.
+CLOSE_LINGER = 2.0
+#: Seconds between two checks, in the child, that its parent (the server) still lives.
+PARENT_CHECK = 0.5
+
+__all__ = ["CoreLoop", "run_process", "run_thread", "GENERIC_FAILURE"]
+
+
+class CoreLoop:
+    """Schedules the front's requests onto `backend`; one `Batch` per turn to `channel`."""
+
+    def __init__(self, backend: Backend, channel: Channel, *, stall_seconds: float) -> None:
+        self.backend = backend
+        self.channel = channel
+        self.stall_seconds = stall_seconds
+        self.waiting: deque[EngineRequest] = deque()
+        self.running: dict[str, float] = {}  # request id -> monotonic time of its last token (or admission)
+        self.steps = 0
+        self._out: list[tuple[str, list[int], bool, str | None, str | None]] = []
+        self._sent = time.monotonic()
+        self._stop = False
+
+    def run(self) -> None:
+        """Turns until the front says `Shutdown` (then cancels what is left and returns); raises when the
+        backend fails `MAX_STEP_FAILURES` steps in a row."""
+        failures = 0
+        while True:
+            idle = not self.running and not self.waiting
+            self._take(self.channel.recv_ready() if not idle else self._wait_for_front())
+            if self._stop:
+                self._cancel_all()
+                self._flush(force=True)
+                return
+            self._admit()
+            if not self.running:
+                self._flush(force=time.monotonic() - self._sent > HEARTBEAT)
+                continue
+            try:
+                events = self.backend.step()
+            except Exception as exc:
+                failures += 1
+                if failures >= MAX_STEP_FAILURES:
+                    self._flush(force=True)
+                    raise
+                logger.exception("a %s step failed: the requests it was decoding fail, the engine goes on",
+                                 self.backend.name)
+                self._fail_running(f"{type(exc).__name__}: {exc}")
+                self._flush(force=True)
+                continue
+            failures = 0
+            self.steps += 1
+            now = time.monotonic()
+            for event in events:
+                if event.request_id not in self.running:  # cancelled meanwhile
+                    continue
+                if event.finished:
+                    del self.running[event.request_id]
+                elif event.token_ids:
+                    self.running[event.request_id] = now
+                self._emit(event.request_id, event.token_ids, event.finished, event.finish_reason, event.error)
+            self._check_stalls(now)
+            self._flush(force=now - self._sent > HEARTBEAT)
+
+    # ------------------------------------------------------------------------------------------------ inputs
+
+    def _wait_for_front(self) -> list[Any]:
+        message = self.channel.recv(IDLE_WAIT)
+        return [] if message is None else [message, *self.channel.recv_ready()]
+
+    def _take(self, messages: list[Any]) -> None:
+        for message in messages:
+            if isinstance(message, AddRequest):
+                self.waiting.append(EngineRequest(
+                    message.request_id, tuple(message.input_ids), message.max_new_tokens,
+                    Sampling(temperature=message.temperature, top_p=message.top_p, top_k=message.top_k,
+                             seed=message.seed), message.ignore_eos))
+            elif isinstance(message, Cancel):
+                for request_id in message.request_ids:
+                    self._cancel(request_id)
+            elif isinstance(message, Shutdown):
+                self._stop = True
+
+    def _cancel(self, request_id: str) -> None:
+        for index, request in enumerate(self.waiting):
+            if request.request_id == request_id:
+                del self.waiting[index]
+                self._emit(request_id, (), True, "cancelled", None)
+                return
+        if self.running.pop(request_id, None) is not None:
+            self.backend.cancel(request_id)
+            self._emit(request_id, (), True, "cancelled", None)
+
+    def _cancel_all(self) -> None:
+        for request_id in [r.request_id for r in self.waiting] + list(self.running):
+            self._cancel(request_id)
+
+    # ------------------------------------------------------------------------------------------- scheduling
+
+    def _admit(self) -> None:
+        free = self.backend.free_slots()
+        now = time.monotonic()
+        while self.waiting and free > 0:
+            request = self.waiting.popleft()
+            free -= 1
+            try:
+                self.backend.add(request)
+            except Exception as exc:  # noqa: BLE001 - this request's failure, not the engine's
+                logger.exception("the %s backend refused request %s", self.backend.name, request.request_id)
+                self._emit(request.request_id, (), True, "error", f"{type(exc).__name__}: {exc}")
+                continue
+            self.running[request.request_id] = now
+
+    def _fail_running(self, error: str) -> None:
+        """Fail every running request (a step raised): error events, their slots freed."""
+        for request_id in list(self.running):
+            del self.running[request_id]
+            try:
+                self.backend.cancel(request_id)
+            except Exception:  # noqa: BLE001 - freeing a failed request's slot is best effort
+                logger.exception("cancelling failed request %s", request_id)
+            self._emit(request_id, (), True, "error", error)
+
+    def _check_stalls(self, now: float) -> None:
+        """Fail running requests that got no token for `stall_seconds` (the backend lost them)."""
+        for request_id in [r for r, t in self.running.items() if now - t > self.stall_seconds]:
+            logger.error("request %s got no token for %.0f s (--stall-seconds): it fails", request_id,
+                         self.stall_seconds)
+            del self.running[request_id]
+            try:
+                self.backend.cancel(request_id)
+            except Exception:  # noqa: BLE001
+                logger.exception("cancelling stalled request %s", request_id)
+            self._emit(request_id, (), True, "error", f"no token for {self.stall_seconds:.0f} s (stalled)")
+
+    # ------------------------------------------------------------------------------------------------ output
+
+    def _emit(self, request_id: str, tokens: Any, finished: bool, reason: str | None, error: str | None) -> None:
+        self._out.append((request_id, [int(t) for t in tokens], bool(finished), reason, error))
+
+    def _flush(self, *, force: bool) -> None:
+        """Send this turn's events as one batch (or an empty one when `force`: the heartbeat)."""
+        if not self._out and not force:
+            return
+        events, self._out = self._out, []
+        self.channel.send(Batch(events, len(self.running), len(self.waiting), int(self.backend.free_slots()),
+                                self.steps))
+        self._sent = time.monotonic()
+
+
+def serve_core(build: Callable[[], tuple[Backend, dict[str, Any], bytes]], channel: Channel,
+               stall_seconds: float) -> None:
+    """Build the backend, say `Ready`, run the loop until `Shutdown`; on any failure say `Failed` (the
+    exception pickled when it can be) and return. Closes the backend."""
+    backend: Backend | None = None
+    ready = False
+    try:
+        backend, info, tokenizer = build()
+        channel.send(Ready(info, tokenizer, os.getpid()))
+        ready = True
+        CoreLoop(backend, channel, stall_seconds=stall_seconds).run()
+    except BaseException as exc:  # noqa: BLE001 - reported to the front, which fails its requests with it
+        if ready:
+            logger.exception("the engine stopped at runtime")
+        try:
+            error = pickle.dumps(exc)
+        except Exception:  # noqa: BLE001 - an exception that does not pickle goes as its text
+            error = b""
+        channel.send(Failed(f"{type(exc).__name__}: {exc}", error, ready))
+    finally:
+        if backend is not None:
+            try:
+                backend.close()
+            except Exception:  # noqa: BLE001 - closing is best effort at shutdown
+                logger.exception("closing the %s backend failed", getattr(backend, "name", "?"))
+
+
+def run_thread(factory: Callable[[], tuple[Backend, dict[str, Any]]], addresses: tuple[str, str],
+               stall_seconds: float) -> threading.Thread:
+    """The core in a thread of this process (the test seam: a loader that returns any backend)."""
+    def target() -> None:
+        channel = Channel.connect(addresses)
+        try:
+            serve_core(lambda: (*factory(), b""), channel, stall_seconds)
+        finally:
+            channel.close(linger=CLOSE_LINGER)
+
+    thread = threading.Thread(target=target, name="hwrun-serve-core", daemon=True)
+    thread.start()
+    return thread
+
+
+def run_process(addresses: tuple[str, str], plan: RunPlan, config: ServeConfig, log_level: int,
+                parent: int) -> None:
+    """The engine process's entry point (spawned by `hwrun.serve.engine.Engine`)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the front drains first, then sends Shutdown
+    logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
+    if log_level > logging.INFO:
+        _quiet_transformers()
+    threading.Thread(target=_exit_with_parent, args=(parent,), name="hwrun-serve-parent-watch",
+                     daemon=True).start()
+    channel = Channel.connect(addresses)
+    try:
+        serve_core(lambda: _load(plan, config), channel, config.stall_seconds)
+    finally:
+        channel.close(linger=CLOSE_LINGER)
+
+
+def _load(plan: RunPlan, config: ServeConfig) -> tuple[Backend, dict[str, Any], bytes]:
+    from .startup import load_backend
+
+    loaded = load_backend(plan, config)
+    info = {"engine": loaded.choice.name, "engine_reason": loaded.choice.reason,
+            "max_model_len": loaded.max_model_len, "max_model_len_reason": loaded.max_model_len_reason,
+            "eos_ids": list(loaded.eos_ids), "load_seconds": loaded.load_seconds,
+            "warm_seconds": loaded.warm_seconds, "threads": loaded.threads, "threads_reason": loaded.threads_reason}
+    return loaded.backend, info, pickle.dumps(loaded.tokenizer)
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Ends this process when the server that started it is gone (killed with SIGKILL: no Shutdown came)."""
+    while True:
+        time.sleep(PARENT_CHECK)
+        if os.getppid() != parent:
+            logger.error("the server process %d is gone: the engine process exits", parent)
+            os._exit(1)
+
+
+def _quiet_transformers() -> None:
+    try:
+        import transformers
+    except ImportError:  # pragma: no cover
+        return
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
