@@ -1,0 +1,275 @@
+"""Quantized decode benchmark (issue 43.3): bf16 vs torchao int8 and int4 weight-only through hwrun's public API.
+
+    python tools/bench/quantization.py --out DIR            # GPU: ~1.2B Llama from a config (decode.py's FULL sizes)
+    python tools/bench/quantization.py --out DIR --smoke    # tiny sizes on CPU (proves the script, not a result)
+    python tools/bench/quantization.py --out DIR --model PATH   # a real local checkpoint (agreement means more)
+
+For each method (`--methods`, default bf16,int8-weight-only,int4-weight-only) the model is planned and loaded with
+`hwrun.plan(..., quantization=METHOD)` (refused before load where the device does not run it: the row records the
+error) and measured at 1 and 64 prompts (`--batches`): new tokens/s and peak device memory of
+- `hwrun.generate (decode='auto')`: hwrun's choice (graph loops for bf16 on CUDA/XPU; Transformers' loop for
+  quantized weights, with the reason recorded);
+- `transformers static cache + compile`: `model.generate(cache_implementation="static")`, Transformers' compiled
+  decode, the same loop for every method (torchao's recommended path), which is the fair int4-vs-bf16 ratio.
+Quality against float32 (the same weights loaded in float32): teacher-forced argmax agreement (the fraction of
+positions where the method's next-token argmax equals float32's, over `--quality-seqs` sequences of
+`--quality-len` tokens) and perplexity on the text shipped with hwrun (`models/tiny-llama/sample_train.txt`).
+Random weights (no `--model`) make agreement and perplexity a stress test, not a model-quality figure; the JSON says
+which. Goal (issue 43): int4 batch-1 >= 1.6x bf16's tokens/s, agreement >= 95 %.
+
+Writes DIR/quantization.json (after every row), DIR/quantization.md and DIR/quantization.png; prints each row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), *(str(p) for p in sorted((HERE.parents[1] / "packages").glob("*/src")))]
+
+from decode import FULL, SMOKE, Device, measure, prompts_of, save_model_folder  # noqa: E402
+
+METHODS = ("bf16", "int8-weight-only", "int4-weight-only")
+SAMPLE_TEXT = HERE.parents[1] / "packages" / "hwrun" / "src" / "hwrun" / "models" / "tiny-llama" / "sample_train.txt"
+
+
+def quality_ids(vocab_size, seqs, length, seed=0):
+    """Fixed random token sequences for the teacher-forced comparison (the same for every method)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab_size, (seqs, length), generator=generator)
+
+
+def text_ids(tokenizer, length):
+    """The shipped sample text as token ids (at most `length`), for perplexity."""
+    ids = tokenizer(SAMPLE_TEXT.read_text(), add_special_tokens=False)["input_ids"][:length]
+    import torch
+
+    return torch.tensor([ids])
+
+
+def forward_logits(model, ids, chunk=1):
+    """Teacher-forced logits of `ids` (float32, on the CPU), `chunk` sequences per forward."""
+    import torch
+
+    out = []
+    with torch.inference_mode():
+        for start in range(0, ids.shape[0], chunk):
+            batch = ids[start:start + chunk].to(model.device)
+            out.append(model(input_ids=batch).logits.float().cpu())
+    return torch.cat(out)
+
+
+def perplexity(logits, ids):
+    import torch
+
+    loss = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:].to(logits.device))
+    return float(torch.exp(loss))
+
+
+def free_memory():
+    """Collect and give cached device memory back between methods (each method loads its own copy)."""
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        elif hasattr(torch, "xpu") and torch.xpu.is_available():
+            torch.xpu.empty_cache()
+    except Exception:  # noqa: BLE001 - best effort between methods
+        pass
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU: proves the script, measures nothing")
+    parser.add_argument("--model", default=None, help="a local checkpoint instead of random weights from a config")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--batches", default=None, help="comma-separated prompt counts (default 1,64)")
+    parser.add_argument("--prompt-len", type=int, default=None)
+    parser.add_argument("--new-tokens", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quality-seqs", type=int, default=None)
+    parser.add_argument("--quality-len", type=int, default=None)
+    parser.add_argument("--skip-hf-compile", action="store_true", help="leave out Transformers' static cache + compile")
+    args = parser.parse_args(argv)
+
+    import hwrun
+    import torch
+    import transformers
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device_kind = "cpu" if args.smoke else "auto"
+    probe = hwrun.plan(hwrun.DEFAULT_MODEL, device=device_kind)
+    if not probe.accelerator.platform.is_accelerator and not args.smoke:
+        print("no accelerator here: run with --smoke on the host", file=sys.stderr)
+        return 2
+    prompt_len = args.prompt_len or (16 if args.smoke else 128)
+    new_tokens = args.new_tokens or (8 if args.smoke else 256)
+    batches = [int(b) for b in (args.batches or ("1,4" if args.smoke else "1,64")).split(",")]
+    quality_seqs = args.quality_seqs or (2 if args.smoke else 8)
+    quality_len = args.quality_len or (32 if args.smoke else 512)
+    half = "bfloat16" if probe.accelerator.platform.is_accelerator else "float32"
+    if args.model:
+        folder, weights = Path(args.model), "checkpoint"
+    else:
+        folder = save_model_folder(SMOKE if args.smoke else FULL,
+                                   Path(tempfile.mkdtemp(prefix="hwrun-bench-quant-")) / "model", torch.bfloat16)
+        weights = "random (from a config)"
+
+    results = {"smoke": args.smoke, "weights": weights, "model": str(folder), "torch": torch.__version__,
+               "transformers": transformers.__version__, "hwrun": hwrun.__version__, "prompt_len": prompt_len,
+               "new_tokens": new_tokens, "repeats": args.repeats, "quality_seqs": quality_seqs,
+               "quality_len": quality_len, "date": time.strftime("%Y-%m-%d"), "methods": {}, "rows": []}
+    try:
+        import torchao
+
+        results["torchao"] = torchao.__version__
+    except ImportError:
+        results["torchao"] = None
+
+    def save():
+        (out / "quantization.json").write_text(json.dumps(results, indent=2))
+
+    # the float32 reference: teacher-forced logits on fixed sequences and on the shipped text
+    ref_plan = hwrun.plan(str(folder), device=device_kind, dtype="float32")
+    ref_model, tokenizer = hwrun.load(ref_plan)
+    results.update(device=ref_plan.accelerator.names[0] if ref_plan.accelerator.names else ref_plan.device,
+                   kind=ref_plan.accelerator.kind, parameters=sum(p.numel() for p in ref_model.parameters()))
+    vocab = ref_model.config.vocab_size
+    ids = quality_ids(min(vocab, len(tokenizer)) if not args.model else vocab, quality_seqs, quality_len)
+    sample = text_ids(tokenizer, quality_len)
+    ref_argmax = forward_logits(ref_model, ids).argmax(-1)
+    ref_text_logits = forward_logits(ref_model, sample)
+    results["float32_perplexity"] = perplexity(ref_text_logits, sample)
+    del ref_model
+    free_memory()
+    save()
+
+    for method in args.methods.split(","):
+        quantization = None if method in ("bf16", "bfloat16", "none") else method
+        entry = results["methods"].setdefault(method, {})
+        try:
+            plan = hwrun.plan(str(folder), device=device_kind, dtype=half, quantization=quantization)
+            entry["reason"] = plan.reasons["quantization"]
+            model, tokenizer = hwrun.load(plan)
+        except Exception as exc:  # noqa: BLE001 - a method this device refuses is a result too
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            print(f"{method:18s} not run: {entry['error'][:200]}", flush=True)
+            save()
+            continue
+        device = Device(plan)
+        device.sync()
+        argmax = forward_logits(model, ids).argmax(-1)
+        entry["argmax_agreement"] = float((argmax == ref_argmax).float().mean())
+        entry["perplexity"] = perplexity(forward_logits(model, sample), sample)
+        print(f"{method:18s} agreement {entry['argmax_agreement']:.4f}  perplexity {entry['perplexity']:.2f} "
+              f"(float32 {results['float32_perplexity']:.2f})", flush=True)
+        save()
+        for batch in batches:
+            texts = prompts_of(tokenizer, batch, prompt_len, seed=batch)
+            encoded = tokenizer(texts, return_tensors="pt", padding=True).to(model.device)
+            runs = [("hwrun.generate (decode='auto')",
+                     lambda t=texts, p=plan, m=model, k=tokenizer: hwrun.generate(p, t, new_tokens, model=m,
+                                                                                  tokenizer=k),
+                     lambda r: r.total_new_tokens)]
+            if not args.skip_hf_compile:
+                def static_cache(e=encoded, m=model):
+                    with torch.inference_mode():
+                        return m.generate(**e, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                              do_sample=False, cache_implementation="static", pad_token_id=0)
+                runs.append(("transformers static cache + compile", static_cache, lambda r, b=batch: b * new_tokens))
+            for name, run, produced in runs:
+                row = {"method": method, "batch": batch, "name": name}
+                try:
+                    seconds, peak, result = measure(run, device, args.repeats)
+                    tokens = produced(result)
+                    row.update(seconds=seconds, new_tokens=tokens, tokens_per_s=tokens / seconds, peak_bytes=peak)
+                    if isinstance(result, hwrun.GenerationResult):
+                        row.update(decode=result.decode, decode_reason=result.decode_reason)
+                except Exception as exc:  # noqa: BLE001 - record and keep measuring the rest
+                    row.update(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-4000:])
+                results["rows"].append(row)
+                shown = (f"{row['tokens_per_s']:10.1f} tokens/s" if "tokens_per_s" in row
+                         else f"FAILED {row['error'][:120]}")
+                print(f"{method:18s} {batch:3d} {name:40s} {shown}", flush=True)
+                save()
+        model = runs = None  # the next method loads its own copy
+        free_memory()
+    results["ratios"] = ratios(results["rows"])
+    save()
+    write_report(results, out)
+    return 0
+
+
+def ratios(rows):
+    """tokens/s of each method over bf16's, per (batch, path)."""
+    base = {(r["batch"], r["name"]): r["tokens_per_s"] for r in rows if r["method"] == "bf16" and "tokens_per_s" in r}
+    return [{"method": r["method"], "batch": r["batch"], "name": r["name"],
+             "vs_bf16": r["tokens_per_s"] / base[(r["batch"], r["name"])]}
+            for r in rows if "tokens_per_s" in r and (r["batch"], r["name"]) in base and r["method"] != "bf16"]
+
+
+def write_report(results, out):
+    """quantization.md (tables) and quantization.png (tokens/s per method and batch) from the results."""
+    lines = [f"# Quantized decode ({results.get('device')}, {results['weights']} weights, "
+             f"{results.get('parameters', 0) / 1e9:.2f}B parameters, {results['date']})", "",
+             f"torch {results['torch']}, transformers {results['transformers']}, torchao {results['torchao']}; "
+             f"prompt {results['prompt_len']} tokens, {results['new_tokens']} new tokens, median of "
+             f"{results['repeats']}." + (" **Smoke run: sizes prove the script, not a result.**"
+                                         if results["smoke"] else ""), "",
+             "| method | argmax agreement vs fp32 | perplexity (fp32 "
+             f"{results.get('float32_perplexity', float('nan')):.2f}) | note |", "|---|---|---|---|"]
+    for method, entry in results["methods"].items():
+        if "error" in entry:
+            lines.append(f"| {method} | – | – | not run: {entry['error'][:160]} |")
+        else:
+            lines.append(f"| {method} | {entry['argmax_agreement']:.2%} | {entry['perplexity']:.2f} | |")
+    lines += ["", "| method | prompts | path | tokens/s | vs bf16 | peak memory | decode |", "|---|---|---|---|---|---|---|"]
+    versus = {(r["method"], r["batch"], r["name"]): r["vs_bf16"] for r in results.get("ratios", [])}
+    for row in results["rows"]:
+        if "tokens_per_s" not in row:
+            lines.append(f"| {row['method']} | {row['batch']} | {row['name']} | failed: {row['error'][:100]} | | | |")
+            continue
+        ratio = versus.get((row["method"], row["batch"], row["name"]))
+        peak = f"{row['peak_bytes'] / 2**30:.2f} GiB" if row.get("peak_bytes") is not None else "n/a"
+        lines.append(f"| {row['method']} | {row['batch']} | {row['name']} | {row['tokens_per_s']:.1f} | "
+                     f"{f'{ratio:.2f}x' if ratio else '–'} | {peak} | {row.get('decode', '')} |")
+    (out / "quantization.md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    names = sorted({r["name"] for r in results["rows"] if "tokens_per_s" in r})
+    fig, axes = plt.subplots(1, max(1, len(names)), figsize=(6 * max(1, len(names)), 4.5), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=False):
+        methods = list(dict.fromkeys(r["method"] for r in results["rows"]))
+        batches = sorted({r["batch"] for r in results["rows"]})
+        width = 0.8 / max(1, len(methods))
+        for i, method in enumerate(methods):
+            values = [next((r["tokens_per_s"] for r in results["rows"] if r["method"] == method and r["batch"] == b
+                            and r["name"] == name and "tokens_per_s" in r), 0) for b in batches]
+            ax.bar([j + i * width for j in range(len(batches))], values, width, label=method)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(batches))], [f"{b} prompts" for b in batches])
+        ax.set(ylabel="new tokens/s (all prompts)", title=name, yscale="log")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "quantization.png", dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
