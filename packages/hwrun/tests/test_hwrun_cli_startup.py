@@ -74,7 +74,7 @@ def test_the_thread_rule_is_one_function_for_serve_and_generate():
     assert devices.torch_threads_for(True, 64, {})[0] == 1
     assert devices.torch_threads_for(False, 8, {"OMP_NUM_THREADS": "3"})[0] is None
     assert devices.torch_threads_for(False, 8, {}, given=5, option="--torch-threads") == (5, "given (--torch-threads)")
-    assert "tokenizing, streaming" in cli.GENERATE_BESIDE
+    assert "tokenizing, streaming" in cli.BESIDE
 
 
 @pytest.fixture
@@ -90,7 +90,7 @@ def test_plan_shows_the_thread_row_with_its_reason(two_cores, capsys):
 
     assert main(["plan"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("torch threads"))
-    assert row.split()[2] == "1" and "host with 2 cores: 1 for torch" in row and "hwrun serve" in row
+    assert row.split()[2] == "1" and "host with 2 cores: 1 for torch" in row and "train and serve" in row
     assert main(["plan", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["torch_threads"]["value"] == "1" and "host with 2 cores" in data["torch_threads"]["reason"]

@@ -21,6 +21,9 @@ COMMAND_MODULES = ("train", "serve", "chat")
 #: Largest --batch-file read (bytes): a prompt file beyond this is refused instead of filling memory.
 BATCH_FILE_LIMIT = 64 * 1024 * 1024
 
+TORCH_THREADS_HELP = ("torch intra-op threads (default: all cores but one on the host, 1 on an accelerator; "
+                      "OMP_NUM_THREADS wins; the rule of hwrun serve, shown by hwrun plan)")
+
 #: Prompts per `model.generate` call when a batch file runs with static batching (one progress step each).
 STATIC_CHUNK = 16
 
@@ -53,9 +56,13 @@ def _quantization_of(args: argparse.Namespace) -> str | None:
 
 def _plan_from(args: argparse.Namespace, model: str | None):
     from ..model.plan import plan
+    from .quiet import note_plan
 
-    return plan(model, device=args.device, dtype=args.dtype, attention=args.attention, use_kernels=args.use_kernels,
-                compile=args.compile, quantization=_quantization_of(args), trust_remote_code=args.trust_remote_code)
+    run_plan = plan(model, device=args.device, dtype=args.dtype, attention=args.attention,
+                    use_kernels=args.use_kernels, compile=args.compile, quantization=_quantization_of(args),
+                    trust_remote_code=args.trust_remote_code)
+    note_plan(run_plan)
+    return run_plan
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,8 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_gen.add_argument("--no-stream", action="store_true", help="print the text at the end instead of streaming")
     p_gen.add_argument("--json", action="store_true", help="print the result as JSON (no streaming)")
     p_gen.add_argument("--torch-threads", type=int, default=None, metavar="N",
-                       help="torch intra-op threads (default: all cores but one on the host, 1 on an accelerator; "
-                            "OMP_NUM_THREADS wins; the rule of hwrun serve, shown by hwrun plan)")
+                       help=TORCH_THREADS_HELP)
     p_gen.add_argument("--timings", action="store_true",
                        help="print where the wall time went: start-up (imports), plan, load, generate")
     p_gen.set_defaults(func=_cmd_generate)
@@ -123,8 +129,8 @@ def decode_rows(run_plan) -> list[tuple[str, str, str]]:
     return rows
 
 
-#: What the core `torch_threads_for` leaves free is for, in `hwrun generate` and in `hwrun plan`'s row.
-GENERATE_BESIDE = "the process's own threads (tokenizing, streaming; a server's event loop) and the rest of the host"
+#: What the core `torch_threads_for` leaves free is for, in `hwrun generate`, `hwrun train` and `hwrun plan`'s row.
+BESIDE = "the process's own Python work (data, tokenizing, streaming; a server's event loop) and the rest of the host"
 
 
 def torch_threads(run_plan, given: int | None = None) -> tuple[int | None, str]:
@@ -133,21 +139,21 @@ def torch_threads(run_plan, given: int | None = None) -> tuple[int | None, str]:
     from ..devices import host_cores, torch_threads_for
 
     return torch_threads_for(run_plan.accelerator.platform.is_accelerator, host_cores(), given=given,
-                             beside=GENERATE_BESIDE)
+                             beside=BESIDE)
 
 
 def threads_row(run_plan) -> tuple[str, str, str]:
-    """`hwrun plan`'s `torch threads` row: what `hwrun generate` and `hwrun serve` set, and why."""
+    """`hwrun plan`'s `torch threads` row: what `hwrun generate`, `train` and `serve` set, and why."""
     threads, reason = torch_threads(run_plan)
     return ("torch threads", "torch's own" if threads is None else str(threads),
-            f"{reason} (hwrun generate and hwrun serve; --torch-threads N to choose)")
+            f"{reason} (hwrun generate, train and serve; --torch-threads N to choose)")
 
 
 @contextlib.contextmanager
 def torch_threads_set(run_plan, given: int | None):
     """torch's intra-op threads set by `torch_threads` while the block runs, then given back (`main()` also runs
     in-process: tests, `python -m`). On a loaded 2-core host 2 threads decoded the tiny model at 2-17 tokens/s,
-    1 at 150-265 (issue 40)."""
+    1 at 150-265, and trained its LoRA at ~3.5 s a step against ~0.8 s (issue 40)."""
     threads, reason = torch_threads(run_plan, given)
     logger.info("torch threads: %s (%s)", threads if threads is not None else "torch's own", reason)
     if threads is None:
@@ -358,6 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hwenv.errors import HwenvError
 
     from ..errors import HwrunError
+    from .quiet import library_noise_filtered
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -372,7 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if loads_model_here(args):
             quiet_transformers()
     expected = (HwrunError, HwenvError, HwattnError, HwcompileError, HwdistError)
-    return run_command("hwrun", lambda: int(args.func(args) or 0), expected, verbose=args.verbose)
+    with library_noise_filtered(enabled=not args.verbose):
+        return run_command("hwrun", lambda: int(args.func(args) or 0), expected, verbose=args.verbose)
 
 
 if __name__ == "__main__":  # pragma: no cover

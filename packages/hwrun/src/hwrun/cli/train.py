@@ -7,6 +7,8 @@ import argparse
 import logging
 from typing import Any
 
+from .main import TORCH_THREADS_HELP
+
 logger = logging.getLogger(__name__)
 
 def data_size(text: str) -> int:
@@ -69,13 +71,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--kernel", type=kernel_choice, action="append", default=None, metavar="OP=IMPL",
                    help="implementation of one training op (repeatable): OP is cross_entropy, swiglu, rmsnorm or "
                         "rope; IMPL auto (the measured default for the device), hwrun, inductor, liger (CUDA/ROCm/"
-                        "XPU, pip install hwrun[liger]) or torch (torch's own op). Each choice and why is printed")
+                        "XPU, pip install hwrun[liger]) or torch (torch's own op). The choices are printed after "
+                        "training when --kernel is given; -v prints every op's choice and its reason")
     p.add_argument("--device", default="auto", help="auto (detect) or cpu, cuda, xpu, hpu, mps")
     p.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
     p.add_argument("--attention", default="auto", help="auto, sdpa, eager, flash_attention_2, ...")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (default: on for accelerators, off on CPU)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code")
+    p.add_argument("--torch-threads", type=int, default=None, metavar="N", help=TORCH_THREADS_HELP)
     p.add_argument("--no-progress", action="store_true", help="no progress bar (loss lines only)")
     p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
                    help="log every decision; print the traceback with an error (same as hwrun -v)")
@@ -85,12 +89,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_train(args: argparse.Namespace) -> int:
     """Carry out `hwrun train` for parsed `args`; returns the exit status."""
-    if not getattr(args, "verbose", False):
-        import warnings
+    import sys
 
-        # Transformers' and PEFT's deprecation notices are for library authors (e.g. peft reading
-        # `is_gradient_checkpointing`, renamed in transformers 5.25); -v / --verbose shows them
-        warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)(\.|$)")
     from ..training import (
         DEFAULT_MAX_DATA_BYTES,
         LoraSettings,
@@ -98,10 +98,17 @@ def run_train(args: argparse.Namespace) -> int:
         train,
         train_plan,
     )
+    from .main import torch_threads_set
+    from .quiet import note_plan
+
+    if args.torch_threads is not None and args.torch_threads < 1:
+        raise TrainingConfigError(f"--torch-threads {args.torch_threads} must be an integer >= 1 (leave it out to let "
+                                  "hwrun decide).")
 
     run_plan = train_plan(args.model, device=args.device, dtype=args.dtype, attention=args.attention,
                           compile=args.compile, trust_remote_code=args.trust_remote_code)
-    print(run_plan.render())
+    note_plan(run_plan)
+    print(run_plan.render(), flush=True)
     lora = None
     given = [f"--{name.replace('_', '-')}" for name in ("lora_r", "lora_alpha", "lora_targets")
              if getattr(args, name) is not None]
@@ -118,16 +125,23 @@ def run_train(args: argparse.Namespace) -> int:
     if len(kernels) != len(args.kernel or ()):
         raise TrainingConfigError(f"--kernel names an op twice ({', '.join(f'{o}={i}' for o, i in args.kernel)}); "
                                   "give each op once.")
+    # the `step N/M  loss X` lines always; on a terminal a bar of steps under them (hwrun.training.progress),
+    # in place of Transformers' bar, which printed every log as a dict
+    from ..training.progress import StepBar
+
+    bar = None if args.no_progress or not sys.stderr.isatty() else StepBar()
     try:
-        result = train(
-            run_plan, args.data, kernels=kernels or None, lora=lora, qlora=args.qlora, epochs=args.epochs, max_steps=args.max_steps,
-            lr=args.lr, batch_size=args.batch_size, grad_accum=args.grad_accum, seed=args.seed,
-            output_dir=args.output, resume="auto" if args.resume else False, block_size=args.block_size,
-            merge=args.merge, save_steps=args.save_steps, echo=print if args.no_progress else None,
-            overwrite=args.overwrite, on_nonfinite=args.on_nonfinite,
-            max_data_bytes=args.max_data_size or DEFAULT_MAX_DATA_BYTES,
-            **({"disable_tqdm": True} if args.no_progress else {}),  # a TrainingArguments keyword only when given
-        )
+        with torch_threads_set(run_plan, args.torch_threads):  # hwrun generate's and serve's rule (hwrun plan's row)
+            result = train(
+                run_plan, args.data, kernels=kernels or None, lora=lora, qlora=args.qlora, epochs=args.epochs,
+                max_steps=args.max_steps, lr=args.lr, batch_size=args.batch_size, grad_accum=args.grad_accum,
+                seed=args.seed, output_dir=args.output, resume="auto" if args.resume else False,
+                block_size=args.block_size, merge=args.merge, save_steps=args.save_steps,
+                echo=bar.write if bar is not None else _print_line, callbacks=[bar] if bar is not None else [],
+                overwrite=args.overwrite, on_nonfinite=args.on_nonfinite,
+                max_data_bytes=args.max_data_size or DEFAULT_MAX_DATA_BYTES,
+                disable_tqdm=True,  # a TrainingArguments keyword: Transformers' own bar and its dict lines off
+            )
     finally:
         import hwdist
 
@@ -141,7 +155,7 @@ def run_train(args: argparse.Namespace) -> int:
         if key in result.reasons:
             print(f"note: {result.reasons[key]}")
     chosen = {key.removeprefix("kernel "): why for key, why in result.reasons.items() if key.startswith("kernel ")}
-    if chosen:
+    if chosen and (args.kernel or getattr(args, "verbose", False)):  # the default choices: with -v (and their why)
         print("kernels: " + ", ".join(f"{op}={_impl_of(why)}" for op, why in chosen.items()))
         if getattr(args, "verbose", False):
             for op, why in chosen.items():
@@ -157,6 +171,10 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"loss curve: {result.loss_plot}")
     print(f'generate with: hwrun generate --model {result.output_dir} "Once upon a time"')
     return 0
+
+
+def _print_line(line: str) -> None:
+    print(line, flush=True)
 
 
 def _impl_of(why: str) -> str:
