@@ -26,6 +26,9 @@ _EXPORTS: dict[str, str] = {
     "diagnose": "doctor",
     # environment a run needs (per platform: PT_ENABLE_INT64_SUPPORT on Gaudi where supported)
     "run_environment": "environment",
+    # Hub kernels: when Transformers fetches them by itself, and offline (issue 41.9)
+    "HubKernels": "hub_kernels",
+    "hub_kernels_status": "hub_kernels",
     # errors
     "AffinityMaskError": "errors",
     "DeviceHierarchyError": "errors",

@@ -20,6 +20,7 @@ from ..probes import ProbeResult, run_probe
 from ..versions import library_versions
 from .common import Problem, common_checks
 from .gaudi_checks import gaudi_checks
+from .hub_kernel_checks import hub_kernel_checks
 from .selection_checks import selection_checks
 from .xpu_checks import xpu_checks
 
@@ -95,7 +96,7 @@ class Report:
 
 
 #: The checks, one per area; each returns (problems, notes).
-CHECKS = (gaudi_checks, xpu_checks, selection_checks, common_checks)
+CHECKS = (gaudi_checks, xpu_checks, selection_checks, common_checks, hub_kernel_checks)
 
 
 def _problems(acc, probes, env):

@@ -414,6 +414,12 @@ def plan(
         "from_pretrained(use_kernels=True) swaps supported layers for Hub kernels (X12, X13)" if use_kernels
         else "off: the model's own layers (pass use_kernels=True for Hub kernels, X12)"
     )
+    hub = hwenv.hub_kernels_status(accel.device_type)  # what a plain Transformers load does here (issue 41.9)
+    if hub.reaches_hub:
+        offline = "; offline this fails now" if hub.fails_offline else ""
+        reasons["use_kernels"] += (f"; hwrun loads with use_kernels={use_kernels}, but a plain from_pretrained/Trainer "
+                                   f"here turns Hub kernels on by itself ({hub.reason()}){offline}. Fix for runs that "
+                                   f"must work offline: USE_HUB_KERNELS=NO, or fetch them once online")
     if isinstance(compile, str):
         check_compile_backend(compile, accel)
     if compile is False:
