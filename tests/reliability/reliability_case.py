@@ -43,6 +43,7 @@ class Case:
     expect: str = "exit-2"
     problem: str = ""  # the doctor problem code, for expect="doctor-problem"
     files: dict[str, str | bytes] = field(default_factory=dict)  # extra files in the scratch folder (a bad input file)
+    slow: bool = False  # the process imports the training stack or trains: a longer bound, pytest's slow marker
 
     def command(self) -> str:
         """The command as a user types it (env first), for the generated document."""
