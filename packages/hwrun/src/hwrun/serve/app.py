@@ -38,6 +38,8 @@ ENDPOINT_LABELS = {"/v1/completions": "completions", "/v1/chat/completions": "ch
                    "/v1/models": "models", "/health": "health", "/metrics": "metrics"}
 #: Paths that need the bearer key when the server has one (`/health` stays open for probes).
 PROTECTED = ("/v1/", "/metrics")
+#: Seconds a request's whole body may take to arrive (a slower one is a 408; the headers' limit is the server's).
+BODY_TIMEOUT = 30.0
 #: Seconds a client is told to wait (`Retry-After`) when the queue is full, or while the model loads.
 RETRY_FULL, RETRY_LOADING = 1, 5
 
@@ -182,12 +184,17 @@ async def _read_body(request: Request) -> bytes:
         raise RequestError(f"the request body has {declared} bytes; at most {MAX_BODY_BYTES} are taken.",
                            status=413, code="body_too_large")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise RequestError(f"the request body exceeds {MAX_BODY_BYTES} bytes.", status=413,
-                               code="body_too_large")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise RequestError(f"the request body exceeds {MAX_BODY_BYTES} bytes.", status=413,
+                                       code="body_too_large")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestError(f"the request body did not arrive within {BODY_TIMEOUT:.0f} s ({size} bytes came); send "
+                           "it whole.", status=408, code="request_timeout") from None
     return b"".join(chunks)
 
 
@@ -223,5 +230,5 @@ async def _generate(request: Request, kind: str) -> Response:
 
 
 def _outcome(status: int) -> str:
-    return {400: "invalid", 401: "unauthorized", 404: "invalid", 413: "invalid", 429: "rate_limited",
+    return {400: "invalid", 401: "unauthorized", 404: "invalid", 408: "invalid", 413: "invalid", 429: "rate_limited",
             503: "unavailable"}.get(status, "error")

@@ -18,6 +18,11 @@ DEFAULT_MODEL_ID = "hwrun/tiny-llama"
 DEFAULT_MAX_MODEL_LEN = 4096
 #: Largest request body, in bytes (a larger one is answered 413 before it is parsed).
 MAX_BODY_BYTES = 4 * 2**20
+#: Most requests decoded at once (`--max-concurrency`): the slot engine sizes a cache row per request at start,
+#: and its row buckets go up to it; more than this is a typo, not a server (vLLM's default is 256 sequences).
+MAX_CONCURRENCY = 4096
+#: Most requests waiting for a slot (`--max-queue`).
+MAX_QUEUE = 65536
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -80,10 +85,12 @@ def check_config(config: ServeConfig) -> ServeConfig:
     checks = [
         (_is_int(config.port) and 0 <= config.port <= 65535,
          f"--port {config.port!r} is outside 0-65535; pass a TCP port such as 8000 (0: any free port, printed at start)."),
-        (_is_int(config.max_concurrency) and config.max_concurrency >= 1,
-         f"--max-concurrency {config.max_concurrency!r} must be an integer >= 1 (requests decoded at once)."),
-        (_is_int(config.max_queue) and config.max_queue >= 0,
-         f"--max-queue {config.max_queue!r} must be an integer >= 0 (requests waiting for a slot; more get 429)."),
+        (_is_int(config.max_concurrency) and 1 <= config.max_concurrency <= MAX_CONCURRENCY,
+         f"--max-concurrency {config.max_concurrency!r} must be an integer >= 1 and <= {MAX_CONCURRENCY} (requests "
+         "decoded at once; each holds a slot of the engine's cache, sized at start)."),
+        (_is_int(config.max_queue) and 0 <= config.max_queue <= MAX_QUEUE,
+         f"--max-queue {config.max_queue!r} must be an integer >= 0 and <= {MAX_QUEUE} (requests waiting for a slot; "
+         "more get 429)."),
         (isinstance(config.grace_seconds, (int, float)) and not isinstance(config.grace_seconds, bool)
          and 0 <= config.grace_seconds <= 3600,
          f"--grace-seconds {config.grace_seconds!r} must be between 0 and 3600 (time to finish in-flight requests "

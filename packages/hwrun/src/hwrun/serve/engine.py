@@ -167,7 +167,8 @@ class Engine:
         self._child: subprocess.Popen | None = None
         self._core_thread: threading.Thread | None = None
         self._reader: threading.Thread | None = None
-        self._closing = False
+        self._closing = False  # the reader thread ends
+        self._stopping = False  # stop() asked the core to exit
         self._beat = time.monotonic()  # the core's last message
 
     @property
@@ -260,6 +261,7 @@ class Engine:
         (SIGTERM, then SIGKILL): no engine process outlives the server. Safe to call twice."""
         from .ipc import Shutdown
 
+        self._stopping = True  # the core's exit from here on is the one asked for, not a death
         self._send(Shutdown())
         child, thread = self._child, self._core_thread
         if child is not None:
@@ -308,7 +310,7 @@ class Engine:
                 for message in channel.recv_ready():  # what it sent before it ended
                     if not self._handle(message):
                         return
-                if not self._closing and self.state in ("loading", "ready", "draining"):
+                if not self._stopping and self.state in ("loading", "ready", "draining"):
                     self._fail(EngineDied(self._death_note()))
                 return
 

@@ -70,6 +70,10 @@ class ParsedRequest:
     ignore_eos: bool = False  # vLLM's extension: decode the whole `max_tokens` budget past the model's EOS
 
 
+#: Deepest JSON nesting a request body may have (OpenAI's bodies need 4 or 5 levels).
+MAX_JSON_DEPTH = 32
+
+
 def parse_json(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object, else a `RequestError` saying what is wrong with it."""
     try:
@@ -77,10 +81,35 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestError(f"the request body is not valid JSON ({exc}); send a JSON object with "
                            "Content-Type: application/json.", code="invalid_json") from None
+    except RecursionError:
+        raise RequestError(f"the request body nests JSON deeper than this server reads (at most {MAX_JSON_DEPTH} "
+                           "levels).", code="invalid_json") from None
     if not isinstance(body, dict):
         raise RequestError(f"the request body is JSON {type(body).__name__}, not an object; send "
                            '{"model": ..., ...}.', code="invalid_json")
+    _check_json_values(body)
     return body
+
+
+def _check_json_values(body: dict[str, Any]) -> None:
+    """Refuse nesting deeper than `MAX_JSON_DEPTH` and strings that are not Unicode text (a lone surrogate such
+    as "\\ud800" is valid JSON, but no tokenizer can encode it): a 400 naming the problem, not a 500 later."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise RequestError(f"the request body nests JSON deeper than {MAX_JSON_DEPTH} levels.", code="invalid_json")
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise RequestError("the request body has a string with a lone UTF-16 surrogate (e.g. \"\\ud800\" "
+                                   "without its pair); send valid Unicode text.", code="invalid_text") from None
+        elif isinstance(value, dict):
+            stack.extend((k, depth + 1) for k in value)
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
 
 
 def parse_request(body: dict[str, Any], kind: str, served_model: str) -> ParsedRequest:

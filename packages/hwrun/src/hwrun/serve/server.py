@@ -1,4 +1,8 @@
-"""Run the app under uvicorn: start the engine with the app, drain on SIGTERM, exit 0.
+"""Run the app under uvicorn: bind the port first, start the engine process with the app, drain on SIGTERM, exit 0.
+
+The listening socket is bound before anything else (a busy port is a one-line error at once); the app's
+lifespan starts the engine (its core in its own process, `hwrun.serve.engine.Engine`) and stops it at the end.
+Connections that do not finish their request headers within `HEADER_TIMEOUT` seconds are closed.
 
 SIGTERM (or Ctrl-C): uvicorn stops accepting connections; the engine takes no new requests (503
 `shutting_down`) and finishes the ones queued or running; uvicorn waits up to `--grace-seconds` for
@@ -13,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..errors import EngineStartError, HwrunError
+from ..errors import EngineStartError, HwrunError, ServeConfigError
 from .state import ServeState
 
 if TYPE_CHECKING:
@@ -110,14 +115,87 @@ def make_server(state: ServeState) -> Any:
             restore_torch_threads(state.loaded)
 
     config = state.config
+    sock = bind_socket(config.host, config.port)  # before anything loads: a busy port fails in a second
     app = build_app(state, lifespan=lifespan)
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", access_log=False,
                                timeout_graceful_shutdown=config.grace_seconds,  # type: ignore[arg-type] lifespan="on",
-                               server_header=False)
+                               server_header=False, http=guarded_protocol(), timeout_keep_alive=KEEP_ALIVE_SECONDS)
     server = _server_class()(uv_config)
     server.state = state
+    server.hwrun_socket = sock
     server_box["server"] = server
     return server
+
+
+#: Seconds a connection may take to send a request's headers (slow or idle clients are closed past it).
+HEADER_TIMEOUT = 10.0
+#: Seconds an idle kept-alive connection stays open between two requests (uvicorn's `timeout_keep_alive`).
+KEEP_ALIVE_SECONDS = 5
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now (before the model loads); `ServeConfigError` naming the address when the
+    port is taken or the host is not this machine's."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ServeConfigError(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc}); another "
+                               "process may hold the port: pass another --port (0: any free port).") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def guarded_protocol() -> type:
+    """uvicorn's HTTP protocol (httptools when installed, else h11) with a header-read timeout: a connection whose
+    request headers are not complete `HEADER_TIMEOUT` seconds after it opened (or after its last request's
+    answer, then new bytes) is closed, so slow or silent clients do not hold sockets open (uvicorn has no such
+    timeout of its own). A body read too slowly is the app's: `hwrun.serve.app` answers 408."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
+    except ImportError:  # pragma: no cover - hwrun[serve] installs httptools
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Base
+
+    class Guarded(Base):  # type: ignore[misc, valid-type]
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._headers_pending():
+                if self._header_timer is None:
+                    self._arm()
+            elif self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+            super().connection_lost(exc)
+
+        def _headers_pending(self) -> bool:
+            cycle = self.cycle
+            return cycle is None or cycle.response_complete
+
+        def _arm(self) -> None:
+            self._header_timer = self.loop.call_later(HEADER_TIMEOUT, self._header_timeout)
+
+        def _header_timeout(self) -> None:
+            self._header_timer = None
+            transport = self.transport
+            if self._headers_pending() and transport is not None and not transport.is_closing():
+                transport.close()
+
+    return Guarded
 
 
 def serve(config: ServeConfig, plan: RunPlan, **state_options: Any) -> int:
@@ -128,7 +206,7 @@ def serve(config: ServeConfig, plan: RunPlan, **state_options: Any) -> int:
         state.say(f"warning: listening on {config.host} without an API key: anyone who can reach this port can "
                   "use the model (set --api-key-env)")
     server = make_server(state)
-    server.run()
+    server.run(sockets=[server.hwrun_socket])
     error = state.engine.error
     if error is not None:
         if isinstance(error, HwrunError):
@@ -145,7 +223,8 @@ class ServerThread:
     def __init__(self, config: ServeConfig, plan: RunPlan, **state_options: Any) -> None:
         self.state = ServeState(config, plan, **state_options)
         self.server = make_server(self.state)
-        self.thread = threading.Thread(target=self.server.run, name="hwrun-serve", daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.server.hwrun_socket]},
+                                       name="hwrun-serve", daemon=True)
 
     @property
     def url(self) -> str:
