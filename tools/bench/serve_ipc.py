@@ -12,7 +12,8 @@ A batch is one engine step's events at `--streams` concurrent requests: per requ
 string like `cmpl-...`), its new token ids (one) and finished/finish-reason fields, plus the step's counters.
 Round trip: the front sends an add-request message, the child answers with one batch; `--rounds` times, p50/p99.
 Throughput: the child pushes `--messages` batches as fast as it can, the front receives and decodes each one
-(objects as the front would use them); batches/s and events/s.
+(objects as the front would use them); batches/s and events/s. Unread: the child sends 200 batches while the front
+reads nothing for 0.5 s; `unread_sends_s` is how long the child's sends took (the engine must never wait on the front).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ import time
 from pathlib import Path
 
 CANDIDATES = ("zmq+msgspec", "pipe+pickle", "zmq+pickle", "pipe+msgspec")
+#: The engine must not wait on the front: the child sends this many batches while the front reads nothing for
+#: `UNREAD_PAUSE` seconds; `unread_sends_s` is how long the child's sends took (a blocking transport: the pause).
+UNREAD_BATCHES, UNREAD_PAUSE = 200, 0.5
 #: Round trips before the timed ones.
 WARMUP = 50
 
@@ -68,6 +72,11 @@ def child(name: str, address: str | None, conn, streams: int, rounds: int, messa
     decode(recv())  # the go for the throughput phase
     for step in range(messages):
         send(encode(make_batch(streams, step)))
+    decode(recv())  # the go for the unread phase: the front reads nothing for UNREAD_PAUSE seconds
+    start = time.perf_counter()
+    for step in range(UNREAD_BATCHES):
+        send(encode(make_batch(streams, step)))
+    send(encode(["sent", time.perf_counter() - start]))
     decode(recv())
 
 
@@ -108,12 +117,18 @@ def measure(name: str, streams: int, rounds: int, messages: int) -> dict:
         message = decode(recv())
         events += len(message[1])
     elapsed = time.perf_counter() - start
+    send(encode(["unread"]))
+    time.sleep(UNREAD_PAUSE)
+    for _ in range(UNREAD_BATCHES):
+        decode(recv())
+    blocked = decode(recv())[1]
     send(encode(["stop"]))
     process.join(30)
     return {"candidate": name, "streams": streams, "batch_bytes": size,
             "round_trip_us_p50": round(1e6 * statistics.median(times), 1),
             "round_trip_us_p99": round(1e6 * times[int(0.99 * (len(times) - 1))], 1),
-            "batches_per_s": round(messages / elapsed), "events_per_s": round(events / elapsed)}
+            "batches_per_s": round(messages / elapsed), "events_per_s": round(events / elapsed),
+            "unread_sends_s": round(blocked, 4)}
 
 
 def main() -> int:
