@@ -96,7 +96,7 @@ def test_a_value_trainingarguments_refuses_is_a_training_config_error(tmp_path, 
     plan = hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu")
     with pytest.raises(TrainingConfigError, match=r"TrainingArguments refused these options "
                                                   r"\(lr_scheduler_type='sideways'\).*sideways"):
-        hwrun.train(plan, data, output_dir=tmp_path / "out", max_steps=1, lr_scheduler_type="sideways")
+        hwrun.train(plan, data, output_dir=tmp_path / "out", max_steps=1, batch_size=1, lr_scheduler_type="sideways")
 
 
 @pytest.mark.parametrize("plan", ["tiny-llama", 3])

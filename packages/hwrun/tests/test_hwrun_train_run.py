@@ -162,11 +162,12 @@ def test_failure_inside_save_leaves_previous_checkpoint_loadable(tiny, cpu_plan,
         return original(self, output_dir)
 
     monkeypatch.setattr(HwTrainer, "_save_rng_state", failing)
-    with pytest.raises(OSError, match="injected"):
+    with pytest.raises(OSError, match="injected") as caught:  # a CheckpointWriteError, also an OSError
         hwrun.train(cpu_plan, tiny[1], lora=True, max_steps=6, save_steps=2, output_dir=out, **FAST)
+    assert f"the last complete checkpoint, {out / 'checkpoint-2'}, is untouched" in str(caught.value)
     assert check_checkpoint(out / "checkpoint-2") is None
     assert not (out / "checkpoint-4").exists()
-    assert (out / ".staging-checkpoint-4").exists()  # the partial save, never mistaken for a checkpoint
+    assert not (out / ".staging-checkpoint-4").exists()  # the partial save is removed (issue 42: its space)
     assert latest_complete_checkpoint(out) == out / "checkpoint-2"
 
     from peft import PeftModel
@@ -256,7 +257,7 @@ def test_qlora_where_bitsandbytes_cannot_run_names_device_and_alternative(tiny, 
 ])
 def test_bad_options_are_rejected_before_loading(tiny, cpu_plan, tmp_path, monkeypatch, options, message):
     monkeypatch.setattr("hwrun.model.load.load", lambda plan, **_: pytest.fail("the model must not load"))
-    options = {"max_steps": 1, **options}
+    options = {"max_steps": 1, "batch_size": 1, **options}  # one block a step: the small data holds that many
     if message is None:  # reaches load: everything valid (bf16 AMP is allowed on CPU)
         with pytest.raises(pytest.fail.Exception):
             hwrun.train(cpu_plan, tiny[1], output_dir=tmp_path / "x", **options)

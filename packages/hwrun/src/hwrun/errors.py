@@ -61,6 +61,12 @@ class CheckpointError(TrainingError, RuntimeError):
     """A checkpoint could not be written or no usable checkpoint exists to resume from."""
 
 
+class CheckpointWriteError(CheckpointError, OSError):
+    """A checkpoint or the final model could not be written (the disk is full, read-only, an I/O error): the partial
+    save was removed and the last complete checkpoint is untouched, so `--resume` continues from it once the cause
+    is fixed. Also an OSError, as the write's own error was."""
+
+
 class NonFiniteLossError(TrainingError, FloatingPointError):
     """Training met a non-finite loss or non-finite weights (NaN or inf) and stopped (`on_nonfinite="stop"`):
     nothing was saved after it, so the last good checkpoint and any earlier final model stay as they were."""
@@ -110,7 +116,7 @@ class ChatClientError(ServeError, OSError):
 
 
 __all__ = [
-    "AdapterFormatError", "CheckpointError", "ContinuousBatchingError", "FastDecodeError", "GenerateError", "HwrunError",
+    "AdapterFormatError", "CheckpointError", "CheckpointWriteError", "ContinuousBatchingError", "FastDecodeError", "GenerateError", "HwrunError",
     "ModelIntegrityError", "ModelSourceError",
     "NonFiniteLossError", "PlanError", "TrainingDivergedError", "QLoRAUnsupportedError", "QuantizationError", "TrainingConfigError", "TrainingDataError",
     "TrainingError", "ServeError", "ServeConfigError", "EngineStartError", "RequestError", "ChatClientError",

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, CheckpointWriteError
 
 logger = logging.getLogger(__name__)
 
@@ -315,6 +315,36 @@ def schedule_change(folder: str | Path, max_steps: int, epochs: float) -> str | 
             f"rebuilds the learning-rate schedule for {now}, so the learning rate jumps at step "
             f"{state.get('global_step', '?')} and the losses will not follow one uninterrupted run of "
             f"either length. To continue that run exactly, resume with {was}.")
+
+
+def as_os_error(error: BaseException) -> OSError | None:
+    """`error` as the OSError of a failed write, or None: Rust-backed writers (tokenizers, safetensors) raise a plain
+    Exception("No space left on device (os error 28)"), which is an OSError of that errno here."""
+    if isinstance(error, OSError):
+        return error
+    found = re.search(r"\(os error (\d+)\)", str(error))
+    if found is None:
+        return None
+    number = int(found.group(1))
+    return OSError(number, os.strerror(number))
+
+
+def write_failed(what: str, where: Path, error: OSError, partial: Path | None) -> CheckpointWriteError:
+    """The CheckpointWriteError for a save that failed with `error` (ENOSPC, EDQUOT, EROFS, EIO...): the partial
+    save `partial` is removed first (it holds nothing usable and, on a full disk, the space a resume needs)."""
+    import errno
+
+    if partial is not None:
+        shutil.rmtree(partial, ignore_errors=True)
+    full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+    cause = "the disk is full" if full else (error.strerror or str(error))
+    last = latest_complete_checkpoint(where)
+    kept = f"the last complete checkpoint, {last}, is untouched" if last is not None else "no checkpoint was written"
+    fix = "free space on that disk (or move the output folder to a larger one)" if full else "fix that cause"
+    return CheckpointWriteError(
+        f"Writing {what} into {where} failed: {cause} ({error}). The partial save was removed and {kept}. Fix: {fix}, "
+        "then run the same command with --resume (resume='auto'): it continues from the newest complete checkpoint."
+    )
 
 
 def staging_folder(run_dir: str | Path, step: int) -> Path:

@@ -38,9 +38,9 @@ def retie_gathered(state_dict: dict[str, Any], model: Any) -> None:
 
 def save_final(trainer: Any, tokenizer: Any, found: output.OutputSurvey, is_lora: bool, merge: bool, qlora: bool,
                plan: RunPlan, zero3: bool, run: dict) -> FinalSave:
-    """Save the final model into `found.path` (main process only): never over a file hwrun did not write."""
-    from ..model.adapters import merge_adapter_folder, save_adapter, save_merged
-    from .checkpoints import final_staging, publish_final
+    """Save the final model into `found.path` (main process only): never over a file hwrun did not write. A write
+    that fails (disk full, read-only, I/O) removes the partial save and raises CheckpointWriteError."""
+    from .checkpoints import final_staging
 
     output_dir = found.path
     trainer.accelerator.wait_for_everyone()
@@ -58,28 +58,48 @@ def save_final(trainer: Any, tokenizer: Any, found: output.OutputSurvey, is_lora
         # written into output_dir/.staging-final first and moved into place only when complete,
         # so a failure mid-save leaves output_dir (a resumed run's earlier final model) as it was
         staging = final_staging(output_dir)
-        if not is_lora:
-            model.save_pretrained(staging, safe_serialization=True, state_dict=state_dict)
-            tokenizer.save_pretrained(staging)
-        elif not merge:
-            save_adapter(model, tokenizer, staging, state_dict=state_dict)
-        elif qlora or sharded:
-            adapter_dir = staging / "adapter"
-            save_adapter(model, tokenizer, adapter_dir, state_dict=state_dict)
-            with zero3_suspended():  # rank 0 alone loads the whole base to merge into
-                merge_adapter_folder(adapter_dir, staging, plan)
-            merged = True
-        else:
-            save_merged(model, tokenizer, staging)
-            merged = True
-        published = publish_final(staging, output_dir, may_replace=found.may_replace)
-        kept = published.kept
-        output.record(output_dir, hashed=published.files,
-                      final={"step": trainer.state.global_step, "run": dict(run), "files": sorted(published.files)})
+        try:
+            merged, kept = _write_final(trainer, model, tokenizer, staging, found, is_lora, merge, qlora, sharded, plan,
+                                        state_dict, run)
+        except Exception as error:  # disk full, read-only, I/O: the partial save goes, the checkpoints stay
+            from .checkpoints import as_os_error, write_failed
+
+            failed = as_os_error(error)
+            if failed is None:
+                raise
+            raise write_failed("the final model", output_dir, failed, staging) from error
         logger.info("Final %s saved to %s", "merged model" if merged else
                     ("adapter" if is_lora else "model"), output_dir)
     trainer.accelerator.wait_for_everyone()
     return FinalSave(merged or (merge and is_lora), kept)
+
+
+def _write_final(trainer: Any, model: Any, tokenizer: Any, staging: Any, found: output.OutputSurvey, is_lora: bool,
+                 merge: bool, qlora: bool, sharded: bool, plan: RunPlan, state_dict: Any, run: dict
+                 ) -> tuple[bool, tuple[str, ...]]:
+    """Write the final model into `staging`, publish it into output_dir and record it: (merged, kept)."""
+    from ..model.adapters import merge_adapter_folder, save_adapter, save_merged
+    from .checkpoints import publish_final
+
+    output_dir, merged = found.path, False
+    if not is_lora:
+        model.save_pretrained(staging, safe_serialization=True, state_dict=state_dict)
+        tokenizer.save_pretrained(staging)
+    elif not merge:
+        save_adapter(model, tokenizer, staging, state_dict=state_dict)
+    elif qlora or sharded:
+        adapter_dir = staging / "adapter"
+        save_adapter(model, tokenizer, adapter_dir, state_dict=state_dict)
+        with zero3_suspended():  # rank 0 alone loads the whole base to merge into
+            merge_adapter_folder(adapter_dir, staging, plan)
+        merged = True
+    else:
+        save_merged(model, tokenizer, staging)
+        merged = True
+    published = publish_final(staging, output_dir, may_replace=found.may_replace)
+    output.record(output_dir, hashed=published.files,
+                  final={"step": trainer.state.global_step, "run": dict(run), "files": sorted(published.files)})
+    return merged, published.kept
 
 
 def write_plot(points: list, found: output.OutputSurvey, title: str) -> tuple[str | None, str | None]:

@@ -8,6 +8,7 @@ layer but the output head). An explicit list always wins.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,10 +37,13 @@ class LoraSettings:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.r < 1:
-            raise TrainingConfigError(f"LoRA r={self.r} is invalid; the rank must be >= 1. Fix: use e.g. r=16.")
-        if not 0.0 <= self.dropout < 1.0:
-            raise TrainingConfigError(f"LoRA dropout={self.dropout} is invalid; it must be in [0, 1).")
+        if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r < 1:
+            raise TrainingConfigError(f"LoRA r={self.r!r} is invalid; the rank must be an int >= 1. Fix: use e.g. r=16.")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 < self.alpha < math.inf:
+            raise TrainingConfigError(f"LoRA alpha={self.alpha!r} is invalid; it must be a finite number > 0 (the "
+                                      "adapter's scale is alpha / r). Fix: use e.g. alpha=32.")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+            raise TrainingConfigError(f"LoRA dropout={self.dropout!r} is invalid; it must be a number in [0, 1).")
         if self.target_modules is not None:
             _target_names(self.target_modules)  # an empty list is refused before anything loads
 
@@ -100,6 +104,27 @@ def lora_targets(model_type: str, override: Sequence[str] | None = None) -> Lora
     return LoraTargets(ALL_LINEAR, ALL_LINEAR_SOURCE,
                        f"all-linear: PEFT's every linear layer but the output head ({model_type or 'this model type'} "
                        "has no row in peft's mapping)")
+
+
+def check_rank(settings: LoraSettings, config: Mapping[str, Any] | None) -> None:
+    """LoRA's rank is bounded by the model's hidden size (from its config.json, before anything loads): a rank above
+    a layer's smaller dimension adapts nothing a full-rank update would not, while A and B hold more numbers than the
+    weight itself (issue 42: --lora-r was unbounded). Extra PEFT settings typed bool must be True/False."""
+    text = (config or {}).get("text_config") if isinstance((config or {}).get("text_config"), Mapping) else config
+    hidden = next((text.get(key) for key in ("hidden_size", "n_embd", "d_model") if text and
+                   isinstance(text.get(key), int) and not isinstance(text.get(key), bool)), None)
+    if hidden is not None and settings.r > hidden:
+        raise TrainingConfigError(
+            f"LoRA r={settings.r} (--lora-r) exceeds the model's hidden size {hidden}: a rank above a layer's smaller "
+            "dimension adapts nothing a full-rank update would not, while its A and B matrices hold more numbers "
+            f"than the weight itself. Fix: --lora-r {min(16, hidden)} (ranks of 8-64 are usual), at most {hidden}."
+        )
+    if settings.extra:
+        from peft import LoraConfig
+
+        from .options import check_booleans
+
+        check_booleans(settings.extra, LoraConfig, "lora={{..., {name!r}: {value!r}}}")
 
 
 def lora_config(model_config: Any, settings: LoraSettings | None = None, targets: LoraTargets | None = None):

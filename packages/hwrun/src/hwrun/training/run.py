@@ -204,6 +204,11 @@ def _validate(plan: RunPlan, data: Any, options: dict[str, Any]) -> RunSettings:
     if qlora:
         _check_qlora(plan)
     asks = _check_kernel_asks(plan, options, lora=settings is not None, qlora=qlora)
+    if settings is not None:
+        from ..model.source import resolve_source
+        from .lora import check_rank
+
+        check_rank(settings, resolve_source(plan.model).config)
     kind = "qlora" if qlora else ("lora" if settings is not None else "full")
     from .resume_match import run_record
 
@@ -308,14 +313,64 @@ def _prepare_data(plan: RunPlan, data: Any, run: RunSettings, where: OutputPlan)
     from .data import build_dataset, read_documents
 
     if not isinstance(data, (str, os.PathLike)):
+        _check_fits(plan, data, run)
         return data, None, replace(run, record={**run.record, "data_sha256": None})
     documents = read_documents(data, max_bytes=run.max_data_bytes)
     run = replace(run, record={**run.record, "data_sha256": data_sha256(doc.text for doc in documents)})
     if where.resume_from is not None:
         same = check_resume_matches(where.resume_from, checkpoint_run(where.resume_from), run.record, ("data_sha256",))
         where.reasons["resume checks"] = f"{where.reasons.get('resume checks', '')}; {same}".lstrip("; ")
+    _check_fits(plan, None, run)  # the config's positions before the tokenizer reads that config
     tokenizer = _data_tokenizer(plan)
-    return build_dataset(documents, tokenizer, run.block_size), tokenizer, run
+    dataset = build_dataset(documents, tokenizer, run.block_size)
+    _check_fits(plan, dataset, run)
+    return dataset, tokenizer, run
+
+
+#: config.json keys that bound the positions a model handles (Llama-style, GPT-2, some others).
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def _check_fits(plan: RunPlan, dataset: Any, run: RunSettings) -> None:
+    """Before the model loads: the packed blocks fit the model's positions (a config.json whose
+    max_position_embeddings is 0, or any value below block_size, was accepted), and one optimizer step's blocks
+    (batch_size x grad_accum x processes) fit the data (Trainer silently trained on a smaller batch). With
+    `dataset=None` only the config's values are checked."""
+    from ..model.source import resolve_source
+
+    config = resolve_source(plan.model).config or {}
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
+    block = int(dataset.blocks.shape[1]) if dataset is not None and hasattr(dataset, "blocks") else None
+    for key in POSITION_KEYS:
+        if key not in text:
+            continue
+        value = text[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TrainingConfigError(
+                f"model={plan.model!r}: config.json {key}={value!r} must be an int >= 1 (the longest sequence the "
+                "model's positions cover). Fix: correct config.json (the value of the model's release), or re-save "
+                "the model with save_pretrained()."
+            )
+        if block is not None and block > value:
+            raise TrainingConfigError(
+                f"block_size={block} (--block-size) exceeds the model's {key}={value} (config.json): positions past "
+                f"it were never trained, or do not exist. Fix: --block-size {value} or less."
+            )
+        break
+    if dataset is None:
+        return
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    world = int(world) if world.isdigit() and int(world) > 0 else 1
+    per_step = run.batch_size * run.grad_accum * world
+    blocks = len(dataset) if hasattr(dataset, "__len__") else None
+    if blocks is not None and per_step > blocks:
+        processes = f" x {world} processes" if world > 1 else ""
+        raise TrainingConfigError(
+            f"batch_size={run.batch_size} (--batch-size) x grad_accum={run.grad_accum}{processes} = {per_step:,} "
+            f"blocks per optimizer step, and the data packs into {blocks:,} blocks of {block or run.block_size} "
+            "tokens: Trainer would train on a smaller batch than asked, silently. Fix: --batch-size "
+            f"{max(1, blocks // max(1, run.grad_accum * world))} or less, more data, or a smaller --block-size."
+        )
 
 
 def _arguments(plan: RunPlan, run: RunSettings, path: Path, overrides: Mapping[str, Any]) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import rotate_checkpoints
 
-from .checkpoints import publish, staging_folder, write_manifest
+from .checkpoints import as_os_error, publish, staging_folder, write_failed, write_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -45,14 +45,26 @@ class HwTrainer(Trainer):
             # Writes model, optimizer, scheduler, RNG and trainer state into staging/checkpoint-N
             # (its own rotation then sees only that one folder).
             super()._save_checkpoint(model, trial)
+        except Exception as error:  # disk full, read-only, I/O: the partial save goes, the last checkpoint stays
+            failed = as_os_error(error)
+            if failed is None:
+                raise
+            raise write_failed(f"checkpoint-{step}", run_dir, failed, staging if self.args.should_save else None) \
+                from error
         finally:
             self._hw_staging = None
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
             staged = staging / f"checkpoint-{step}"
             final = run_dir / f"checkpoint-{step}"
-            write_manifest(staged, step, self.hw_run)
-            publish(staged, final)
+            try:
+                write_manifest(staged, step, self.hw_run)
+                publish(staged, final)
+            except Exception as error:
+                failed = as_os_error(error)
+                if failed is None:
+                    raise
+                raise write_failed(f"checkpoint-{step}", run_dir, failed, staging) from error
             shutil.rmtree(staging, ignore_errors=True)
             if self.state.best_model_checkpoint and str(staging) in self.state.best_model_checkpoint:
                 self.state.best_model_checkpoint = str(final)
