@@ -184,6 +184,14 @@ def test_a_torchao_int4_checkpoint_loads_only_on_the_device_kind_of_its_layout(t
     xpu = hwenv.Accelerator("xpu", 1, names=("Intel(R) Data Center GPU Max 1550",), memory=(64 * GiB,))
     with pytest.raises(QuantizationError, match="int4 layout is cpu-only"):
         hwrun.plan(cpu_int4, device=xpu)
+    from hwrun.model.quantization import torchao_config
+    from torchao.core.config import config_to_dict
+
+    cuda_layout = config_to_dict(torchao_config("int4-weight-only", "cuda", {"hidden_size": 64}))  # as saved
+    cuda_int4 = _with_quantization_config(tiny, tmp_path / "int4cuda", {"quant_method": "torchao",
+                                                                       "quant_type": {"default": cuda_layout}})
+    with pytest.raises(QuantizationError, match="int4 layout is cuda-only"):
+        hwrun.plan(cuda_int4, device="cpu")
 
 
 # ---- the CLI ----------------------------------------------------------------------------------------------

@@ -411,8 +411,9 @@ def torchao_config(name: str, device_type: str, config: dict | None = None) -> A
 
         return PrototypeInt4WeightOnlyConfig(group_size=group_size)
     from torchao.quantization import Int4WeightOnlyConfig
+    from torchao.quantization.quantize_.workflows import Int4PackingFormat
 
-    layout = "plain_int32" if device_type == "xpu" else "tile_packed_to_4d"
+    layout = Int4PackingFormat.PLAIN_INT32 if device_type == "xpu" else Int4PackingFormat.TILE_PACKED_TO_4D
     return Int4WeightOnlyConfig(group_size=group_size, int4_packing_format=layout)
 
 

@@ -36,7 +36,7 @@ SOURCES: dict[str, str] = {
     "bnb": "bitsandbytes 0.50: `supported_torch_devices = {cpu, cuda, xpu, hpu, npu, mps}`, `backends/` per "
            "device, installation guide (ROCm wheels, Intel XPU, Gaudi)",
     "bnb-cpu": "bitsandbytes 0.50 `nn/modules.py` `Linear4bit.forward` and `functional._convert_weight_packed_for_cpu` "
-               "(AVX512-BF16 repacking; issue 43.4)",
+               "(AVX512-BF16 repacking; issue 43.4), `backends/cpu/ops.py` (`get_kernel` of the Hub kernel at import)",
     "G10": "FACTS.md G10 (Transformers' Gaudi guide): bitsandbytes 4/8-bit on Gaudi 2 and Gaudi 3",
     "X14": "FACTS.md X14: the Intel GPU column of Transformers' quantization overview",
     "gptqmodel": "overview notes 3/4: GPTQModel on CPU via torch (all bits) / IPEX (4-bit), on Intel GPU via IPEX "
@@ -154,6 +154,8 @@ def _no(reason, *sources):
 
 
 _NOT_ON_MPS = "hwrun plans Apple GPUs like a CPU without quantization"
+#: A check run through hwrun (plan, load, generate) on a lent H100, not a test: the layouts loaded and generated.
+_RAN_H100 = "; loaded and generated through hwrun on an H100 (torch 2.11, torchao 0.18, 2026-12-06)"
 _NO_GAUDI_COLUMN = "the overview has no Gaudi column and the library has no HPU backend"
 _INC_ONLY_GAUDI = "INC's FP8 mode runs on Gaudi only (CPU: QDQ simulation)"
 _INC_NOT_WIRED = ("Intel documents FP8 on Gaudi 2/3 through INC, as a measurement run then a quantized run "
@@ -164,10 +166,12 @@ _INC_NOT_WIRED = ("Intel documents FP8 on Gaudi 2/3 through INC, as a measuremen
 QUANTIZATION_TABLE: dict[str, dict[str, Cell]] = {
     "cuda": {
         "int4-weight-only": _yes("torchao Int4WeightOnlyConfig, tile_packed_to_4d layout (tinygemm); bfloat16, "
-                                 "compute capability >= 8.0", "overview", "torchao", check=_int4_cuda),
-        "int8-weight-only": _yes("torchao Int8WeightOnlyConfig (Int8Tensor, torch ops)", "overview", "torchao"),
-        "int8-dynamic": _yes("torchao Int8DynamicActivationInt8WeightConfig (torch._int_mm)", "overview", "torchao"),
-        "float8": _yes("torchao Float8DynamicActivationFloat8WeightConfig, per row; compute capability >= 8.9",
+                                 "compute capability >= 8.0" + _RAN_H100, "overview", "torchao", check=_int4_cuda),
+        "int8-weight-only": _yes("torchao Int8WeightOnlyConfig (Int8Tensor, torch ops)" + _RAN_H100, "overview",
+                                 "torchao"),
+        "int8-dynamic": _yes("torchao Int8DynamicActivationInt8WeightConfig (torch._int_mm)" + _RAN_H100, "overview",
+                             "torchao"),
+        "float8": _yes("torchao Float8DynamicActivationFloat8WeightConfig, per row; compute capability >= 8.9" + _RAN_H100,
                        "overview", "torchao", check=_capability_at_least((8, 9), "torchao's float8")),
         "bnb-4bit": _yes("bitsandbytes' CUDA backend", "overview", "bnb"),
         "bnb-8bit": _yes("bitsandbytes' CUDA backend", "overview", "bnb"),
@@ -246,7 +250,9 @@ QUANTIZATION_TABLE: dict[str, dict[str, Cell]] = {
                              tested=True),
         "float8": _no("torchao's float8 check asks for CUDA >= 8.9, MI300/MI350 or XPU", "torchao"),
         "bnb-4bit": _yes("bitsandbytes' CPU backend (slow; layers its AVX512-BF16 repacking cannot take stay "
-                         "on the generic path)", "overview", "bnb", "bnb-cpu", tested=True),
+                         "on the generic path; on such CPUs importing bitsandbytes fetches "
+                         "kernels-community/quantization-bitsandbytes from the Hub and, offline, logs that it "
+                         "uses its own kernel)", "overview", "bnb", "bnb-cpu", tested=True),
         "bnb-8bit": _yes("bitsandbytes' CPU backend (slow)", "overview", "bnb", tested=True),
         "awq": _yes("gptqmodel's torch CPU kernels", "overview", "gptqmodel"),
         "gptq": _yes("gptqmodel's torch CPU kernels, all bits (IPEX: 4-bit)", "overview", "gptqmodel"),
