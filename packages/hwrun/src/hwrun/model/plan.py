@@ -287,7 +287,7 @@ def choose_dtype(accel: hwenv.Accelerator, dtype: str) -> tuple[str, str]:
     name = DTYPES[dtype.lower()]
     if name == "bfloat16" and accel.platform.is_accelerator and not accel.bf16 and accel.bf16_emulated:
         return name, (f"given; {accel.kind} runs bf16 emulated, not natively ({read or 'X17'}): it runs, slowly, as "
-                      f"torch.xpu.is_bf16_supported() and TrainingArguments(bf16=True) accept it")
+                      f"torch's default is_bf16_supported() and TrainingArguments(bf16=True) accept it")
     if name == "bfloat16" and accel.platform.is_accelerator and not accel.bf16:
         raise PlanError(
             f"dtype={dtype!r} but {accel.name} ({', '.join(accel.names) or accel.kind}) does not support bfloat16 "
