@@ -973,3 +973,13 @@ def test_the_front_refuses_past_its_limits_before_the_core_answers():
 
     _run_engine(engine, work)
     assert events["a"][-1].finish_reason == "cancelled" and events["b"][-1].finish_reason == "length"
+
+
+def test_the_front_knows_the_free_slots_once_ready_before_any_batch():
+    """The core's counters come with Ready (the GPU serve test read 0 free slots before the first step's batch)."""
+    engine = Engine(lambda: ScriptedBackend(slots=3), max_concurrency=3, max_queue=0)
+
+    async def work():
+        assert engine.ready and engine.free_slots == 3
+
+    _run_engine(engine, work)

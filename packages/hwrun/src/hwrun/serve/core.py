@@ -196,6 +196,8 @@ def serve_core(build: Callable[[], tuple[Backend, dict[str, Any], bytes]], chann
     ready = False
     try:
         backend, info, tokenizer = build()
+        # the counters come with Ready: the front knows the free slots before the first step's batch
+        info = {**info, "free_slots": int(backend.free_slots())}
         channel.send(Ready(info, tokenizer, os.getpid()))
         ready = True
         CoreLoop(backend, channel, stall_seconds=stall_seconds).run()

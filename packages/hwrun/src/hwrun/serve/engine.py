@@ -349,6 +349,7 @@ class Engine:
     def _on_ready(self, message: Ready) -> None:
         if self.process_args is not None:
             self.core_pid = message.pid
+        self.free_slots = int(message.info.get("free_slots", 0))
         try:
             if self.on_loaded is not None:
                 self.on_loaded(message)
