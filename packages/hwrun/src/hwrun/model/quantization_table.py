@@ -257,7 +257,8 @@ QUANTIZATION_TABLE: dict[str, dict[str, Cell]] = {
         "awq": _yes("gptqmodel's torch CPU kernels", "overview", "gptqmodel"),
         "gptq": _yes("gptqmodel's torch CPU kernels, all bits (IPEX: 4-bit)", "overview", "gptqmodel"),
         "auto-round": _yes("auto-round's CPU backends", "overview", "tf"),
-        "compressed-tensors": _yes("compressed-tensors (FP8 schemes without FP8 kernels here)", "overview", "tf"),
+        "compressed-tensors": _yes("compressed-tensors; int8 checkpoints run compressed (FP8 schemes have no FP8 "
+                                   "kernels here)", "overview", "tf", tested=True),
         "hqq": _yes("hqq's torch path", "overview", "tf"),
         "fp8": _no("without a GPU or XPU Transformers dequantizes FP8 checkpoints to bf16 silently "
                    "(`quantizer_finegrained_fp8.validate_environment`); hwrun refuses rather than load a "
