@@ -50,6 +50,7 @@ def render() -> str:
             lines.append(f"| `{c.id}` | `{_cell(c.command())}` | {_cell(c.before)} | {_cell(c.outcome)} | "
                          f"`{_cell(c.named)}` |")
         lines.append("")
+    lines += _mechanisms(case.CLASSES)
     lines += [
         "## Adding a CLI's cases",
         "",
@@ -58,6 +59,21 @@ def render() -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _mechanisms(classes: dict) -> list[str]:
+    """The classes fixed by mechanism (tests/reliability/mechanisms.py): what handles each, and its test."""
+    import mechanisms
+
+    lines = ["## Classes and their mechanisms (issue 42)", "",
+             "Each class of failure is fixed by one mechanism, not case by case, and has a table-driven test "
+             "(`pytest.mark.parametrize` over its cases); from `tests/reliability/mechanisms.py`.", "",
+             "| point | class | failure | mechanism | test |", "|---|---|---|---|---|"]
+    for row in mechanisms.MECHANISMS:
+        tests = ", ".join(f"`{test}`" for test in row.tests)
+        lines.append(f"| {row.point} | {classes[row.klass]} | {_cell(row.failure)} | {_cell(row.mechanism)} | "
+                     f"{tests} |")
+    return [*lines, ""]
 
 
 def main() -> int:

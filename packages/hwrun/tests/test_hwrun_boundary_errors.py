@@ -143,3 +143,17 @@ def test_training_inputs_other_libraries_refused_are_hwruns_errors(trained, tmp_
     for word in words:
         assert word in message, message
     assert isinstance(caught.value, HwrunError) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("prompt", ["\udcff\udcfe", "half \ud800 a pair", "ok \udc80"],
+                         ids=["argv-bytes-not-utf8", "lone-high-surrogate", "lone-low-surrogate"])
+def test_a_prompt_that_is_not_utf8_is_one_line_before_loading(monkeypatch, capsys, prompt):
+    """Bytes of another encoding in argv arrive as lone surrogates (Python's surrogateescape); the tokenizer's
+    TypeError surfaced as an internal error after the model loaded."""
+    from hwrun.cli.main import main
+
+    monkeypatch.setattr("hwrun.model.load.load", lambda *a, **k: pytest.fail("the model loaded"))
+    assert main(["generate", "--device", "cpu", "--max-new-tokens", "4", prompt]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hwrun: error: prompt 1 is not UTF-8 text") and err.count("\n") == 1, err
+    assert "Fix: pass UTF-8 text" in err

@@ -140,3 +140,17 @@ def test_a_damaged_foreign_model_is_named(tmp_path):
         hwrun.load(hwrun.plan(str(folder), device="cpu"))
     with pytest.raises(ModelIntegrityError, match="not valid JSON"):
         integrity.safetensors_header(folder / "model.safetensors")
+
+
+def test_hwrun_generate_verify_compares_every_byte(outputs, tmp_path, monkeypatch, capsys):
+    """`hwrun generate --verify`: a model past the full-hash bound, 4 KiB overwritten inside its tensors."""
+    from hwrun.cli.main import main
+
+    folder = tmp_path / "merged"
+    shutil.copytree(outputs / "merged", folder)
+    _inside(folder, "model.safetensors")
+    monkeypatch.setattr(integrity, "FULL_HASH_BYTES", 0)
+    assert main(["generate", "--device", "cpu", "--model", str(folder), "--max-new-tokens", "2", "--verify",
+                 "The king said"]) == 2
+    err = capsys.readouterr().err
+    assert "model.safetensors does not match the sha256 hwrun recorded" in err and err.count("\n") == 1, err

@@ -110,6 +110,9 @@ def _launch(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(json.dumps({"argv": plan.argv, "env": plan.env, "command": shlex.join(plan.argv)}, indent=2))
         return 0
+    from .cli_checks import check_master_port
+
+    check_master_port(args)  # last, just before torchrun starts: the port is free now
     return run(plan.argv, child_environment(plan.env, selection=plan.selection))
 
 

@@ -212,8 +212,7 @@ def check_launch(args: argparse.Namespace) -> None:
     if not args.dry_run:  # a dry run may print a command for another machine, where the script lives
         check_script(args.script, args.module)
         if args.log_dir is not None:
-            check_log_dir(args.log_dir)
-        check_master_port(args)
+            check_log_dir(args.log_dir)  # the master port is checked last, just before torchrun starts (cli._launch)
 
 
 def check_bench(args: argparse.Namespace) -> None:

@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help=TORCH_THREADS_HELP)
     p_gen.add_argument("--timings", action="store_true",
                        help="print where the wall time went: start-up (imports), plan, load, generate")
+    p_gen.add_argument("--verify", action="store_true",
+                       help="compare every byte of a model hwrun train wrote with its record (default: every byte up "
+                            "to 512 MiB, sizes and safetensors headers above)")
     p_gen.set_defaults(func=_cmd_generate)
 
     import importlib
@@ -257,6 +260,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise GenerateError(f"--torch-threads {args.torch_threads} must be an integer >= 1 (leave it out to let hwrun "
                             "decide).")
     _check_inputs(prompts, args.max_new_tokens)
+    for index, prompt in enumerate(prompts, start=1):  # argv bytes that are not UTF-8 arrive as lone surrogates
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise GenerateError(f"prompt {index} is not UTF-8 text (character {error.start} is U+{ord(prompt[error.start]):04X}, "
+                                "a byte of another encoding or half of a UTF-16 pair). Fix: pass UTF-8 text.") from None
     run_plan = _plan_from(args, args.model)
     if run_plan.compile is not None and run_plan.accelerator.platform.has_graphs:  # graph decode compiles its step
         announce_compile_cache(run_plan)
@@ -270,7 +279,7 @@ def _run_generate(args: argparse.Namespace, run_plan, prompts: list[str], sampli
     from ..model.load import load
 
     clock.mark("plan")
-    model, tokenizer = load(run_plan)
+    model, tokenizer = load(run_plan, verify=args.verify)
     clock.mark("load")
     options = dict(**sampling, decode=args.decode, model=model, tokenizer=tokenizer)
     single = len(prompts) == 1
