@@ -113,7 +113,7 @@ def test_sampled_graph_decode_is_seeded_and_top_k_1_is_greedy(batching, compile)
 
 def test_seeded_request_is_the_same_alone_and_in_a_batch_of_four(loaded):
     from hwrun.inference.decode import SamplingParams
-    from hwrun.inference.decode.slots import SlotDecoder
+    from hwrun.inference.engine import EngineCore
 
     plan, model, tokenizer = loaded
     _graph_name(plan)
@@ -121,7 +121,7 @@ def test_seeded_request_is_the_same_alone_and_in_a_batch_of_four(loaded):
     params = SamplingParams(temperature=1.5, top_p=0.95, seed=11)
 
     def run(others):
-        decoder = SlotDecoder(model, slots=4, max_cache_len=64)
+        decoder = EngineCore(model, slots=4, max_cache_len=64)
         for index, other in enumerate(others):  # the others first: the seeded request gets another slot
             decoder.add(f"o{index}", ids[other], max_new_tokens=9, eos_token_id=None,
                         sampling=SamplingParams(temperature=1.0, seed=index))
@@ -140,14 +140,14 @@ def test_seeded_request_is_the_same_alone_and_in_a_batch_of_four(loaded):
 
 
 def test_step_api_adds_at_different_steps_and_cancels_under_graphs(loaded):
-    from hwrun.inference.decode.slots import SlotDecoder
+    from hwrun.inference.engine import EngineCore
 
     plan, model, tokenizer = loaded
     _graph_name(plan)
     ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
     budgets = {"a": 14, "b": 30, "c": 10}
     prompt_of = {"a": ids[0], "b": ids[1], "c": ids[2]}
-    decoder = SlotDecoder(model, slots=3, max_cache_len=64)
+    decoder = EngineCore(model, slots=3, max_cache_len=64)
     decoder.start(sampling=False)
     assert decoder.use_graphs and decoder.graph is not None  # captured before the first request
 
@@ -188,12 +188,12 @@ def test_step_api_adds_at_different_steps_and_cancels_under_graphs(loaded):
 def test_one_request_of_eight_slots_replays_the_one_row_graph(loaded):
     """Row buckets under real graphs: a lone request replays the 1-row graph (it attends over its own row
     only), three requests the 4-row one, and the tokens equal model.generate's."""
-    from hwrun.inference.decode.slots import SlotDecoder
+    from hwrun.inference.engine import EngineCore
 
     plan, model, tokenizer = loaded
     _graph_name(plan)
     ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
-    decoder = SlotDecoder(model, slots=8, max_cache_len=64)
+    decoder = EngineCore(model, slots=8, max_cache_len=64)
     decoder.start(sampling=False)
     assert {key[1] for key in decoder.graphs} == {1, 2, 4, 8}
     decoder.add("a", ids[0], max_new_tokens=12, eos_token_id=None)
@@ -299,7 +299,7 @@ def test_other_families_through_graph_decode_equal_generate(family_dirs, family)
 @pytest.mark.parametrize("family", ["gpt2", "qwen3"])
 def test_other_families_through_the_slot_decoder_equal_generate(family_dirs, family):
     import hwrun
-    from hwrun.inference.decode.slots import SlotDecoder
+    from hwrun.inference.engine import EngineCore
 
     plan = _plan(str(family_dirs[family]))
     graph = _graph_name(plan)
@@ -311,7 +311,7 @@ def test_other_families_through_the_slot_decoder_equal_generate(family_dirs, fam
     assert "the model's own forward over a per-row slot cache" in result.decode_reason
     expected = _generate_rows(model, tokenizer, prompts, 12)
     assert result.token_ids == expected
-    decoder = SlotDecoder(model, slots=2, max_cache_len=64)
+    decoder = EngineCore(model, slots=2, max_cache_len=64)
     decoder.start()
     assert decoder.step_name == "model" and decoder.use_graphs
     decoder.add("a", tokenizer(prompts[1])["input_ids"], max_new_tokens=12)
@@ -328,7 +328,7 @@ def test_fused_weights_are_views_and_add_no_device_memory():
     import hwrun
     import torch
     from hwenv.platforms import runtime
-    from hwrun.inference.decode.slots import SlotDecoder
+    from hwrun.inference.engine import EngineCore
     from hwrun.inference.decode.static import GraphDecoder
 
     plan = _plan()
@@ -362,10 +362,10 @@ def test_fused_weights_are_views_and_add_no_device_memory():
     # the K/V cache (and a few small index buffers) is new; a second copy of the weights would add fused_bytes
     assert cache <= growth < cache + fused.fused_bytes // 2, (growth, cache, fused.fused_bytes)
     # a second decoder reuses the same matrices: again only its cache is new
-    slots = SlotDecoder(model, slots=2, max_cache_len=64)
-    assert slots.fused.layers[0]["qkv"] is qkv
+    slots = EngineCore(model, slots=2, max_cache_len=64)
+    assert slots.runner.step.fused.layers[0]["qkv"] is qkv
     grown = allocated() - after
-    second_cache = sum(t.numel() * t.element_size() for t in (*slots.fused.keys, *slots.fused.values))
+    second_cache = sum(t.numel() * t.element_size() for t in (*slots.kv.keys, *slots.kv.values))
     assert second_cache <= grown < second_cache + fused.fused_bytes // 2, (grown, second_cache)
     # and the views decode: the graph decoder's greedy tokens equal model.generate's
     ids = tokenizer(PROMPTS[0])["input_ids"]

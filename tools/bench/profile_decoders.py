@@ -1,4 +1,4 @@
-"""Per-step time and kernel tables of hwrun's static graph decoder vs its slot decoder at one batch size.
+"""Per-step time and kernel tables of hwrun's static graph decoder vs its engine (slots) at one batch size.
 
 Developer script (CUDA): both decoders run the fused step over the same random ~1B Llama; the
 difference between their tables is what the slot bookkeeping (per-row K/V writes, counters) costs.
@@ -41,8 +41,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     import torch
-    from hwrun.inference.decode.slots import SlotDecoder
-    from hwrun.inference.decode.static import GraphDecoder, capture_graph
+    from hwrun.inference.decode.static import GraphDecoder
+    from hwrun.inference.engine import EngineCore
+    from hwrun.inference.engine.graphs import capture_graph
+    from hwrun.inference.engine.scheduler import Chunk
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -52,7 +54,7 @@ def main(argv=None):
     prompts = torch.randint(1, FULL["vocab_size"], (args.batch, 128), device=device)
     results = {}
 
-    def graphs_per_row():  # the static decoder's step with the slot decoder's per-row K/V writes
+    def graphs_per_row():  # the static decoder's step with the engine's per-row K/V writes
         decoder = GraphDecoder(model, batch_size=args.batch, max_cache_len=args.cache_len, compile_backend=backend,
                                use_graphs=False)
         decoder.fused.per_row_positions = True
@@ -63,21 +65,24 @@ def main(argv=None):
                 ("graphs", lambda: GraphDecoder(model, batch_size=args.batch, max_cache_len=args.cache_len,
                                                 compile_backend=backend, use_graphs=False)),
                 ("graphs_per_row_writes", graphs_per_row),
-                ("slots", lambda: SlotDecoder(model, slots=args.batch, max_cache_len=args.cache_len,
-                                              compile_backend=backend, use_graphs=False))):
+                ("slots", lambda: EngineCore(model, slots=args.batch, max_cache_len=args.cache_len,
+                                             compile_backend=backend, use_graphs=False))):
             decoder = build()
             if name.startswith("graphs"):
                 decoder._prefill(prompts)
                 buffers = [decoder.token, decoder.position, decoder.count]
-            else:
-                decoder._admit(list(range(args.batch)), prompts.tolist())
-                buffers = [decoder.token, decoder.position, decoder.count, decoder.out]
-            results[f"{name}_step_ms"] = step_ms(decoder._step_fn)
-            graph, _ = capture_graph(decoder._step_fn, device, buffers)
+                step = decoder._step_fn
+            else:  # every slot prefilled in one forward, then the engine's greedy step over every slot
+                runner = decoder.runner
+                runner.prefill([Chunk(slot, row, 0, True) for slot, row in enumerate(prompts.tolist())])
+                buffers = runner.step_buffers()
+                step = runner.step_function(False, args.batch, args.cache_len)
+            results[f"{name}_step_ms"] = step_ms(step)
+            graph, _ = capture_graph(step, device, buffers)
             results[f"{name}_replay_ms"] = step_ms(graph.replay)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 for _ in range(20):
-                    decoder._step_fn()
+                    step()
                 torch.cuda.synchronize()
             (out / f"profile-{name}.txt").write_text(prof.key_averages().table(
                 sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=100))

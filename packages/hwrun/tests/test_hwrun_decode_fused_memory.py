@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 from hwrun.inference.decode.fused_step import FUSED_QKV, FusedLlamaStep
-from hwrun.inference.decode.slots import SlotDecoder
 from hwrun.inference.decode.static import GraphDecoder
+from hwrun.inference.engine import EngineCore
 
 
 def _model():
@@ -70,9 +70,9 @@ def test_second_decoder_reuses_the_fused_matrices_and_loads_reach_them():
     model = _model()
     first = GraphDecoder(model, batch_size=1, max_cache_len=32)
     total = storage_bytes(*_weights(model, first.fused))
-    second = SlotDecoder(model, slots=2, max_cache_len=32)
-    assert second.fused.layers[0]["qkv"] is first.fused.layers[0]["qkv"]
-    assert storage_bytes(*_weights(model, first.fused), *_weights(model, second.fused)) == total
+    second = EngineCore(model, slots=2, max_cache_len=32)
+    assert second.runner.step.fused.layers[0]["qkv"] is first.fused.layers[0]["qkv"]
+    assert storage_bytes(*_weights(model, first.fused), *_weights(model, second.runner.step.fused)) == total
     # load_state_dict copies into the views: the decoders see the new values without rebuilding
     state = {k: v.clone() for k, v in model.state_dict().items()}
     state["model.layers.0.self_attn.k_proj.weight"].mul_(-1.0)

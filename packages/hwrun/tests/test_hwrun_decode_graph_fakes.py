@@ -13,8 +13,8 @@ from hwenv.platforms import get_platform
 from hwenv.testing import fake_gaudi, fake_xpu
 from hwrun.errors import FastDecodeError
 from hwrun.inference.decode import SamplingParams
-from hwrun.inference.decode.slots import SlotDecoder
 from hwrun.inference.decode.static import GraphDecoder
+from hwrun.inference.engine import EngineCore
 
 PROMPT = torch.tensor([[5, 9, 14, 7, 3]])
 SAMPLED = SamplingParams(temperature=1.2, top_p=0.9, seed=5)
@@ -62,11 +62,11 @@ def test_static_decoder_through_hpu_graphs_on_the_gaudi_fake(loaded, eager, step
 
 def test_slot_decoder_steps_through_hpu_graphs_on_the_gaudi_fake(loaded, eager):
     model, _ = loaded
-    reference = SlotDecoder(model, slots=2, max_cache_len=40, use_graphs=False)
+    reference = EngineCore(model, slots=2, max_cache_len=40, use_graphs=False)
     reference.add("a", PROMPT[0].tolist(), max_new_tokens=8, eos_token_id=None)
     expected = [reference.step()[0].token_id for _ in range(8)]
     with fake_gaudi(1, lazy_mode="1") as fake:
-        decoder = SlotDecoder(model, slots=2, max_cache_len=40, platform=get_platform("hpu"))
+        decoder = EngineCore(model, slots=2, max_cache_len=40, platform=get_platform("hpu"))
         decoder.start()
         assert fake.graph_events.count("capture_begin") == 4 and "replay" not in fake.graph_events  # 2 row buckets x 2
         decoder.add("a", PROMPT[0].tolist(), max_new_tokens=8, eos_token_id=None)
@@ -81,7 +81,7 @@ def test_gaudi_never_compiles_in_lazy_mode_and_has_no_graphs_in_eager_mode(loade
         with pytest.raises(FastDecodeError, match="compile_backend='hpu_backend'.*lazy mode.*PT_HPU_LAZY_MODE=0"):
             GraphDecoder(model, max_cache_len=40, compile_backend="hpu_backend", platform=get_platform("hpu"))
         with pytest.raises(FastDecodeError, match="lazy mode"):
-            SlotDecoder(model, slots=2, max_cache_len=40, compile_backend="hpu_backend", platform=get_platform("hpu"))
+            EngineCore(model, slots=2, max_cache_len=40, compile_backend="hpu_backend", platform=get_platform("hpu"))
     with fake_gaudi(1, lazy_mode="0") as fake:
         decoder = GraphDecoder(model, max_cache_len=40, platform=get_platform("hpu"))
         assert not decoder.use_graphs and decoder.graph_tools is None
@@ -113,7 +113,7 @@ def test_decoders_through_xpu_graphs_on_the_xpu_fake(loaded, eager):
         greedy = decoder.generate(PROMPT, 12, eos_token_id=None)
         sampled = decoder.generate(PROMPT, 12, eos_token_id=None, sampling=SAMPLED)
         _check_order(fake.graph_events, 2)
-        slots = SlotDecoder(model, slots=2, max_cache_len=40, check_every=3, platform=get_platform("xpu"))
+        slots = EngineCore(model, slots=2, max_cache_len=40, check_every=3, platform=get_platform("xpu"))
         rows = slots.generate([PROMPT[0].tolist(), [2, 7]], 12, eos_token_id=None)
         assert fake.graph_events.count("capture_begin") == 3
     assert torch.equal(greedy, eager[False]) and torch.equal(sampled, eager[True])

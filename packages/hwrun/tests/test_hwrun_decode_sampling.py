@@ -12,8 +12,8 @@ import torch
 from hwrun.errors import GenerateError
 from hwrun.inference.decode import SamplingParams
 from hwrun.inference.decode.sampling import filter_logits, mix32, next_tokens, uniform_noise
-from hwrun.inference.decode.slots import SlotDecoder
 from hwrun.inference.decode.static import GraphDecoder
+from hwrun.inference.engine import EngineCore
 
 INF = float("-inf")
 
@@ -199,7 +199,7 @@ def test_static_decoder_sampling(loaded):
     for row in range(3):  # each row is what it is alone: the batch does not change a seeded request
         assert torch.equal(single.generate(ids[row:row + 1], 12, eos_token_id=None, sampling=params)[0], sampled[row])
     # the slot decoder draws the same tokens for the same seed (same counter: the token's index in its request)
-    slots = SlotDecoder(model, slots=2, max_cache_len=40).generate(ids.tolist(), 12, eos_token_id=None,
+    slots = EngineCore(model, slots=2, max_cache_len=40).generate(ids.tolist(), 12, eos_token_id=None,
                                                                     sampling=params)
     assert slots == sampled.tolist()
 

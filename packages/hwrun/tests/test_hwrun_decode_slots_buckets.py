@@ -1,4 +1,4 @@
-"""The slot decoder steps only the rows in use: active requests stay packed in the lowest slots (a leaving
+"""hwrun's engine steps only the rows in use: active requests stay packed in the lowest slots (a leaving
 request's slot takes the highest active row: its K/V, position, token counter, produced tokens and sampling row),
 and each step runs over the smallest bucket of rows (1, 2, 4, ... slots) that holds them, one graph per bucket.
 Greedy tokens still equal `model.generate`'s while rows move (fused and model step, Llama and GPT-2), seeded
@@ -15,7 +15,7 @@ from hwenv.platforms import get_platform
 from hwenv.testing import fake_xpu
 from hwrun.errors import FastDecodeError
 from hwrun.inference.decode import SamplingParams
-from hwrun.inference.decode.slots import SlotDecoder, bucket_sizes, length_buckets
+from hwrun.inference.engine import EngineCore, bucket_sizes, length_buckets
 from hwrun.testing.families import build_tiny_family
 
 TEXTS = ["The king said", "Once upon a time there was a little house", "It was", "The queen", "A dog ran",
@@ -67,7 +67,7 @@ def _drain(decoder, streams, rows=None):
 
 def _packed(decoder):
     """The active requests hold exactly the lowest slots."""
-    slots = sorted(r.slot for r in decoder._requests.values())
+    slots = sorted(r.slot for r in decoder.scheduler.requests.values())
     return slots == list(range(len(slots)))
 
 
@@ -86,7 +86,7 @@ def test_bucket_sizes():
 def test_tokens_equal_generate_while_rows_move(llama, gpt2, family):
     model, ids = gpt2 if family == "gpt2" else llama
     step = "model" if family in ("llama-model", "gpt2") else "fused"
-    decoder = SlotDecoder(model, slots=8, max_cache_len=64, step=step)
+    decoder = EngineCore(model, slots=8, max_cache_len=64, step=step)
     assert decoder.step_name == step
     budgets = {"a": 12, "b": 3, "c": 20, "d": 9, "e": 7, "f": 6}
     streams: dict = {}
@@ -100,15 +100,15 @@ def test_tokens_equal_generate_while_rows_move(llama, gpt2, family):
     _step(decoder, streams)
     assert decoder.last_rows == 4 and decoder.moves == 0
     _step(decoder, streams)  # "b" (slot 1) finishes: "d" (slot 3) moves into slot 1
-    assert "b" not in decoder.active and decoder._requests["d"].slot == 1 and decoder.moves == 1
+    assert "b" not in decoder.active and decoder.scheduler.requests["d"].slot == 1 and decoder.moves == 1
     assert _packed(decoder)
     decoder.cancel("a")  # slot 0 frees: "c" (slot 2) moves down
-    assert decoder._requests["c"].slot == 0 and decoder.moves == 2 and _packed(decoder)
+    assert decoder.scheduler.requests["c"].slot == 0 and decoder.moves == 2 and _packed(decoder)
     _step(decoder, streams)
     assert decoder.last_rows == 2  # two active requests: the two-row bucket
     decoder.add("e", ids[4], max_new_tokens=budgets["e"], eos_token_id=None)  # into slot 2, mid-run
     decoder.add("f", ids[5], max_new_tokens=budgets["f"], eos_token_id=None)
-    assert decoder._requests["f"].slot == 3
+    assert decoder.scheduler.requests["f"].slot == 3
     _drain(decoder, streams, rows)
     assert rows[0] == 4 and rows[-1] == 1 and rows == sorted(rows, reverse=True)  # shrinking as they finish
     for name, prompt in zip("bcdef", ids[1:], strict=True):
@@ -120,7 +120,7 @@ def test_tokens_equal_generate_while_rows_move(llama, gpt2, family):
 def test_whole_batch_generate_packs_and_shrinks(llama, gpt2, family):
     model, ids = gpt2 if family == "gpt2" else llama
     budgets = [3, 14, 5, 9, 4, 11]
-    decoder = SlotDecoder(model, slots=4, max_cache_len=64, check_every=2)
+    decoder = EngineCore(model, slots=4, max_cache_len=64, check_every=2)
     rows = decoder.generate(ids, budgets, eos_token_id=None)
     assert rows == [_reference(model, p, n) for p, n in zip(ids, budgets, strict=True)]
     assert decoder.moves > 0 and decoder.last_rows == 1  # the longest request ran alone at the end
@@ -129,11 +129,11 @@ def test_whole_batch_generate_packs_and_shrinks(llama, gpt2, family):
 @pytest.mark.parametrize("step", ["fused", "model"])
 def test_one_active_request_of_eight_slots_steps_one_row(llama, step):
     model, ids = llama
-    decoder = SlotDecoder(model, slots=8, max_cache_len=64, step=step)
+    decoder = EngineCore(model, slots=8, max_cache_len=64, step=step)
     shapes = []
     if step == "fused":
-        fused = decoder.fused
-        decoder.fused = lambda token, position, **kw: shapes.append(tuple(token.shape)) or fused(token, position, **kw)
+        fused = decoder.runner.step.fused
+        decoder.runner.step.fused = lambda token, position, **kw: shapes.append(tuple(token.shape)) or fused(token, position, **kw)
         hook = None
     else:
         hook = model.register_forward_pre_hook(lambda _, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
@@ -164,12 +164,12 @@ def _sampled_run(model, ids, others, cancel_at=None):
     """A seeded request "s" added after `others` ((prompt index, budget); every other one sampled with its own
     seed), so it starts in the highest slot; `cancel_at` cancels "o1" before that step. (s's tokens, its first
     slot, the rows moved)."""
-    decoder = SlotDecoder(model, slots=8, max_cache_len=64)
+    decoder = EngineCore(model, slots=8, max_cache_len=64)
     for index, (other, budget) in enumerate(others):
         decoder.add(f"o{index}", ids[other], max_new_tokens=budget, eos_token_id=None,
                     sampling=SamplingParams(temperature=0.8, seed=index) if index % 2 else None)
     decoder.add("s", ids[0], max_new_tokens=14, eos_token_id=None, sampling=SEEDED)
-    start = decoder._requests["s"].slot
+    start = decoder.scheduler.requests["s"].slot
     streams: dict = {}
     for step in range(30):
         if not decoder.active:
@@ -189,7 +189,7 @@ def test_seeded_sampling_keeps_its_tokens_when_its_row_moves(llama, gpt2, family
     assert beside == alone and len(alone) == 14
     assert alone != _reference(model, ids[0], 14)  # it did sample
     # the whole-batch API: the second prompt samples as it would alone while shorter ones retire around it
-    rows = SlotDecoder(model, slots=2, max_cache_len=64, check_every=3).generate(
+    rows = EngineCore(model, slots=2, max_cache_len=64, check_every=3).generate(
         [ids[3], ids[0], ids[1]], [2, 14, 4], eos_token_id=None, sampling=SEEDED)
     assert rows[1] == alone
 
@@ -198,7 +198,7 @@ def test_graph_fakes_capture_one_graph_per_bucket_used_and_replay_it(llama):
     # The fake's graph class and capture context stand in for torch.xpu.XPUGraph / torch.xpu.graph (INTEL.md
     # "Graphs", S1; torch/xpu/graphs.py in torch 2.15), to which hwenv's test_hwenv_fake_graphs.py holds the fake.
     model, ids = llama
-    eager = SlotDecoder(model, slots=4, max_cache_len=64, use_graphs=False)
+    eager = EngineCore(model, slots=4, max_cache_len=64, use_graphs=False)
     plan = [("add", "a", 0, 9), ("step",), ("add", "b", 1, 4), ("step",), ("add", "c", 2, 6), ("step",),
             ("step",), ("cancel", "a"), ("step",), ("step",), ("step",), ("step",)]
 
@@ -216,10 +216,10 @@ def test_graph_fakes_capture_one_graph_per_bucket_used_and_replay_it(llama):
 
     expected = drive(eager)
     with fake_xpu(1) as fake:
-        decoder = SlotDecoder(model, slots=4, max_cache_len=64, platform=get_platform("xpu"))
+        decoder = EngineCore(model, slots=4, max_cache_len=64, platform=get_platform("xpu"))
         assert decoder.use_graphs and decoder.buckets == (1, 2, 4)
         replayed = []
-        real_runner = decoder._runner
+        real_runner = decoder.runner.runnable
 
         def runner(sample, rows=None, columns=None):
             key = (sample, rows, columns)
@@ -232,7 +232,7 @@ def test_graph_fakes_capture_one_graph_per_bucket_used_and_replay_it(llama):
                 replay = graph.replay
             return replay
 
-        decoder._runner = runner
+        decoder.runner.runnable = runner
         got = drive(decoder)
         # a alone (1 row), a+b (2), a+b+c (4 rows, also while b finishes), then c alone after a is cancelled
         assert sorted(decoder.graphs) == [(False, 1, 64), (False, 2, 64), (False, 4, 64)]
@@ -247,7 +247,7 @@ def test_graph_fakes_capture_one_graph_per_bucket_used_and_replay_it(llama):
 def test_start_captures_every_bucket_once(llama):
     model, ids = llama
     with fake_xpu(1) as fake:
-        decoder = SlotDecoder(model, slots=8, max_cache_len=32, platform=get_platform("xpu"), buckets=[1, 8])
+        decoder = EngineCore(model, slots=8, max_cache_len=32, platform=get_platform("xpu"), buckets=[1, 8])
         decoder.start()
         assert sorted(decoder.graphs) == [(False, 1, 32), (False, 8, 32), (True, 1, 32), (True, 8, 32)]
         decoder.start()
@@ -265,7 +265,7 @@ def test_length_buckets():
     assert length_buckets(100) == (100,)
     with pytest.raises(FastDecodeError, match="cache_buckets=\\[0\\] holds 0: each is a cache length from 1 to "
                                               "max_cache_len=16"):
-        SlotDecoder(hwrun.load(hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu"))[0], slots=2, max_cache_len=16,
+        EngineCore(hwrun.load(hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu"))[0], slots=2, max_cache_len=16,
                     cache_buckets=[0])
 
 
@@ -273,7 +273,7 @@ def test_length_buckets():
 def test_cache_buckets_attend_over_the_positions_reached(llama, gpt2, family):
     model, ids = gpt2 if family == "gpt2" else llama
     step = "model" if family in ("llama-model", "gpt2") else "fused"
-    decoder = SlotDecoder(model, slots=4, max_cache_len=64, step=step, cache_buckets=length_buckets(64, 8))
+    decoder = EngineCore(model, slots=4, max_cache_len=64, step=step, cache_buckets=length_buckets(64, 8))
     assert decoder.cache_buckets == (8, 16, 32, 64)
     seen = []
     if step == "model":
@@ -306,11 +306,11 @@ def test_cache_buckets_attend_over_the_positions_reached(llama, gpt2, family):
     for name in "abc":
         assert streams[name] == _reference(model, prompts[name], budgets[name]), name
     # the whole-batch API bounds each chunk by the furthest position it reaches: same tokens
-    rows = SlotDecoder(model, slots=2, max_cache_len=64, step=step, check_every=4,
+    rows = EngineCore(model, slots=2, max_cache_len=64, step=step, check_every=4,
                        cache_buckets=length_buckets(64, 8)).generate(ids[:3], [20, 9, 25], eos_token_id=None)
     assert rows == [_reference(model, p, n) for p, n in zip(ids[:3], [20, 9, 25], strict=True)]
     # a chunk of 4 steps from position 5 ends at position 8: the chunk needs 9 columns (16), not 8
-    one = SlotDecoder(model, slots=1, max_cache_len=64, step=step, check_every=4, cache_buckets=length_buckets(64, 8))
+    one = EngineCore(model, slots=1, max_cache_len=64, step=step, check_every=4, cache_buckets=length_buckets(64, 8))
     prompt = [5, 9, 14, 7, 3]
     assert one.generate([prompt], 5, eos_token_id=None) == [_reference(model, prompt, 5)]
     assert one.steps == 4 and one.last_columns == 16
@@ -320,11 +320,11 @@ def test_graph_fakes_capture_one_graph_per_rows_and_length_bucket(llama):
     # The fake's graph class and capture context stand in for torch.xpu.XPUGraph / torch.xpu.graph (INTEL.md
     # "Graphs", S1; torch/xpu/graphs.py in torch 2.15), to which hwenv's test_hwenv_fake_graphs.py holds the fake.
     model, ids = llama
-    eager = SlotDecoder(model, slots=2, max_cache_len=32, use_graphs=False)
+    eager = EngineCore(model, slots=2, max_cache_len=32, use_graphs=False)
     eager.add("a", ids[2], max_new_tokens=20, eos_token_id=None)
     expected = [eager.step()[0].token_id for _ in range(20)]
     with fake_xpu(1) as fake:
-        decoder = SlotDecoder(model, slots=2, max_cache_len=32, platform=get_platform("xpu"),
+        decoder = EngineCore(model, slots=2, max_cache_len=32, platform=get_platform("xpu"),
                               cache_buckets=[8, 16])
         decoder.add("a", ids[2], max_new_tokens=20, eos_token_id=None)
         tokens = [decoder.step()[0].token_id for _ in range(20)]
@@ -342,10 +342,10 @@ def test_each_bucket_compiles_once_past_dynamos_recompile_limit(llama):
     from torch._dynamo.utils import counters
 
     model, ids = llama
-    decoder = SlotDecoder(model, slots=16, max_cache_len=32, compile_backend="eager", step="fused")
+    decoder = EngineCore(model, slots=16, max_cache_len=32, compile_backend="eager", step="fused")
     before = counters["stats"]["unique_graphs"]
     decoder.start()
-    assert len(decoder._warm) == 10 and counters["stats"]["unique_graphs"] - before == 10
+    assert len(decoder.runner.warmed) == 10 and counters["stats"]["unique_graphs"] - before == 10
     for index in range(16):
         decoder.add(index, ids[index % len(ids)][:4], max_new_tokens=3, eos_token_id=None)
         decoder.step()
@@ -369,17 +369,17 @@ def test_a_sampled_step_whose_filter_fails_to_compile_filters_eagerly(llama, fai
 
     sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
     prompts = [ids[0][:4], ids[1][:5]]
-    compiled = SlotDecoder(model, slots=2, max_cache_len=32, compile_backend=backend, step="fused", buckets=[2])
-    with caplog.at_level("WARNING", logger="hwrun.inference.decode.static"):
+    compiled = EngineCore(model, slots=2, max_cache_len=32, compile_backend=backend, step="fused", buckets=[2])
+    with caplog.at_level("WARNING", logger="hwrun.inference.engine.graphs"):
         got = compiled.generate(prompts, 6, eos_token_id=None, sampling=sampling)
-    plain = SlotDecoder(model, slots=2, max_cache_len=32, step="fused", buckets=[2])
+    plain = EngineCore(model, slots=2, max_cache_len=32, step="fused", buckets=[2])
     assert got == plain.generate(prompts, 6, eos_token_id=None, sampling=sampling)
     ops = [op for graph in traced for op in graph]
     assert any("mm" in op or "linear" in op or "matmul" in op for op in ops)  # the model step is compiled
     sorted_in_graph = any("sort" in op for op in ops)
     if fails:
         assert not sorted_in_graph and "list indices" in compiled.sampling_fallback
-        assert "filter runs eagerly" in caplog.text and "SlotDecoder" in caplog.text and "list indices" in caplog.text
+        assert "filter runs eagerly" in caplog.text and "ModelRunner" in caplog.text and "list indices" in caplog.text
     else:
         assert sorted_in_graph and compiled.sampling_fallback is None and "eagerly" not in caplog.text
 
@@ -401,7 +401,7 @@ def test_the_static_decoders_sampled_step_falls_back_the_same_way(llama, caplog)
     sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=5)
     prompt = torch.tensor([ids[0][:4]])
     compiled = GraphDecoder(model, max_cache_len=32, compile_backend=_fails_on_sort, step="fused")
-    with caplog.at_level("WARNING", logger="hwrun.inference.decode.static"):
+    with caplog.at_level("WARNING", logger="hwrun.inference.engine.graphs"):
         got = compiled.generate(prompt, 6, eos_token_id=None, sampling=sampling)
     plain = GraphDecoder(model, max_cache_len=32, step="fused")
     assert torch.equal(got, plain.generate(prompt, 6, eos_token_id=None, sampling=sampling))
@@ -423,14 +423,14 @@ def test_one_buckets_filter_falling_back_recompiles_no_other_bucket(llama):
             raise TypeError("list indices must be integers or slices, not NoneType")
         return graph_module.forward
 
-    decoder = SlotDecoder(model, slots=2, max_cache_len=32, compile_backend=backend, step="fused", buckets=[1, 2])
+    decoder = EngineCore(model, slots=2, max_cache_len=32, compile_backend=backend, step="fused", buckets=[1, 2])
     decoder.start()
     assert decoder.sampling_fallback is not None
     before = len(calls)
     sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
     got = decoder.generate([ids[0][:4]], 5, eos_token_id=None, sampling=sampling)
     assert len(calls) == before  # nothing compiled again
-    plain = SlotDecoder(model, slots=2, max_cache_len=32, step="fused", buckets=[1, 2])
+    plain = EngineCore(model, slots=2, max_cache_len=32, step="fused", buckets=[1, 2])
     assert got == plain.generate([ids[0][:4]], 5, eos_token_id=None, sampling=sampling)
 
 
@@ -476,7 +476,7 @@ def test_a_failure_other_than_compiling_is_not_taken_for_one(llama):
             raise RuntimeError("a kernel failed")
         return broken
 
-    decoder = SlotDecoder(model, slots=2, max_cache_len=32, compile_backend=backend, step="fused", buckets=[2])
+    decoder = EngineCore(model, slots=2, max_cache_len=32, compile_backend=backend, step="fused", buckets=[2])
     with pytest.raises(RuntimeError, match="a kernel failed"):
         decoder.generate([ids[0][:4]], 3, eos_token_id=None, sampling=SamplingParams(temperature=0.8, seed=1))
     assert decoder.sampling_fallback is None
@@ -491,13 +491,13 @@ def test_a_one_token_prompt_admitted_beside_another_is_a_prefill_not_a_step(llam
     corrupting both requests; a prefill passes its rows, so it is one whatever its length."""
     model, prompts = llama
     longer, one = prompts[0], prompts[0][:1]
-    decoder = SlotDecoder(model, slots=2, max_cache_len=48, step=step)
+    decoder = EngineCore(model, slots=2, max_cache_len=48, step=step)
     decoder.add("a", longer, max_new_tokens=6, eos_token_id=None)
     decoder.add("b", one, max_new_tokens=6, eos_token_id=None)
     streams: dict = {}
     _drain(decoder, streams)
     assert streams["a"] == _reference(model, longer, 6) and streams["b"] == _reference(model, one, 6)
-    rows = SlotDecoder(model, slots=2, max_cache_len=48, step=step, prefill_tokens=len(longer)).generate(
+    rows = EngineCore(model, slots=2, max_cache_len=48, step=step, prefill_tokens=len(longer)).generate(
         [longer, one], 6, eos_token_id=None)
     assert rows == [_reference(model, longer, 6), _reference(model, one, 6)]
 
@@ -507,7 +507,7 @@ def test_unseeded_prompts_admitted_into_freed_rows_draw_their_own_seeds(gpt2):
     admitted later repeated each other's samples."""
     model, prompts = gpt2
     torch.manual_seed(0)
-    rows = SlotDecoder(model, slots=2, max_cache_len=32, step="model", check_every=1).generate(
+    rows = EngineCore(model, slots=2, max_cache_len=32, step="model", check_every=1).generate(
         [prompts[0]] * 4, [2, 8, 8, 8], eos_token_id=None, sampling=SamplingParams(temperature=1.0))
     assert len({tuple(r) for r in rows[1:]}) == 3, rows
 
@@ -515,7 +515,7 @@ def test_unseeded_prompts_admitted_into_freed_rows_draw_their_own_seeds(gpt2):
 def test_longrope_and_dynamic_rope_are_refused_for_slots_with_the_reason():
     """Longrope switches to its long factors for the whole batch once any row passes the original context, and
     dynamic RoPE rescales from the batch's longest row: rows would change each other's tokens."""
-    from hwrun.inference.decode.slots import slot_step_support
+    from hwrun.inference.engine import slot_step_support
     from transformers import AutoModelForCausalLM, LlamaConfig, Phi3Config
 
     phi3 = AutoModelForCausalLM.from_config(Phi3Config(
@@ -527,7 +527,7 @@ def test_longrope_and_dynamic_rope_are_refused_for_slots_with_the_reason():
     assert step is None and "'longrope'" in why and "original_max_position_embeddings=16" in why
     assert slot_step_support(phi3, max_cache_len=16)[0] == "model"  # every position within the original context
     with pytest.raises(FastDecodeError, match="longrope"):
-        SlotDecoder(phi3, slots=2, max_cache_len=48)
+        EngineCore(phi3, slots=2, max_cache_len=48)
     llama = AutoModelForCausalLM.from_config(LlamaConfig(
         vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64,
@@ -539,7 +539,7 @@ def test_longrope_and_dynamic_rope_are_refused_for_slots_with_the_reason():
 def test_generate_compiles_few_row_buckets():
     """generate()'s slot decoder with a compiled step keeps 1, 8 and the batch (a draining batch would compile
     once per power of two mid-run otherwise); uncompiled it keeps every power of two."""
-    from hwrun.inference.decode.slots import compiled_buckets
+    from hwrun.inference.engine import compiled_buckets
 
     assert compiled_buckets(64, compiled=True) == (1, 8, 64)
     assert compiled_buckets(16, compiled=False) is None
@@ -558,7 +558,7 @@ def test_requests_added_together_share_one_prefill_and_a_pending_one_can_move_or
     forward here). A pending request can be cancelled (no prefill, its slot freed) or moved down when a lower
     request leaves before the step; the tokens still equal model.generate's."""
     model, ids = llama
-    decoder = SlotDecoder(model, slots=4, max_cache_len=64, step=step)
+    decoder = EngineCore(model, slots=4, max_cache_len=64, step=step)
     decoder.add("a", ids[0], max_new_tokens=3, eos_token_id=None)
     decoder.add("b", ids[1], max_new_tokens=3, eos_token_id=None)
     decoder.add("c", ids[2], max_new_tokens=3, eos_token_id=None)
@@ -576,7 +576,7 @@ def test_a_recompile_that_fails_after_the_first_run_falls_back_too():
     """with_filter_fallback keeps catching compile failures after the step first ran (a later recompile, e.g. after a
     guard fails); only the first run's buffers are kept and restored."""
     import torch._dynamo.exc as dynamo_exc
-    from hwrun.inference.decode.static import FilterChoice, with_filter_fallback
+    from hwrun.inference.engine.graphs import FilterChoice, with_filter_fallback
 
     class Decoder:
         sampling_fallback = None
@@ -584,7 +584,7 @@ def test_a_recompile_that_fails_after_the_first_run_falls_back_too():
         def __init__(self):
             self.token = torch.zeros(2, dtype=torch.long)
 
-        def _step_buffers(self):
+        def step_buffers(self):
             return [self.token]
 
     failure = dynamo_exc.BackendCompilerFailed.__new__(dynamo_exc.BackendCompilerFailed)

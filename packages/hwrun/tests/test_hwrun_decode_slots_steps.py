@@ -1,4 +1,4 @@
-"""The slot decoder's step-wise API (a server admits live requests between steps): add / step / cancel /
+"""hwrun's engine's step-wise API (a server admits live requests between steps): add / step / cancel /
 start, TokenEvents with finish reasons, greedy tokens equal to `model.generate`'s, slots freed and reused;
 with the fused Llama step and with the model's own forward (step="model")."""
 
@@ -8,8 +8,8 @@ import hwrun
 import pytest
 import torch
 from hwrun.errors import FastDecodeError
-from hwrun.inference.decode import SamplingParams, TokenEvent
-from hwrun.inference.decode.slots import SlotDecoder
+from hwrun.inference.decode import SamplingParams
+from hwrun.inference.engine import EngineCore, TokenEvent
 
 PROMPTS = ["The king said", "Once upon a time there was a little house", "It was", "The queen"]
 
@@ -47,7 +47,7 @@ def _drain(decoder, streams, limit=200):
 @pytest.mark.parametrize("step", ["fused", "model"])
 def test_requests_added_between_steps_give_generates_tokens(loaded, step):
     model, ids = loaded
-    decoder = SlotDecoder(model, slots=2, max_cache_len=64, step=step)
+    decoder = EngineCore(model, slots=2, max_cache_len=64, step=step)
     assert decoder.free_slots == 2 and decoder.active == set() and decoder.step() == []
     decoder.add("a", ids[0], max_new_tokens=7, eos_token_id=None)
     streams: dict = {}
@@ -75,7 +75,7 @@ def test_requests_added_between_steps_give_generates_tokens(loaded, step):
 def test_first_event_is_the_prefill_token_and_eos_stops_with_it(loaded, step):
     model, ids = loaded
     free = _reference(model, ids[0], 8)
-    decoder = SlotDecoder(model, slots=3, max_cache_len=64, step=step)
+    decoder = EngineCore(model, slots=3, max_cache_len=64, step=step)
     decoder.add(1, ids[0], max_new_tokens=1, eos_token_id=None)
     (event,) = decoder.step()
     assert event == TokenEvent(1, free[0], True, "length")
@@ -89,7 +89,7 @@ def test_first_event_is_the_prefill_token_and_eos_stops_with_it(loaded, step):
 @pytest.mark.parametrize("step", ["fused", "model"])
 def test_cancel_frees_the_slot_before_the_next_step(loaded, step):
     model, ids = loaded
-    decoder = SlotDecoder(model, slots=2, max_cache_len=64, step=step)
+    decoder = EngineCore(model, slots=2, max_cache_len=64, step=step)
     decoder.add("x", ids[0], max_new_tokens=20, eos_token_id=None)
     decoder.add("y", ids[1], max_new_tokens=6, eos_token_id=None)
     streams: dict = {}
@@ -109,7 +109,7 @@ def test_cancel_frees_the_slot_before_the_next_step(loaded, step):
 
 def test_add_refuses_what_cannot_run(loaded):
     model, ids = loaded
-    decoder = SlotDecoder(model, slots=1, max_cache_len=16)
+    decoder = EngineCore(model, slots=1, max_cache_len=16)
     with pytest.raises(FastDecodeError, match="length 10 \\+ max_new_tokens 7 exceeds max_cache_len=16"):
         decoder.add("long", [5] * 10, max_new_tokens=7)
     with pytest.raises(FastDecodeError, match="is empty"):
@@ -133,7 +133,7 @@ def test_seeded_sampled_request_is_the_same_alone_and_beside_others(loaded):
     params = SamplingParams(temperature=1.5, top_p=0.95, seed=11)
 
     def run(others):
-        decoder = SlotDecoder(model, slots=4, max_cache_len=64)
+        decoder = EngineCore(model, slots=4, max_cache_len=64)
         for index, other in enumerate(others):  # other requests first: the sampled one gets another slot
             decoder.add(f"o{index}", ids[other], max_new_tokens=9, eos_token_id=None,
                         sampling=SamplingParams(temperature=1.0, seed=index))
@@ -146,7 +146,7 @@ def test_seeded_sampled_request_is_the_same_alone_and_beside_others(loaded):
     assert alone["s"] == beside["s"] and len(alone["s"]) == 12
     assert alone["s"] != _reference(model, ids[0], 12)  # it did sample (temperature 1.5 on a tiny model)
     # greedy requests keep generate's tokens while a sampled one shares the step
-    decoder = SlotDecoder(model, slots=2, max_cache_len=64)
+    decoder = EngineCore(model, slots=2, max_cache_len=64)
     decoder.add("g", ids[1], max_new_tokens=6, eos_token_id=None)
     decoder.add("s", ids[0], max_new_tokens=6, eos_token_id=None, sampling=params)
     streams: dict = {}
@@ -157,14 +157,14 @@ def test_seeded_sampled_request_is_the_same_alone_and_beside_others(loaded):
 @pytest.mark.parametrize("step", ["fused", "model"])
 def test_start_warms_up_once_and_generate_still_works(loaded, step):
     model, ids = loaded
-    decoder = SlotDecoder(model, slots=2, max_cache_len=64, compile_backend="eager", step=step)
+    decoder = EngineCore(model, slots=2, max_cache_len=64, compile_backend="eager", step=step)
     assert decoder.step_name == step and decoder.buckets == (1, 2)
     decoder.start(sampling=False)
-    assert decoder._warm == {(False, 1, 64), (False, 2, 64)}  # every bucket's greedy step ran once, buffers restored
-    assert not decoder.position.any() and not decoder.count.any()
+    assert decoder.runner.warmed == {(False, 1, 64), (False, 2, 64)}  # every bucket's greedy step ran once, buffers restored
+    assert not decoder.runner.position.any() and not decoder.runner.count.any()
     calls = []
-    for key, original in list(decoder._step_fns.items()):
-        decoder._step_fns[key] = lambda original=original: calls.append(1) or original()
+    for key, original in list(decoder.runner.step_fns.items()):
+        decoder.runner.step_fns[key] = lambda original=original: calls.append(1) or original()
     decoder.start(sampling=False)
     assert calls == []  # not again
     assert decoder.generate(ids[:3], 5, eos_token_id=None) == [_reference(model, i, 5) for i in ids[:3]]

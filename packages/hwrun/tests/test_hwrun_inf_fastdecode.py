@@ -9,8 +9,9 @@ import pytest
 import torch
 from hwrun.errors import FastDecodeError
 from hwrun.inference.decode.fused_step import FusedLlamaStep, fused_step_support
-from hwrun.inference.decode.slots import SlotDecoder
-from hwrun.inference.decode.static import GraphDecoder, compile_step
+from hwrun.inference.decode.static import GraphDecoder
+from hwrun.inference.engine import EngineCore
+from hwrun.inference.engine.graphs import compile_step
 
 PROMPTS = ["The king said", "Once upon a time there was a little house", "It was", "The queen",
            "By the river the people of the town walked", "A"]
@@ -57,8 +58,8 @@ def test_fused_step_applies_to_llama_family_only(loaded, qwen2):
     with pytest.raises(FastDecodeError, match="step='fused' cannot run GPT2LMHeadModel: model_type 'gpt2'"):
         GraphDecoder(gpt2, max_cache_len=32, step="fused")
     with pytest.raises(FastDecodeError, match="step='fused' cannot run GPT2LMHeadModel: model_type 'gpt2'"):
-        SlotDecoder(gpt2, slots=2, max_cache_len=32, step="fused")
-    assert SlotDecoder(gpt2, slots=2, max_cache_len=32).step_name == "model"  # issue 26 point 3
+        EngineCore(gpt2, slots=2, max_cache_len=32, step="fused")
+    assert EngineCore(gpt2, slots=2, max_cache_len=32).step_name == "model"  # issue 26 point 3
     with pytest.raises(FastDecodeError, match="step='quick' is not a decode step"):
         GraphDecoder(model, max_cache_len=32, step="quick")
 
@@ -92,7 +93,7 @@ def test_slot_decoder_refills_slots_and_matches_generate_per_prompt(loaded):
     ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
     budgets = [12, 5, 20, 1, 9, 15]
     # 2 slots for 6 requests, prefill groups of at most 16 padded tokens: requests start while others run
-    decoder = SlotDecoder(model, slots=2, max_cache_len=64, check_every=4, prefill_tokens=16)
+    decoder = EngineCore(model, slots=2, max_cache_len=64, check_every=4, prefill_tokens=16)
     out = decoder.generate(ids, budgets, eos_token_id=None)
     assert out == [_reference(model, i, b) for i, b in zip(ids, budgets, strict=True)]
     assert decoder.prefills >= 4  # slots were refilled, not one big batch
@@ -104,7 +105,7 @@ def test_slot_decoder_stops_each_request_at_its_eos(loaded):
     ids = [tokenizer(p)["input_ids"] for p in PROMPTS[:3]]
     free = [_reference(model, i, 10) for i in ids]
     eos = free[0][3]  # a token the first request produces 4th: it must stop there, with it
-    out = SlotDecoder(model, slots=3, max_cache_len=64).generate(ids, 10, eos_token_id=eos)
+    out = EngineCore(model, slots=3, max_cache_len=64).generate(ids, 10, eos_token_id=eos)
     for row, full in zip(out, free, strict=True):
         expected = full[: full.index(eos) + 1] if eos in full else full
         assert row == expected
@@ -113,7 +114,7 @@ def test_slot_decoder_stops_each_request_at_its_eos(loaded):
 
 def test_slot_decoder_bad_inputs(loaded):
     model, _ = loaded
-    decoder = SlotDecoder(model, slots=2, max_cache_len=16)
+    decoder = EngineCore(model, slots=2, max_cache_len=16)
     with pytest.raises(FastDecodeError, match="empty"):
         decoder.generate([], 4)
     with pytest.raises(FastDecodeError, match="prompts\\[1\\] is empty"):
@@ -125,9 +126,9 @@ def test_slot_decoder_bad_inputs(loaded):
     with pytest.raises(FastDecodeError, match="2 max_new_tokens for 1 prompts"):
         decoder.generate([[5]], [1, 2])
     with pytest.raises(FastDecodeError, match="slots=0|batch_size=0"):
-        SlotDecoder(model, slots=0, max_cache_len=16)
+        EngineCore(model, slots=0, max_cache_len=16)
     with pytest.raises(FastDecodeError, match="CUDA"):
-        SlotDecoder(model, slots=1, max_cache_len=16, use_graphs=True)
+        EngineCore(model, slots=1, max_cache_len=16, use_graphs=True)
 
 
 def test_compile_step_tunes_only_when_asked(monkeypatch):
@@ -166,9 +167,9 @@ def test_compiled_slot_step_writes_the_cache_in_place(qwen2):
     from torch._inductor.utils import run_and_get_code
 
     prompts = [[1, 2, 3], [4, 5], [6]]
-    eager = SlotDecoder(qwen2, slots=3, max_cache_len=32).generate(prompts, 6, eos_token_id=None)
+    eager = EngineCore(qwen2, slots=3, max_cache_len=32).generate(prompts, 6, eos_token_id=None)
     torch._dynamo.reset()
-    decoder = SlotDecoder(qwen2, slots=3, max_cache_len=32, compile_backend="inductor")
+    decoder = EngineCore(qwen2, slots=3, max_cache_len=32, compile_backend="inductor")
     out, codes = run_and_get_code(decoder.generate, prompts, 6, eos_token_id=None)
     torch._dynamo.reset()
     assert out == eager
@@ -182,7 +183,7 @@ def test_model_step_passes_the_cache_under_the_releases_own_keyword(qwen2):
     import inspect
     import warnings
 
-    from hwrun.inference.decode.static import cache_keyword
+    from hwrun.inference.engine.steps import cache_keyword
 
     keyword = cache_keyword(qwen2)
     assert keyword in inspect.signature(type(qwen2).forward).parameters

@@ -549,16 +549,16 @@ def test_slots_backend_drives_the_step_api_and_maps_finish_reasons():
 
 
 def _step_api_ready() -> bool:
-    from hwrun.inference.decode.slots import SlotDecoder
+    from hwrun.inference.engine import EngineCore
     from hwrun.serve.backend_slots import step_api_missing
 
-    return not step_api_missing(SlotDecoder)
+    return not step_api_missing(EngineCore)
 
 
-@pytest.mark.skipif(not _step_api_ready(), reason="hwrun's SlotDecoder has no step API yet (issue 28's engine work)")
+@pytest.mark.skipif(not _step_api_ready(), reason="hwrun's EngineCore has no step API yet (issue 28's engine work)")
 def test_slots_backend_over_the_real_slot_decoder_equals_generate_greedy():
     from hwrun.inference.decode import SamplingParams
-    from hwrun.inference.decode.slots import SlotDecoder
+    from hwrun.inference.engine import EngineCore
     from hwrun.serve.backend_slots import SlotsBackend
     from hwrun.serve.protocol import Sampling
 
@@ -568,7 +568,7 @@ def test_slots_backend_over_the_real_slot_decoder_equals_generate_greedy():
     budgets = [12, 5, 9]
     want = [hwrun.generate(plan, p, n, model=model, tokenizer=tok, batching="static").token_ids[0]
             for p, n in zip(prompts, budgets, strict=True)]
-    backend = SlotsBackend(SlotDecoder(model, slots=2, max_cache_len=64, use_graphs=False),
+    backend = SlotsBackend(EngineCore(model, slots=2, max_cache_len=64, use_graphs=False),
                            sampling_class=SamplingParams)
     backend.start()
     engine = Engine(lambda: backend, max_concurrency=2, max_queue=4)
@@ -720,7 +720,7 @@ def test_ignore_eos_decodes_the_whole_budget_on_both_engines(engine):
     """The model's EOS is made the prompt's first greedy token: without ignore_eos the request stops there
     ("stop", one token); with it, it decodes every token of its budget ("length")."""
     from hwrun.inference.decode import SamplingParams
-    from hwrun.inference.decode.slots import SlotDecoder
+    from hwrun.inference.engine import EngineCore
     from hwrun.serve.backend_slots import SlotsBackend
     from hwrun.serve.backend_transformers import TransformersBackend
     from hwrun.serve.protocol import Sampling
@@ -731,7 +731,7 @@ def test_ignore_eos_decodes_the_whole_budget_on_both_engines(engine):
     eos = _first_greedy_token(model, tokenizer, prompt)
     ids = tuple(tokenizer(prompt)["input_ids"])
     if engine == "slots":
-        backend = SlotsBackend(SlotDecoder(model, slots=2, max_cache_len=64, use_graphs=False),
+        backend = SlotsBackend(EngineCore(model, slots=2, max_cache_len=64, use_graphs=False),
                                sampling_class=SamplingParams, eos_token_id=[eos])
         backend.start()
     else:
@@ -751,7 +751,7 @@ def test_ignore_eos_decodes_the_whole_budget_on_both_engines(engine):
 def test_served_buckets_are_fewer_when_each_one_compiles():
     """Every row bucket is compiled (greedy and sampled) at start-up under --compile: the server keeps 1, 8 and
     the slot count there, and the decoder's default powers of two otherwise."""
-    from hwrun.inference.decode.slots import (  # what serve/startup.py passes
+    from hwrun.inference.engine import (  # what serve/startup.py passes
         bucket_sizes,
         compiled_buckets,
     )

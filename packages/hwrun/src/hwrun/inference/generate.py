@@ -129,7 +129,7 @@ def _eos_token_id(model: Any, tokenizer: Any) -> Any:
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    from .decode.static import eos_ids
+    from .engine.requests import eos_ids
 
     return set(eos_ids(model, _eos_token_id(model, tokenizer)))
 
@@ -290,8 +290,8 @@ MAX_SLOTS = 64
 
 def _decoder(model: Any, batch: int, needed: int, use_graphs: bool | None, backend: Any, *, slots: bool = False,
              platform: Any = None) -> Any:
-    from .decode.slots import SlotDecoder, compiled_buckets
     from .decode.static import GraphDecoder
+    from .engine import EngineCore, compiled_buckets
 
     length = -(-needed // CACHE_BUCKET) * CACHE_BUCKET
     per_model = _DECODERS.setdefault(model, {})
@@ -299,7 +299,7 @@ def _decoder(model: Any, batch: int, needed: int, use_graphs: bool | None, backe
     key = (slots, batch, length, use_graphs, backend if isinstance(backend, str) or backend is None else id(backend),
            kind)
     if key not in per_model:
-        cls, size = (SlotDecoder, "slots") if slots else (GraphDecoder, "batch_size")
+        cls, size = (EngineCore, "slots") if slots else (GraphDecoder, "batch_size")
         # compiled slot steps: few row buckets, or a draining batch compiles once per bucket mid-run
         extra = {"buckets": compiled_buckets(batch, backend is not None)} if slots else {}
         per_model[key] = cls(model, **{size: batch}, max_cache_len=length, use_graphs=use_graphs,

@@ -1,4 +1,4 @@
-"""The `slots` backend: hwrun's slot decoder (`hwrun.inference.decode.slots.SlotDecoder`) driven step by step.
+"""The `slots` backend: hwrun's engine (`hwrun.inference.engine.EngineCore`) driven step by step.
 
 Each request owns one slot (a row of the static K/V cache); every `decoder.step()` decodes the active
 requests at once (packed in the lowest slots, over the smallest bucket of rows that holds them), as one

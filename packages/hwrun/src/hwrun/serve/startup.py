@@ -153,12 +153,12 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
 def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, max_len: int, eos: tuple[int, ...] = ()) -> Backend:
     from ..inference.decision import graph_api_of
     from ..inference.decode import SamplingParams
-    from ..inference.decode.slots import SlotDecoder, compiled_buckets
+    from ..inference.engine import EngineCore, compiled_buckets
     from .backend_slots import SlotsBackend
 
     compile_backend = plan.compile.backend if plan.compile is not None else None
     buckets = compiled_buckets(config.max_concurrency, compile_backend is not None)  # each bucket compiles at start
-    decoder = SlotDecoder(model, slots=config.max_concurrency, max_cache_len=max_len,
+    decoder = EngineCore(model, slots=config.max_concurrency, max_cache_len=max_len,
                           use_graphs=graph_api_of(plan) is not None, compile_backend=compile_backend,
                           platform=plan.accelerator.platform, buckets=buckets)
     logger.info("slot engine: steps run over %s rows (%s)%s", ", ".join(map(str, decoder.buckets)),

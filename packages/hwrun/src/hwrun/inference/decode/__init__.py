@@ -1,8 +1,7 @@
-"""Graph decoders: the static-cache decoder (`static.py`), the slot decoder for many prompts and its
-step-wise API (`slots.py`), sampling on the device (`sampling.py`) and the fused Llama-family step
-(`fused_step.py`). `SamplingParams` and `TokenEvent` are importable from here."""
+"""The static-batch graph decoder (`static.py`) and the pieces hwrun's engine (hwrun.inference.engine) steps with:
+sampling on the device (`sampling.py`), the fused Llama-family step (`fused_step.py`) and the per-row slot cache of
+the model's own forward (`slot_cache.py`). `SamplingParams` is importable from here."""
 
 from .sampling import SamplingParams
-from .slots import TokenEvent
 
-__all__ = ["SamplingParams", "TokenEvent"]
+__all__ = ["SamplingParams"]

@@ -4,7 +4,8 @@ Why: at batch 1 the decode step is a chain of small kernels, and each costs a fe
 however little it reads. Reading q/k/v as one matrix and gate/up as one (two matrix-vector
 products per layer instead of five), writing K/V into plain tensors (no cache bookkeeping) and
 computing grouped-query attention as two batched products over the unrepeated KV heads leaves
-fewer, larger kernels for `torch.compile` and the CUDA graph (hwrun.inference.decode.static). The arithmetic
+fewer, larger kernels for `torch.compile` and the CUDA graph (hwrun.inference.decode.static and
+hwrun.inference.engine). The arithmetic
 is the model's own: RMSNorm in fp32, the model's rotary embedding and activation, softmax in fp32.
 No second copy of the weights: `fuse_linears` concatenates q/k/v (and gate/up) once per layer and
 makes the model's own Linear weights (and biases) views into the fused matrix, so the model and the
@@ -107,13 +108,15 @@ class FusedLlamaStep:
 
     By default every row decodes at the same position (one `index_copy_` per layer writes K/V);
     `per_row_positions=True` lets each row sit at its own position, which is what continuous batching
-    over slots (hwrun.inference.decode.slots) needs: K/V are then written with one `index_put_` per layer at
+    over slots (hwrun.inference.engine) needs: K/V are then written with one `index_put_` per layer at
     (row, kv head, that row's position), and a decode step may pass fewer rows than `batch_size`: it then
     runs over the cache's first rows only, and may attend over its first `columns` positions only (views of
-    the same buffers, so each row count and length has fixed shapes and addresses), and `move_row` copies one row's K/V into another (to keep the busy rows first).
+    the same buffers, so each row count and length has fixed shapes and addresses). `storage` (the engine's
+    KV-cache manager) allocates the K/V tensors when given (`storage.allocate(layers, shape, dtype, device)`).
     """
 
-    def __init__(self, model: Any, *, batch_size: int, max_cache_len: int, per_row_positions: bool = False) -> None:
+    def __init__(self, model: Any, *, batch_size: int, max_cache_len: int, per_row_positions: bool = False,
+                 storage: Any = None) -> None:
         import torch
 
         reason = fused_step_support(model)
@@ -152,8 +155,11 @@ class FusedLlamaStep:
         self.intermediate = self.layers[0]["gate_up"].shape[0] // 2
         dtype, device = self.lm_head.dtype, self.lm_head.device
         shape = (batch_size, self.n_kv, max_cache_len, self.head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
+        if storage is not None:
+            self.keys, self.values = storage.allocate(len(self.layers), shape, dtype, device)
+        else:
+            self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
+            self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
         self.max_cache_len = max_cache_len
         self.per_row_positions = per_row_positions
         # (row, kv head) index grids for the per-row K/V writes
@@ -161,12 +167,6 @@ class FusedLlamaStep:
         self.head_index = torch.arange(self.n_kv, device=device)[None, :].expand(batch_size, self.n_kv)
         self.key_index = torch.arange(max_cache_len, device=device)
         self.batch_size = batch_size
-
-    def move_row(self, source: int, target: int, columns: int) -> None:
-        """Copy cache row `source`'s K/V (its first `columns` positions, every layer) into row `target`."""
-        for keys, values in zip(self.keys, self.values, strict=True):
-            keys[target, :, :columns] = keys[source, :, :columns]
-            values[target, :, :columns] = values[source, :, :columns]
 
     def reset(self) -> None:
         """Forget every cached position (not needed for correctness: positions overwrite, the mask hides the rest)."""
@@ -184,7 +184,7 @@ class FusedLlamaStep:
         return weight * h.to(x.dtype)
 
     def __call__(self, token_ids: Any, positions: Any, *, rows: Any = None, last_index: Any = None,
-                 columns: int | None = None) -> Any:
+                 columns: int | None = None, offset: int = 0) -> Any:
         """Logits (batch, vocab) of each row's last position; writes K/V of `positions` into the cache.
 
         T == 1 (`token_ids` of shape (batch, 1)) is one decode step of the cache's first `batch` rows (every
@@ -194,7 +194,9 @@ class FusedLlamaStep:
         tensor; default all rows); prompts of different lengths are right-padded, and `last_index`
         (one per row) says where each row's last real token is (default: the last column). `columns` bounds a
         decode step's attention to the cache's first positions (each row's position must be below it, or the
-        row is idle); default: all `max_cache_len`.
+        row is idle); default: all `max_cache_len`. A prefill with `offset` > 0 continues the prompts of `rows`
+        (a chunked prefill): its tokens sit at positions `offset..` (`positions` says so), their K/V go to those
+        cache columns, and they attend over the row's cached columns before them too.
         """
         import torch
         import torch.nn.functional as F
@@ -218,6 +220,13 @@ class FusedLlamaStep:
                 part = batch != self.batch_size
                 row_index = self.row_index[:batch] if part else self.row_index
                 head_index = self.head_index[:batch] if part else self.head_index
+        elif offset:
+            from torch.nn.attention.bias import causal_lower_right
+
+            # the queries are the last `length` of `offset + length` keys: causal, aligned to the bottom right (flash
+            # and memory-efficient kernels take it without a mask tensor; on an H100 a materialised mask cost 33 ms
+            # for 1,024 queries over 2,048 keys)
+            visible = causal_lower_right(length, offset + length)
         for i, layer in enumerate(self.layers):
             x = self._rms(hidden, layer["norm_in"])
             qkv = F.linear(x, layer["qkv"], layer["qkv_bias"])
@@ -234,8 +243,8 @@ class FusedLlamaStep:
                 self.keys[i].index_put_(where, k[:, :, 0])
                 self.values[i].index_put_(where, v[:, :, 0])
             elif rows is not None:
-                self.keys[i][rows, :, :length] = k
-                self.values[i][rows, :, :length] = v
+                self.keys[i][rows, :, offset:offset + length] = k
+                self.values[i][rows, :, offset:offset + length] = v
             else:
                 self.keys[i].index_copy_(2, slots, k)
                 self.values[i].index_copy_(2, slots, v)
@@ -249,8 +258,13 @@ class FusedLlamaStep:
                 probs = torch.softmax(scores + mask, dim=-1).to(q.dtype)
                 out = torch.matmul(probs, values).reshape(batch, 1, self.q_size)
             else:
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling,
-                                                     enable_gqa=rep > 1)
+                if offset:  # a continued prompt: over its cached columns and itself, causal at its positions
+                    k, v = self.keys[i][rows, :, :offset + length], self.values[i][rows, :, :offset + length]
+                    out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=self.scaling,
+                                                         enable_gqa=rep > 1)
+                else:
+                    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling,
+                                                         enable_gqa=rep > 1)
                 out = out.transpose(1, 2).reshape(batch, length, self.q_size)
             hidden = hidden + F.linear(out, layer["o"], layer["o_bias"])
             x = self._rms(hidden, layer["norm_post"])

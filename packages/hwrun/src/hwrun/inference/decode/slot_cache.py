@@ -1,12 +1,12 @@
-"""A KV cache with one row per slot at its own position, for running a model's own forward in the slot decoder.
+"""A KV cache with one row per slot at its own position, for running a model's own forward in hwrun's engine.
 
-Why: the slot decoder (hwrun.inference.decode.slots) steps every slot at once, each at its own position.
+Why: the engine (hwrun.inference.engine) steps every slot at once, each at its own position.
 Transformers' `StaticCache` writes every row at one shared position (`cumulative_length`), so it
 cannot hold slots that joined at different times. `SlotCache` speaks the cache protocol the models
 call (`update(key_states, value_states, layer_idx, ...)` on a `transformers.Cache`, the same in 5.22
 and 5.25) and writes each row's new K/V at that row's own position, read from a device tensor with a
 fixed address (`scatter_`, no host sync), so the decode step is capturable as one device graph. The
-decoder passes the matching 4D attention mask (each row sees the columns up to its own position) and
+engine passes the matching 4D attention mask (each row sees the columns up to its own position) and
 per-row `position_ids`; a 4D mask reaches the attention function as it is (masking_utils returns it
 unchanged), so any family whose attention goes through Transformers' attention interface with sdpa or
 eager attention runs here.
@@ -14,13 +14,15 @@ eager attention runs here.
 A prefill writes only the admitted slots: its prompts are left-padded (every row's last token is the
 last column, so `logits_to_keep=1` gives each row's next-token logits), and `update` shifts each row
 left by its padding as it copies the prompt's K/V into cache columns 0..length-1 of that slot's row.
-The other rows are not touched.
+The other rows are not touched. A long prompt may be prefilled in chunks: `extending(row, offset)` makes the
+next forward (one row, its tokens at positions `offset..`) write its K/V at those columns of that row and attend
+over the row's columns before them too.
 
-A decode step may run over the first rows only (the slot decoder keeps its busy requests in the lowest
+A decode step may run over the first rows only (the engine keeps its busy requests in the lowest
 rows and steps as many as it needs): `decoding(rows, columns)` makes every layer write into the cache
 and return only its first `rows` rows and `columns` positions for attention (views of the same buffers,
-so each row count and length keeps fixed shapes and addresses), and `move_row` copies one row's K/V
-into another.
+so each row count and length keeps fixed shapes and addresses). The engine's KV-cache manager
+(hwrun.inference.engine.kv_cache) allocates a `SlotCache` and moves rows between slots.
 
 This module imports torch and Transformers at the top: import it where a model is already loaded.
 """
@@ -33,13 +35,13 @@ import torch
 from transformers import Cache
 from transformers.cache_utils import CacheLayerMixin
 
-#: Attention implementations that take the decoder's 4D mask as it is (sdpa: boolean, eager: additive).
+#: Attention implementations that take the engine's 4D mask as it is (sdpa: boolean, eager: additive).
 MASK_ATTENTION = ("sdpa", "eager")
 
 
 def model_step_support(model: Any) -> str | None:
-    """None when the slot decoder can run `model`'s own forward over a `SlotCache`, else the reason it cannot.
-    (Sliding windows shorter than the cache are `static.attention_blocker`'s to refuse, for every step.)"""
+    """None when hwrun's engine can run `model`'s own forward over a `SlotCache`, else the reason it cannot.
+    (Sliding windows shorter than the cache are `engine.steps.attention_blocker`'s to refuse, for every step.)"""
     import inspect
 
     config = model.config
@@ -101,7 +103,7 @@ def visible_mask(visible: Any, attention: str, dtype: Any) -> Any:
 
 class SlotLayer(CacheLayerMixin):
     """One layer's K/V: (slots, kv heads, max_cache_len, head dim), allocated on the first update (the prefill the
-    decoder runs when it is built), where the model's own heads, head size, dtype and device are known."""
+    engine runs when it is built), where the model's own heads, head size, dtype and device are known."""
 
     is_compileable = True
     is_sliding = False
@@ -110,7 +112,8 @@ class SlotLayer(CacheLayerMixin):
         super().__init__()
         self.slots = slots
         self.max_cache_len = max_cache_len
-        self.mode: tuple | None = None  # set by SlotCache: ("decode", positions) or ("prefill", rows, shift)
+        # set by SlotCache: ("decode", positions, columns), ("prefill", rows, shift) or ("extend", row, offset)
+        self.mode: tuple | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -132,7 +135,7 @@ class SlotLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         mode = self.mode
         if mode is None:
-            raise RuntimeError("SlotCache.update outside a slot decoder step or prefill")
+            raise RuntimeError("SlotCache.update outside an engine step or prefill")
         if mode[0] == "decode":
             # each stepped row's one new column at that row's own position: (rows, heads, 1, dim), written
             # into the cache itself (a smaller index leaves the other rows alone); attention reads those rows
@@ -143,6 +146,13 @@ class SlotLayer(CacheLayerMixin):
             if rows == self.slots and columns == self.max_cache_len:
                 return self.keys, self.values
             return self.keys[:rows, :, :columns], self.values[:rows, :, :columns]
+        if mode[0] == "extend":
+            # a continued prompt of one row: its columns offset.. written, attention over the row up to them
+            _, row, offset = mode
+            end = offset + key_states.shape[2]
+            self.keys[row:row + 1, :, offset:end] = key_states
+            self.values[row:row + 1, :, offset:end] = value_states
+            return self.keys[row:row + 1, :, :end], self.values[row:row + 1, :, :end]
         _, rows, shift = mode
         width = key_states.shape[2]
         # left-padded prompts: input column c of row i holds position c - pad_i; cache column c gets position c
@@ -151,12 +161,15 @@ class SlotLayer(CacheLayerMixin):
         return key_states, value_states
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """(kv length, offset): the columns attention reads when decoding, the prompt when prefilling (the decoder
-        passes its own 4D masks, so Transformers' mask builders never read this)."""
-        return (self.mode[2], 0) if self.mode is not None and self.mode[0] == "decode" else (query_length, 0)
+        """(kv length, offset): the columns attention reads when decoding (or continuing a prompt), the prompt when
+        prefilling (the engine passes its own 4D masks, so Transformers' mask builders never read this)."""
+        mode = self.mode or ("prefill",)
+        if mode[0] == "decode":
+            return mode[2], 0
+        return (mode[2] + query_length, 0) if mode[0] == "extend" else (query_length, 0)
 
     def get_seq_length(self) -> int:
-        """0: rows sit at different positions, so there is no one length (the decoder passes position_ids)."""
+        """0: rows sit at different positions, so there is no one length (the engine passes position_ids)."""
         return 0
 
     def get_max_length(self) -> int:
@@ -166,7 +179,7 @@ class SlotLayer(CacheLayerMixin):
 
 class SlotCache(Cache):
     """A `transformers.Cache` whose layers write per-row positions (decode steps) or whole prompts into chosen
-    rows (prefills). `positions` is the decoder's (slots, 1) long device tensor: where each row's next K/V go."""
+    rows (prefills). `positions` is the engine's (slots, 1) long device tensor: where each row's next K/V go."""
 
     def __init__(self, slots: int, max_cache_len: int, n_layers: int, positions: torch.Tensor) -> None:
         super().__init__(layers=[SlotLayer(slots, max_cache_len) for _ in range(n_layers)])
@@ -189,13 +202,11 @@ class SlotCache(Cache):
             self._decodes[key] = ("decode", self.positions.view(-1)[:key[0]], key[1])
         self._set(self._decodes[key])
 
-    def move_row(self, source: int, target: int, columns: int) -> None:
-        """Copy row `source`'s K/V (its first `columns` positions, every layer) into row `target`."""
-        for layer in self.layers:
-            layer.keys[target, :, :columns] = layer.keys[source, :, :columns]
-            layer.values[target, :, :columns] = layer.values[source, :, :columns]
-
     def prefilling(self, rows: torch.Tensor, shift: torch.Tensor) -> None:
         """The next forward is a left-padded prefill of cache rows `rows`; `shift[i, c]` is the input column whose
         K/V go to cache column c of row i (its column c + padding, clamped)."""
         self._set(("prefill", rows, shift))
+
+    def extending(self, row: int, offset: int) -> None:
+        """The next forward continues row `row`'s prompt: its tokens sit at positions `offset..` (one row)."""
+        self._set(("extend", row, offset))

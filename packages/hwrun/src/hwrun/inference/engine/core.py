@@ -1,0 +1,261 @@
+"""`EngineCore`: hwrun's engine loop. It composes the rooms (scheduler, model runner, KV-cache manager; the package
+docstring draws them) and keeps the two ways to drive them.
+
+Why this engine: Transformers' continuous batching with sdpa attends every query over the padded keys of all
+requests and plans each step on the host (2,617 tokens/s at 64 prompts on an H200 against 20,386 for a static
+CUDA-graph batch, docs/benchmarks/decode.md). Here each request owns one slot (a cache row at its own position), a
+decode step has fixed shapes, captured once per (rows, cache length) bucket and replayed, and a row attends only to
+its own keys.
+
+- **Step-wise** (a server): `add(request_id, input_ids, *, max_new_tokens, sampling=None, eos_token_id="model")`
+  takes the lowest free slot (`FastDecodeError` when none is free, the id is active, or prompt + `max_new_tokens`
+  exceeds `max_cache_len`); the next `step()`s prefill it, at most `prefill_chunk` prompt tokens a step, and it
+  joins the step that ends its prompt. `step() -> list[TokenEvent]` runs one decode step (a graph replay where the
+  platform has graphs) and reads one token per decoding request: its first event is its prefill token;
+  `finish_reason` "stop" (an EOS id, included), "length" or None; a finished request leaves its slot at once.
+  `cancel(request_id)`, `free_slots`, `active`; `start()` captures (or compiles) every bucket before the first
+  request.
+- **Whole batches:** `generate(prompts, max_new_tokens, *, eos_token_id="model", sampling=None)` admits prompts into
+  free slots and reads the host every `check_every` steps (sooner when a budget ends), retiring finished requests
+  and admitting waiting ones while the others run; it refuses while requests added with `add()` are active.
+
+Greedy requests give exactly `model.generate(do_sample=False)`'s tokens; seeded sampled requests the same tokens
+whatever else is in the batch and however often they move. What no step runs is a `FastDecodeError` naming why.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from ...errors import FastDecodeError
+from ..decode.sampling import SamplingParams
+from .graphs import check_compile_allowed, decoder_graph_tools, model_platform
+from .kv_cache import KVCache
+from .requests import GREEDY, Request, TokenEvent, eos_ids
+from .runner import ModelRunner
+from .scheduler import (
+    PREFILL_TOKENS,
+    Move,
+    Scheduler,
+    bucket_sizes,
+    cache_bucket_sizes,
+    prefill_chunk_for,
+)
+from .steps import check_decoder_args, slot_step_support
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    """Continuous batching of any number of prompts through `slots` cache rows of `max_cache_len` positions each (a
+    prompt plus its new tokens must fit one row). `use_graphs=None` captures where the model's platform (`platform`,
+    default: the one of `model.device`) has graph tools; `step` picks the fused Llama-family step or the model's
+    own forward ("auto": fused where it applies); `buckets` are the row counts a step runs over (`buckets=[slots]`
+    steps every slot always, one graph); `cache_buckets` the cache lengths its attention may be bounded to;
+    `prefill_chunk` the prompt tokens a step prefills (default per device: `scheduler.prefill_chunk_for`)."""
+
+    def __init__(self, model: Any, *, slots: int, max_cache_len: int, use_graphs: bool | None = None,
+                 compile_backend: Any = None, compile_mode: str | None = None, tune: bool = False,
+                 check_every: int = 16, prefill_tokens: int = PREFILL_TOKENS, step: str = "auto",
+                 platform: Any = None, buckets: Sequence[int] | None = None,
+                 cache_buckets: Sequence[int] | None = None, prefill_chunk: int | None = None) -> None:
+        self.platform = model_platform(model, platform)
+        check_compile_allowed(self.platform, compile_backend)
+        self.graph_tools = decoder_graph_tools(self.platform) if use_graphs is not False else None
+        check_decoder_args(model, slots, max_cache_len, use_graphs, self.graph_tools, self.platform)
+        buckets = bucket_sizes(slots, buckets)
+        cache_buckets = cache_bucket_sizes(max_cache_len, cache_buckets)
+        self.step_name, self.step_reason = slot_step_support(model, step, max_cache_len)
+        if self.step_name is None:
+            if step == "fused":
+                raise FastDecodeError(f"{self.step_reason}.")
+            raise FastDecodeError(f"hwrun's engine cannot run {type(model).__name__}: {self.step_reason}. "
+                                  "Use decode='generate' (Transformers' generate_batch).")
+        if step == "auto":
+            logger.info("engine step: %s", self.step_reason)
+        self.prefill_chunk, self.prefill_chunk_reason = prefill_chunk_for(self.platform, prefill_chunk)
+        self.model, self.device = model, model.device
+        self.slots, self.max_cache_len = slots, max_cache_len
+        self.check_every = max(1, check_every)
+        self.prefill_tokens = max(1, prefill_tokens)
+        self.use_graphs = self.graph_tools is not None if use_graphs is None else use_graphs
+        self.kv = KVCache(slots, max_cache_len)
+        self.runner = ModelRunner(model, self.step_name, self.kv, platform=self.platform,
+                                  graph_tools=self.graph_tools, use_graphs=self.use_graphs,
+                                  compile=(compile_backend, compile_mode, tune))
+        self.scheduler = Scheduler(self.kv, buckets=buckets, cache_buckets=cache_buckets,
+                                   prefill_tokens=self.prefill_tokens, prefill_chunk=self.prefill_chunk)
+        self.steps = 0  # decode steps run by the last generate() (for reports)
+        self.prefills = 0  # prefill forwards (since construction, or since the last generate() began)
+        self.moves = 0  # rows moved down to keep the active ones packed (since construction)
+        self.last_rows = 0  # the rows the latest step ran over ...
+        self.last_columns = 0  # ... and the cache positions it attended over
+
+    # ---- what the rooms hold ---------------------------------------------------------------------------------
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """The row counts a decode step runs over."""
+        return self.scheduler.buckets
+
+    @property
+    def cache_buckets(self) -> tuple[int, ...]:
+        """The cache lengths a decode step may attend over."""
+        return self.scheduler.cache_buckets
+
+    @property
+    def graphs(self) -> dict:
+        """The captured steps by (sampled, rows, columns)."""
+        return self.runner.graphs
+
+    @property
+    def graph(self) -> Any:
+        """The captured greedy step over every slot and position (None before capture or without graphs)."""
+        return self.runner.graphs.get((False, self.slots, self.max_cache_len))
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the step is compiled."""
+        return self.runner.compiled
+
+    @property
+    def sampling_fallback(self) -> str | None:
+        """Why a compiled sampled step's filter runs eagerly, if one does."""
+        return self.runner.sampling_fallback
+
+    @property
+    def capture_seconds(self) -> float | None:
+        """Seconds spent capturing graphs (None before any capture)."""
+        return self.runner.capture_seconds
+
+    @property
+    def free_slots(self) -> int:
+        """Slots no request holds now."""
+        return self.kv.free_slots
+
+    @property
+    def active(self) -> set:
+        """Ids of the requests added with `add()` that have not finished or been cancelled."""
+        return set(self.scheduler.requests)
+
+    def start(self, *, sampling: bool = True) -> None:
+        """Warm up before the first request: capture every (rows, cache length) bucket's greedy step (and sampled
+        step when `sampling`), or compile each without graphs, so no live stream waits for one mid-run."""
+        self.runner.start(self.scheduler.buckets, self.scheduler.cache_buckets, sampling)
+
+    # ---- step-wise API ----------------------------------------------------------------------------------------
+
+    def add(self, request_id: Any, input_ids: Sequence[int], *, max_new_tokens: int,
+            sampling: SamplingParams | None = None, eos_token_id: Any = "model") -> None:
+        """Give `input_ids` the lowest free slot; the next `step()`s prefill it and it joins the step that ends its
+        prompt."""
+        prompt = [int(t) for t in input_ids]
+        if request_id in self.scheduler.requests:
+            raise FastDecodeError(f"request_id={request_id!r} is already active; use a new id or cancel it first.")
+        self.scheduler.check(prompt, max_new_tokens, f"request {request_id!r}")
+        if not self.kv.free_slots:
+            raise FastDecodeError(f"no free slot for request {request_id!r}: all {self.slots} slots are busy; "
+                                  "step() until one finishes, cancel one, or build the engine with more slots.")
+        sampling = GREEDY if sampling is None else sampling
+        if not isinstance(sampling, SamplingParams):
+            raise FastDecodeError(f"sampling={sampling!r} must be a SamplingParams or None (greedy).")
+        request = Request(request_id, prompt, max_new_tokens, frozenset(eos_ids(self.model, eos_token_id)), sampling)
+        self.scheduler.admit(request)
+        self.runner.set_sampling(request.slot, sampling)
+
+    def cancel(self, request_id: Any) -> None:
+        """Drop an active request; its slot is free for the next `add()`."""
+        self.scheduler.cancel(request_id)
+        self._move(self.scheduler.pack())
+
+    def step(self) -> list[TokenEvent]:
+        """This step's prefill chunks, then one decode step over the decoding requests' bucket of rows; one
+        `TokenEvent` per decoding request (its oldest unreported token)."""
+        if not self.scheduler.requests:
+            return []
+        self._prefill(self.scheduler.prefill_plan())
+        decoding = self.scheduler.decoding()
+        events = []
+        if decoding:
+            rows, columns = self.scheduler.shape(decoding)
+            self.runner.run(self.runner.samples(r.slot for r in decoding), rows, columns)
+            tokens = self.runner.read([r.slot for r in decoding], [r.read for r in decoding])
+            self.last_rows, self.last_columns = rows, columns
+            for request, token in zip(decoding, tokens, strict=True):
+                request.produced += 1
+                _, reason = self.scheduler.finish(request, [token])
+                events.append(TokenEvent(request.request_id, token, reason is not None, reason))
+        self._move(self.scheduler.pack())
+        return events
+
+    def _prefill(self, forwards: list) -> None:
+        for forward in forwards:
+            self.runner.prefill(forward)
+            self.scheduler.prefilled(forward)
+            self.prefills += 1
+
+    def _move(self, moves: list[Move]) -> None:
+        for move in moves:
+            self.runner.move_row(move.source, move.target, move.columns)
+            self.moves += 1
+
+    # ---- whole batches ------------------------------------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], *,
+                 eos_token_id: Any = "model", sampling: SamplingParams | None = None) -> list[list[int]]:
+        """New tokens for each prompt (token-id lists), in prompt order; each row ends at its first EOS
+        (included) or after its `max_new_tokens` (one number, or one per prompt). Greedy unless `sampling`
+        (one `SamplingParams` for every prompt) says otherwise."""
+        if self.scheduler.requests:
+            raise FastDecodeError(f"generate() needs every slot, but {len(self.scheduler.requests)} request(s) added "
+                                  "with add() are active; step() them to the end or cancel() them first.")
+        prompts = [list(p) for p in prompts]
+        if not prompts:
+            raise FastDecodeError("prompts=[] is empty: pass at least one prompt of token ids.")
+        budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        if len(budgets) != len(prompts):
+            raise FastDecodeError(f"{len(budgets)} max_new_tokens for {len(prompts)} prompts: give one number "
+                                  "or one per prompt.")
+        for index, (prompt, budget) in enumerate(zip(prompts, budgets, strict=True)):
+            if not prompt:
+                raise FastDecodeError(f"prompts[{index}] is empty: every prompt needs at least one token.")
+            self.scheduler.check(prompt, budget, f"prompt {index}")
+        sampling = GREEDY if sampling is None else sampling
+        eos = frozenset(eos_ids(self.model, eos_token_id))
+        waiting = deque(Request(i, p, b, eos, sampling) for i, (p, b) in enumerate(zip(prompts, budgets, strict=True)))
+        results: list[list[int]] = [[] for _ in prompts]
+        self.steps = self.prefills = 0
+        self.runner.fill_sampling(sampling)
+        while waiting or self.scheduler.requests:
+            admitted = []
+            while waiting and self.scheduler.admit(waiting[0]):
+                admitted.append(waiting.popleft())
+            if admitted and sampling.seed is None and not sampling.greedy and self.prefills:
+                # a freed row keeps the seed of the request it held (or of one moved into it): unseeded prompts
+                # admitted later draw their own, or equal prompts would repeat their samples
+                for request in admitted:
+                    self.runner.set_sampling(request.slot, sampling)
+            while self.scheduler.pending:  # no live streams to keep flowing: one prefill plan after another
+                self._prefill(self.scheduler.prefill_plan())
+            self._decode_chunk(not sampling.greedy, results)
+        return results
+
+    def _decode_chunk(self, sample: bool, results: list[list[int]]) -> None:
+        """Up to `check_every` decode steps (fewer when a budget ends sooner), then one read of every row: the
+        requests that stopped or reached their budget leave, and the rest are packed down."""
+        decoding = self.scheduler.decoding()
+        chunk = min(self.check_every, *(r.budget - r.produced for r in decoding))
+        rows, columns = self.scheduler.shape(decoding, chunk)
+        self.runner.run(sample, rows, columns, chunk)
+        self.steps += chunk
+        self.last_rows, self.last_columns = rows, columns
+        produced = self.runner.produced(rows)  # one transfer per chunk: the host's only sync
+        for request in decoding:
+            request.produced += chunk
+            _, reason = self.scheduler.finish(request, produced[request.slot, request.read:request.produced].tolist())
+            if reason is not None:
+                results[request.request_id] = produced[request.slot, :request.read].tolist()
+        self._move(self.scheduler.pack())

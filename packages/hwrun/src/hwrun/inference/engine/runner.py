@@ -1,0 +1,226 @@
+"""The model runner: the only code that runs the model on the device. It holds the fixed buffers a decode step
+reads and writes (each slot's newest token, its position, its token counter, its produced tokens, its sampling
+row), the step chosen once at construction (`FusedStep` or `ModelStep`, hwrun.inference.engine.steps), one step
+function per (greedy or sampled, rows, cache columns) bucket, compiled where asked and captured as a device graph
+through hwrun.inference.engine.graphs where the platform has graph tools, and the warm-up (`start`) that captures
+or compiles every bucket before the first request.
+
+A decode step runs over the first `rows` slots through views of the fixed buffers, so each bucket has fixed shapes
+and addresses and its own graph. Idle rows among them (free slots, a prompt still being prefilled) step too: their
+writes land on their own row at their own position, which is rewritten before it is read, and clamp at the end.
+A row's sampling noise depends only on its seed and its token counter, both of which move with it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..decode.sampling import SamplingParams, SamplingRows, next_tokens
+from .graphs import FilterChoice, capture_graph, compile_step, with_filter_fallback
+from .kv_cache import KVCache
+from .scheduler import Chunk
+from .steps import STEP_KINDS
+
+
+def prefill_attention() -> Any:
+    """A context in which a prefill forward's attention may use every SDPA backend but cuDNN's. cuDNN attention builds
+    a plan per shape, and prefill shapes change with every prompt width and chunk: on an H100 (torch 2.11, bf16) each
+    new shape cost ~39 ms, against ~0.05 ms (flash, causal) and ~0.4 ms (memory-efficient, masked) once the kernels
+    were loaded. Decode steps keep cuDNN where it is chosen: their shapes are fixed (one plan per bucket, at capture)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    names = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "OVERRIDEABLE", "MATH")  # OVERRIDEABLE: XPU's and others'
+    return sdpa_kernel([getattr(SDPBackend, name) for name in names if hasattr(SDPBackend, name)])
+
+
+class ModelRunner:
+    """Runs `model` with the step `step_name` over `kv`'s slots: prefills, decode steps (graph replays where
+    `use_graphs`), reads of the produced tokens and row moves."""
+
+    def __init__(self, model: Any, step_name: str, kv: KVCache, *, platform: Any, graph_tools: Any,
+                 use_graphs: bool, compile: tuple[Any, str | None, bool] = (None, None, False)) -> None:
+        import torch
+
+        self.device = model.device
+        self.kv = kv
+        self.slots, self.max_cache_len = kv.slots, kv.max_cache_len
+        long = dict(dtype=torch.long, device=self.device)
+        self.token = torch.zeros((self.slots, 1), **long)  # each slot's newest token ...
+        self.position = torch.zeros((self.slots, 1), **long)  # ... and its position
+        self.count = torch.zeros((self.slots, 1), **long)  # tokens each slot's request has produced
+        self.out = torch.zeros((self.slots, self.max_cache_len), **long)  # those tokens
+        self.step = STEP_KINDS[step_name](model, kv, self.position)
+        self.sampling = SamplingRows(self.slots, self.device)
+        self.platform, self.graph_tools, self.use_graphs = platform, graph_tools, use_graphs
+        self._compile = compile
+        self.compiled = compile[0] is not None
+        # (sampled, rows, columns) -> the step over the first rows, attending over the first columns; its graph
+        self.step_fns: dict[tuple[bool, int, int], Any] = {}
+        self.graphs: dict[tuple[bool, int, int], Any] = {}
+        self.warmed: set[tuple[bool, int, int]] = set()
+        self.sampling_fallback: str | None = None  # why a compiled sampled step's filter runs eagerly, if one does
+        self.capture_seconds: float | None = None
+
+    # ---- one decode step ----------------------------------------------------------------------------------------
+
+    def _step(self, sample: bool, rows: int, columns: int, filter: Any = None) -> None:
+        """One decode step of the first `rows` slots, attending over the first `columns` cache positions (every
+        decoding row's position must be below it); fixed buffers and views of them only (capturable)."""
+        part = rows != self.slots
+        token = self.token[:rows] if part else self.token
+        position = self.position[:rows] if part else self.position
+        count = self.count[:rows] if part else self.count
+        last = self.step.decode(token, position, columns)
+        if sample:
+            nxt = next_tokens(last, *self.sampling.first(rows), count, filter=filter).unsqueeze(-1)
+        else:
+            nxt = last.argmax(dim=-1, keepdim=True)
+        token.copy_(nxt)
+        self.out.scatter_(1, count, nxt)  # on the whole buffer: a smaller index writes only the stepped rows
+        count.add_(1).clamp_(max=self.max_cache_len - 1)
+        position.add_(1).clamp_(max=self.max_cache_len - 1)
+
+    def step_buffers(self) -> list[Any]:
+        """What one step moves (tokens, positions, counters, produced tokens): restored after capture warm-ups.
+        The K/V a step writes is rewritten with the same values when the step runs again."""
+        return [self.token, self.position, self.count, self.out]
+
+    def step_function(self, sample: bool, rows: int, columns: int) -> Any:
+        """The step over the first `rows` slots and `columns` positions, compiled where asked; built once per
+        (sample, rows, columns). Each gets its own code object, so torch.compile keeps one entry per bucket
+        instead of recompiling one past its recompile limit; the step is told the rows and columns (`select`)
+        outside the compiled region."""
+        key = (sample, rows, columns)
+        if key not in self.step_fns:
+            choice = FilterChoice()
+
+            def step() -> None:
+                self._step(sample, rows, columns, choice.filter)
+
+            kind = "sampled" if sample else "greedy"
+            step.__code__ = step.__code__.replace(co_name=f"slot_step_{kind}_{rows}_{columns}")
+            compiled = compile_step(step, *self._compile)
+            if sample and self.compiled:
+                compiled = with_filter_fallback(compiled, choice, self)
+
+            def run() -> None:
+                self.step.select(rows, columns)
+                compiled()
+
+            self.step_fns[key] = run
+        return self.step_fns[key]
+
+    def runnable(self, sample: bool, rows: int, columns: int) -> Any:
+        """The callable that runs one step over the first `rows` slots and `columns` positions: the captured graph's
+        replay (captured now if needed) or the step itself."""
+        step = self.step_function(sample, rows, columns)
+        if not self.use_graphs:
+            return step
+        key = (sample, rows, columns)
+        if key not in self.graphs:
+            self.graphs[key], seconds = capture_graph(step, self.device, self.step_buffers(),
+                                                      tools=self.graph_tools, platform=self.platform)
+            self.capture_seconds = (self.capture_seconds or 0.0) + seconds
+        return self.graphs[key].replay
+
+    def run(self, sample: bool, rows: int, columns: int, times: int = 1) -> None:
+        """`times` decode steps of the first `rows` slots (one graph replay each where captured)."""
+        import torch
+
+        with torch.inference_mode():
+            step = self.runnable(sample, rows, columns)
+            for _ in range(times):
+                step()
+
+    def start(self, buckets: tuple[int, ...], cache_buckets: tuple[int, ...], sampling: bool = True) -> None:
+        """Capture every (rows, cache length) bucket's greedy step (and sampled step when `sampling`) if not yet
+        captured; without graphs, run each compiled step once (its compilation), restoring the buffers."""
+        import torch
+
+        kinds = (False, True) if sampling else (False,)
+        with torch.inference_mode():
+            for key in ((s, r, c) for s in kinds for r in buckets for c in cache_buckets):
+                if self.use_graphs:
+                    self.runnable(*key)
+                elif self.compiled and key not in self.warmed:
+                    saved = [(buffer, buffer.clone()) for buffer in self.step_buffers()]
+                    self.step_function(*key)()
+                    for buffer, value in saved:
+                        buffer.copy_(value)
+                self.warmed.add(key)
+
+    # ---- prefill, sampling rows, reads and moves -------------------------------------------------------------
+
+    def prefill(self, forward: list[Chunk]) -> None:
+        """One prefill forward: prompts starting at position 0 (padded together), or one chunk continuing a row's
+        prompt. A row whose prompt it ends gets its first token, position and counter; a row with more to come
+        gets the position its next chunk starts at (where an idle decode step's write is rewritten)."""
+        import torch
+
+        with torch.inference_mode(), prefill_attention():
+            rows = torch.tensor([c.slot for c in forward], dtype=torch.long, device=self.device)
+            if forward[0].start:
+                (chunk,) = forward
+                logits = self.step.extend(chunk.tokens, chunk.slot, chunk.start)
+            else:
+                logits = self.step.prefill([c.tokens for c in forward], rows)
+            ends = torch.tensor([c.start + len(c.tokens) for c in forward], dtype=torch.long, device=self.device)
+            done = [i for i, c in enumerate(forward) if c.last]
+            if len(done) < len(forward):
+                index = torch.tensor([i for i, c in enumerate(forward) if not c.last], device=self.device)
+                self.position[rows[index], 0] = ends[index]
+                index = torch.tensor(done, dtype=torch.long, device=self.device)
+                rows, logits, ends = rows[index], logits[index], ends[index]
+            if not done:
+                return
+            if self.sampling.sampling(forward[i].slot for i in done):
+                first = next_tokens(logits, *self.sampling.take(rows), torch.zeros_like(rows))
+            else:
+                first = logits.argmax(dim=-1)
+            self.token[rows, 0] = first
+            self.position[rows, 0] = ends
+            self.out[rows, 0] = first
+            self.count[rows, 0] = 1
+
+    def set_sampling(self, slot: int, params: SamplingParams) -> None:
+        """Give `slot` the sampling `params` (its seed resolved now)."""
+        import torch
+
+        with torch.inference_mode():
+            self.sampling.set(slot, params)
+
+    def fill_sampling(self, params: SamplingParams) -> None:
+        """Give every slot the sampling `params` (each drawing its own seed when `params.seed` is None)."""
+        import torch
+
+        with torch.inference_mode():
+            self.sampling.fill(params)
+
+    def samples(self, slots: Any) -> bool:
+        """Whether any of `slots` samples (else the greedy step runs)."""
+        return self.sampling.sampling(slots)
+
+    def read(self, slots: list[int], columns: list[int]) -> list[int]:
+        """Token `columns[i]` of slot `slots[i]`'s produced tokens, for each i: the host's one read per step."""
+        import torch
+
+        with torch.inference_mode():
+            index = torch.tensor(slots, device=self.device)
+            cols = torch.tensor(columns, device=self.device)
+            return self.out[index, cols].tolist()
+
+    def produced(self, rows: int) -> Any:
+        """The produced tokens of the first `rows` slots, on the host (one transfer)."""
+        return self.out[:rows].cpu()
+
+    def move_row(self, source: int, target: int, columns: int) -> None:
+        """Row `source`'s whole decoding state into row `target`: its K/V (first `columns` positions, every layer),
+        token, position, token counter, produced tokens and sampling row (seed included, so its noise stream goes
+        on). Outside any graph: the next step reads the fixed buffers."""
+        import torch
+
+        with torch.inference_mode():
+            for buffer in self.step_buffers():
+                buffer[target] = buffer[source]
+            self.sampling.move(source, target)
+            self.kv.move_row(source, target, columns)

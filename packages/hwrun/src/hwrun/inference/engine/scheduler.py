@@ -1,0 +1,244 @@
+"""The scheduler: which request runs where and when. It admits requests into free slots, plans each step's
+prefill under a token budget (a long prompt in chunks), picks the rows and cache positions a decode step runs over,
+keeps the active requests packed in the lowest slots (one packing rule for `step()` and `generate()`), and finishes
+requests (EOS or length) and cancels them. Host bookkeeping only, no torch: it tells the runner what to do.
+
+Chunked prefill: a step prefills at most `prefill_chunk` prompt tokens, in admission order, so a long prompt
+arriving while others decode costs each running stream one chunk's time per step instead of its whole prefill
+(`prefill_chunk_for` picks the budget per device). Whole prompts that fit are prefilled together, right- or
+left-padded into groups of at most `prefill_tokens` padded tokens; the rest of a prompt that did not fit continues
+next step at the position where it stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import FastDecodeError
+from .kv_cache import KVCache
+from .requests import Request
+
+#: Most padded prompt tokens one prefill forward takes (prompts prefilled together are padded to the longest).
+PREFILL_TOKENS = 8192
+#: Prompt tokens a step prefills on an accelerator (GPU, XPU, Gaudi), see `prefill_chunk_for`.
+ACCELERATOR_PREFILL_CHUNK = 512
+#: Prompt tokens a step prefills on a CPU, see `prefill_chunk_for`.
+CPU_PREFILL_CHUNK = 128
+
+
+def prefill_chunk_for(platform: Any, given: int | None = None) -> tuple[int, str]:
+    """(prompt tokens one step may prefill, why) on `platform`: `given` (`prefill_chunk=`) if set, else 512 on an
+    accelerator and 128 on a CPU. Every running stream waits for the step's chunk. On an accelerator a decode step
+    is bound by reading the weights and a prefill forward by its kernel launches until the chunk's arithmetic
+    dominates: on an H100 (1.24B Llama, bf16, 63 streams decoding; tools/bench/prefill_chunk.py) a compiled decode
+    step took 7.0 ms and a step carrying a chunk of 128 to 1,024 tokens 16.8-17.4 ms (a prefill forward ~8-10 ms at
+    any of those sizes), within the 4x-a-step bound of issue 35; 512 keeps a 2,000-token prompt to four steps and
+    leaves room for larger models, whose chunks cost more arithmetic. A CPU has no such floor: every prompt token
+    costs its own arithmetic, about one decode row's, so its chunk is a quarter of that (not measured: the CPUs
+    here are shared)."""
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+            raise FastDecodeError(f"prefill_chunk={given!r} must be a positive number of prompt tokens per step.")
+        return given, f"prefill_chunk={given} given"
+    if platform.is_accelerator:
+        return ACCELERATOR_PREFILL_CHUNK, (f"{ACCELERATOR_PREFILL_CHUNK} prompt tokens a step on {platform.kind}: a "
+                                           "decode step there is bound by reading the weights, so a chunk this size "
+                                           "costs running streams about a step and a half more (H100, 1.24B Llama)")
+    return CPU_PREFILL_CHUNK, (f"{CPU_PREFILL_CHUNK} prompt tokens a step on {platform.kind}: every prompt token costs "
+                               "its own arithmetic there, so a smaller chunk keeps running streams flowing")
+
+
+def bucket_sizes(slots: int, buckets: Sequence[int] | None = None) -> tuple[int, ...]:
+    """The row counts a decode step runs over, ascending: `buckets` (each in 1..slots) or the powers of two
+    below `slots`; `slots` itself is always one (every slot busy)."""
+    if buckets is None:
+        sizes = {1 << i for i in range(slots.bit_length()) if 1 << i < slots}
+    else:
+        sizes = set()
+        for size in buckets:
+            if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= slots:
+                raise FastDecodeError(f"buckets={list(buckets)!r} holds {size!r}: each bucket is a row count "
+                                      f"from 1 to slots={slots} (or leave buckets=None: 1, 2, 4, ... and slots).")
+            sizes.add(size)
+    return tuple(sorted(sizes | {slots}))
+
+
+def compiled_buckets(slots: int, compiled: bool) -> tuple[int, ...] | None:
+    """Row buckets for an engine whose step is compiled: each bucket is one compile (greedy and sampled), so
+    only 1, 8 and `slots` (one stream, light load, full load); None (the default powers of two) when not
+    compiled. `generate()` and the server use it."""
+    if not compiled:
+        return None
+    return tuple(sorted({1, min(8, slots), slots}))
+
+
+def length_buckets(max_cache_len: int, smallest: int = 128) -> tuple[int, ...]:
+    """Cache lengths for `EngineCore(cache_buckets=...)`: the powers of two from `smallest` below `max_cache_len`,
+    and `max_cache_len`."""
+    sizes = []
+    size = smallest
+    while size < max_cache_len:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, max_cache_len)
+
+
+def cache_bucket_sizes(max_cache_len: int, cache_buckets: Sequence[int] | None) -> tuple[int, ...]:
+    """The cache lengths a decode step may attend over, ascending: `cache_buckets` and `max_cache_len` (None: only
+    `max_cache_len`, every position)."""
+    if cache_buckets is None:
+        return (max_cache_len,)
+    sizes = set()
+    for size in cache_buckets:
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= max_cache_len:
+            raise FastDecodeError(f"cache_buckets={list(cache_buckets)!r} holds {size!r}: each is a cache length "
+                                  f"from 1 to max_cache_len={max_cache_len} (length_buckets(max_cache_len) "
+                                  "gives powers of two; None attends over every position).")
+        sizes.add(size)
+    return tuple(sorted(sizes | {max_cache_len}))
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Prompt tokens `start..end` of the request in `slot`, to prefill; `last` when they end its prompt."""
+
+    slot: int
+    tokens: list[int]
+    start: int
+    last: bool
+
+
+@dataclass(frozen=True)
+class Move:
+    """Row `source`'s state into row `target` (its first `columns` K/V positions)."""
+
+    source: int
+    target: int
+    columns: int
+
+
+class Scheduler:
+    """Admission, prefill planning, decode shapes, packing and finishing for the requests in `kv`'s slots."""
+
+    def __init__(self, kv: KVCache, *, buckets: tuple[int, ...], cache_buckets: tuple[int, ...],
+                 prefill_tokens: int, prefill_chunk: int) -> None:
+        self.kv = kv
+        self.buckets = buckets
+        self.cache_buckets = cache_buckets
+        self.prefill_tokens = max(1, prefill_tokens)
+        self.prefill_chunk = prefill_chunk
+        self.requests: dict[Any, Request] = {}  # the admitted requests, in admission order
+
+    def check(self, prompt: list[int], budget: Any, where: str) -> None:
+        """Refuse (FastDecodeError) a prompt and budget that no slot can hold."""
+        if not prompt:
+            raise FastDecodeError(f"{where} is empty: every prompt needs at least one token.")
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+            raise FastDecodeError(f"max_new_tokens={budget!r} ({where}) must be a positive integer.")
+        if len(prompt) + budget > self.kv.max_cache_len:
+            raise FastDecodeError(
+                f"{where}: length {len(prompt)} + max_new_tokens {budget} exceeds "
+                f"max_cache_len={self.kv.max_cache_len}; build the engine with a larger max_cache_len.")
+
+    def admit(self, request: Request) -> bool:
+        """Give `request` the lowest free slot (False when none is free); its prefill is planned from the next step."""
+        slot = self.kv.take(request.request_id)
+        if slot is None:
+            return False
+        request.slot = slot
+        self.requests[request.request_id] = request
+        return True
+
+    def prefill_plan(self) -> list[list[Chunk]]:
+        """This step's prefill forwards: up to `prefill_chunk` prompt tokens of the admitted requests in admission
+        order. Prompts that start here share padded forwards of <= `prefill_tokens` tokens; a prompt that continues
+        (its earlier part already in its row) is a forward of its own."""
+        budget = self.prefill_chunk
+        forwards: list[list[Chunk]] = []
+        group: list[Chunk] = []
+        width = 0  # the longest chunk in `group`
+        for request in self.requests.values():
+            if request.decoding:
+                continue
+            if budget <= 0:
+                break
+            end = min(request.length, request.prefilled + budget)
+            chunk = Chunk(request.slot, request.prompt[request.prefilled:end], request.prefilled,
+                          end == request.length)
+            budget -= end - request.prefilled
+            if chunk.start:
+                forwards.append([chunk])
+                continue
+            wider = max(width, len(chunk.tokens))
+            if group and wider * (len(group) + 1) > self.prefill_tokens:
+                forwards.append(group)
+                group, wider = [], len(chunk.tokens)
+            group.append(chunk)
+            width = wider
+        return forwards + ([group] if group else [])
+
+    def prefilled(self, forward: list[Chunk]) -> None:
+        """Record a prefill forward the runner ran: a request whose prompt it ended has its first token."""
+        for chunk in forward:
+            request = self.requests[self.kv.owner[chunk.slot]]
+            request.prefilled = chunk.start + len(chunk.tokens)
+            if chunk.last:
+                request.produced = 1
+
+    @property
+    def pending(self) -> bool:
+        """Whether an admitted request has prompt tokens left to prefill."""
+        return any(not r.decoding for r in self.requests.values())
+
+    def decoding(self) -> list[Request]:
+        """The requests that step now (prefilled), in admission order."""
+        return [r for r in self.requests.values() if r.decoding]
+
+    def shape(self, decoding: list[Request], steps: int = 1) -> tuple[int, int]:
+        """(rows, columns) of the next `steps` decode steps: the smallest row bucket holding every admitted request
+        (packed in the lowest slots), and the smallest cache bucket past the furthest position they write."""
+        rows = next(size for size in self.buckets if size >= len(self.requests))
+        # a row writes its newest token's K/V at position `written` and attends over 0 .. that position
+        furthest = max(r.written for r in decoding) + steps
+        columns = next(size for size in self.cache_buckets if size >= min(furthest, self.kv.max_cache_len))
+        return rows, columns
+
+    def finish(self, request: Request, tokens: Sequence[int]) -> tuple[int, str | None]:
+        """Read `tokens` (its next unread ones, in order) for `request`: (how many it keeps, finish reason). It stops
+        after its first EOS id ("stop", included) or its `budget`-th token ("length"), and then leaves its slot."""
+        for kept, token in enumerate(tokens, 1):
+            request.read += 1
+            reason = "stop" if token in request.eos else "length" if request.read >= request.budget else None
+            if reason is not None:
+                self.leave(request)
+                return kept, reason
+        return len(tokens), None
+
+    def leave(self, request: Request) -> None:
+        """Drop `request` and free its slot."""
+        del self.requests[request.request_id]
+        self.kv.release(request.slot)
+
+    def cancel(self, request_id: Any) -> None:
+        """Drop an admitted request; FastDecodeError for an unknown id."""
+        request = self.requests.get(request_id)
+        if request is None:
+            raise FastDecodeError(f"request_id={request_id!r} is not active (finished, cancelled or never added).")
+        self.leave(request)
+
+    def pack(self) -> list[Move]:
+        """Move the highest held rows into the free slots below them, so the admitted requests hold the lowest slots
+        and the next step runs over as few rows as they need; the moves for the runner, in order."""
+        moves = []
+        while True:
+            busy = self.kv.busy()
+            holes = [s for s in range(len(busy)) if self.kv.owner[s] is None]
+            if not holes:
+                return moves
+            source, target = busy[-1], holes[0]
+            request = self.requests[self.kv.owner[source]]
+            moves.append(Move(source, target, min(request.written, self.kv.max_cache_len)))
+            request.slot = target
+            self.kv.follow(source, target)
