@@ -63,8 +63,9 @@ def test_the_xpu_column_follows_the_overview(tiny):
     """X14: which methods run on XPU is the overview's Intel GPU column."""
     xpu = qt.QUANTIZATION_TABLE["xpu"]
     assert all(xpu[m].runs for m in ("int4-weight-only", "int8-weight-only", "bnb-4bit", "awq", "gptq", "auto-round",
-                                     "hqq", "fp8"))
+                                     "fp8"))
     assert not xpu["compressed-tensors"].runs and "red on Intel GPU" in xpu["compressed-tensors"].reason
+    assert not xpu["hqq"].runs and "Intel GPU green" in xpu["hqq"].reason  # green there, but Transformers 5 cannot
 
 
 @needs_torchao
@@ -205,3 +206,14 @@ def test_cli_quantize_and_quantization_spellings(capsys, tiny):
     assert "--quantize bnb-4bit and --quantization 8bit disagree" in capsys.readouterr().err
     assert main(["plan", tiny, "--device", "cpu", "--quantize", "float8"]) == 2
     assert "hwrun runs it on: cuda, xpu" in capsys.readouterr().err
+
+
+def test_hqq_is_refused_everywhere_because_transformers_5_cannot_quantize_with_it(tiny):
+    """The overview marks HQQ green on CPU/CUDA/XPU, but transformers 5.22-5.25's HqqHfQuantizer has no
+    get_quantize_ops: quantizing on load raised NotImplementedError on the CPU. hwrun refuses it before load."""
+    from transformers.quantizers.quantizer_hqq import HqqHfQuantizer
+
+    assert "get_quantize_ops" not in HqqHfQuantizer.__dict__, "Transformers implements HQQ again: revisit the table"
+    assert not any(row["hqq"].runs for row in qt.QUANTIZATION_TABLE.values())
+    with pytest.raises(QuantizationError, match="cannot quantize with HQQ on load"):
+        hwrun.plan(tiny, device="cpu", quantization="hqq")

@@ -154,6 +154,11 @@ def _no(reason, *sources):
 
 
 _NOT_ON_MPS = "hwrun plans Apple GPUs like a CPU without quantization"
+#: transformers 5.22.2 to 5.25: `HqqHfQuantizer` has no `get_quantize_ops`, so quantizing on load raises
+#: NotImplementedError ("hqq is not available yet and will be supported soon", `quantizers/base.py`); seen on the CPU
+#: with hqq 0.2.8 (2026-12-06), whatever the overview says.
+_HQQ_NOT_IN_TF5 = ("Transformers 5.22-5.25 cannot quantize with HQQ on load (HqqHfQuantizer has no get_quantize_ops: "
+                   "NotImplementedError 'not available yet')")
 #: A check run through hwrun (plan, load, generate) on a lent H100, not a test: the layouts loaded and generated.
 _RAN_H100 = "; loaded and generated through hwrun on an H100 (torch 2.11, torchao 0.18, 2026-12-06)"
 _NO_GAUDI_COLUMN = "the overview has no Gaudi column and the library has no HPU backend"
@@ -181,7 +186,7 @@ QUANTIZATION_TABLE: dict[str, dict[str, Cell]] = {
         "auto-round": _yes("auto-round's CUDA backends", "overview", "tf"),
         "compressed-tensors": _yes("compressed-tensors; FP8 kernels need compute capability >= 8.9", "overview",
                                    "tf"),
-        "hqq": _yes("hqq's CUDA path", "overview", "tf"),
+        "hqq": _no(f"{_HQQ_NOT_IN_TF5}; the overview marks CUDA green", "tf", "overview"),
         "fp8": _yes("Transformers' fine-grained FP8 kernels; below compute capability 8.9 Transformers would "
                     "dequantize to bf16 silently, so hwrun refuses there", "overview", "tf",
                     check=_capability_at_least((8, 9), "fine-grained FP8 (else Transformers dequantizes silently)")),
@@ -200,7 +205,7 @@ QUANTIZATION_TABLE: dict[str, dict[str, Cell]] = {
         "gptq": _yes("gptqmodel's ROCm kernels", "overview", "tf"),
         "auto-round": _no("the overview marks AutoRound red on ROCm", "overview"),
         "compressed-tensors": _yes("compressed-tensors", "overview", "tf"),
-        "hqq": _no("the overview marks HQQ red on ROCm", "overview"),
+        "hqq": _no(f"the overview marks HQQ red on ROCm, and {_HQQ_NOT_IN_TF5}", "overview", "tf"),
         "fp8": _no("the overview marks fine-grained FP8 red on ROCm", "overview"),
         "fp8-inc": _no(_INC_ONLY_GAUDI, "inc-fp8"),
     },
@@ -218,7 +223,7 @@ QUANTIZATION_TABLE: dict[str, dict[str, Cell]] = {
         "gptq": _yes("gptqmodel via IPEX, 4-bit checkpoints only (overview note 4)", "overview", "gptqmodel", "X14"),
         "auto-round": _yes("auto-round's XPU backends", "overview", "tf", "X14"),
         "compressed-tensors": _no("the overview marks compressed-tensors red on Intel GPU", "overview", "X14"),
-        "hqq": _yes("hqq's torch path (overview: green on Intel GPU)", "overview", "X14"),
+        "hqq": _no(f"{_HQQ_NOT_IN_TF5}; the overview marks Intel GPU green", "tf", "overview", "X14"),
         "fp8": _yes("Transformers' fine-grained FP8 runs on XPU (`quantizer_finegrained_fp8.py`)", "overview", "tf",
                     "X14"),
         "fp8-inc": _no(_INC_ONLY_GAUDI, "inc-fp8"),
@@ -259,7 +264,7 @@ QUANTIZATION_TABLE: dict[str, dict[str, Cell]] = {
         "auto-round": _yes("auto-round's CPU backends", "overview", "tf"),
         "compressed-tensors": _yes("compressed-tensors; int8 checkpoints run compressed (FP8 schemes have no FP8 "
                                    "kernels here)", "overview", "tf", tested=True),
-        "hqq": _yes("hqq's torch path", "overview", "tf"),
+        "hqq": _no(f"{_HQQ_NOT_IN_TF5}; the overview marks CPU green (tried here: it raised)", "tf", "overview"),
         "fp8": _no("without a GPU or XPU Transformers dequantizes FP8 checkpoints to bf16 silently "
                    "(`quantizer_finegrained_fp8.validate_environment`); hwrun refuses rather than load a "
                    "dequantized copy", "tf"),
