@@ -39,7 +39,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "device has them). Checkpoints go to OUTPUT/checkpoint-N (written atomically), the final "
                     "adapter or model to OUTPUT itself, so `hwrun generate --model OUTPUT` loads it. SIGTERM or "
                     "Ctrl-C saves a checkpoint and stops; --resume continues from the newest complete one.")
-    p.add_argument("--data", required=True, help="text file, JSONL file with a \"text\" field, or folder of .txt")
+    p.add_argument("--data", required=True,
+                   help="text file, folder of .txt, JSONL/JSON/Parquet/CSV file (rows with \"messages\", "
+                        "\"prompt\"+\"completion\" or \"text\"), or a datasets Hub id")
+    p.add_argument("--text-field", default=None, metavar="NAME", help="the column holding plain text (default: text)")
+    p.add_argument("--messages-field", default=None, metavar="NAME",
+                   help="the column holding chats, lists of {role, content} (default: messages)")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja chat template for models whose tokenizer has none (hwrun ships "
+                        "hwrun/data/chat_template.jinja)")
+    p.add_argument("--no-packing", action="store_true",
+                   help="chat/instruction data: one example per block instead of packing several (each with its "
+                        "own positions)")
     p.add_argument("--model", default=None, help="base model folder or Hub id (default: the shipped tiny model)")
     p.add_argument("--output", default="hwrun-train", help="output folder (default: hwrun-train)")
     p.add_argument("--lora", action="store_true", help="train LoRA adapters (PEFT) instead of every weight")
@@ -140,6 +151,8 @@ def run_train(args: argparse.Namespace) -> int:
                 echo=bar.write if bar is not None else _print_line, callbacks=[bar] if bar is not None else [],
                 overwrite=args.overwrite, on_nonfinite=args.on_nonfinite,
                 max_data_bytes=args.max_data_size or DEFAULT_MAX_DATA_BYTES,
+                text_field=args.text_field, messages_field=args.messages_field, chat_template=args.chat_template,
+                packing=not args.no_packing,
                 disable_tqdm=True,  # a TrainingArguments keyword: Transformers' own bar and its dict lines off
             )
     finally:
@@ -151,7 +164,7 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
     if result.resumed_from:
         print(f"resumed from {result.resumed_from}")
-    for key in ("kept", "plot", "nonfinite"):
+    for key in ("bad rows", "kept", "plot", "nonfinite"):
         if key in result.reasons:
             print(f"note: {result.reasons[key]}")
     chosen = {key.removeprefix("kernel "): why for key, why in result.reasons.items() if key.startswith("kernel ")}

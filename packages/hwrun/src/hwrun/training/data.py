@@ -182,7 +182,8 @@ def read_documents(path: str | Path, *, max_bytes: int = DEFAULT_MAX_DATA_BYTES)
             f"Training data {str(path)!r} is a {path.suffix} file; hwrun reads plain text, JSONL "
             f"({', '.join(JSONL_SUFFIXES)}) or a folder of .txt files, and would otherwise train on "
             "its markup. Fix: for JSON lines, rename it to .jsonl (one {\"text\": ...} object per "
-            "line); for other formats, load them into a dataset and pass that to train()."
+            "line); `hwrun train --data` and train() read JSON, Parquet and CSV rows through `datasets` "
+            "(hwrun.training.chat_data), read_documents reads plain text only."
         )
     else:
         text = _read_utf8(path, budget)

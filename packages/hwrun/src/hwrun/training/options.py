@@ -25,7 +25,7 @@ SET_BY_TRAIN = {
     "output_dir": "output_dir", "max_steps": "max_steps", "seed": "seed", "ddp_find_unused_parameters": None,
 }
 
-_BOOLEAN = ("qlora", "merge", "fused_loss", "fused_projections", "rope_table", "plot", "overwrite")
+_BOOLEAN = ("qlora", "merge", "fused_loss", "fused_projections", "rope_table", "plot", "overwrite", "packing")
 _INTEGER = {"batch_size": 1, "grad_accum": 1, "block_size": 2, "save_steps": 1, "max_data_bytes": 1}
 
 
@@ -131,6 +131,13 @@ def check_kinds(options: Mapping[str, Any]) -> None:
     echo = options.get("echo")
     if echo is not None and not callable(echo):
         problems.append(f"echo={echo!r} (must be a function taking one line, e.g. print, or None)")
+    for name in ("text_field", "messages_field"):
+        value = options.get(name)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            problems.append(f"{name}={value!r} (must be a column name, or None)")
+    template = options.get("chat_template")
+    if template is not None and (not isinstance(template, (str, os.PathLike)) or not str(template).strip()):
+        problems.append(f"chat_template={template!r} (must be a Jinja file's path or the template text, or None)")
     data = options.get("data")
     if not isinstance(data, (str, os.PathLike)) and not (hasattr(data, "__getitem__") or hasattr(data, "__iter__")):
         problems.append(f"data={data!r} (must be a path to a text/JSONL file or folder, or a dataset)")

@@ -310,11 +310,34 @@ def _prepare_data(plan: RunPlan, data: Any, run: RunSettings, where: OutputPlan)
     problems (block_size beyond the tokenizer's limit, too little text) surface first. The documents' sha256 joins
     the run's record, and a resume from a checkpoint written on other data is refused before the tokenizer loads.
     Returns (dataset, tokenizer, run); a ready dataset needs no tokenizer here."""
+    from .chat_data import DataFields, build_supervised, read_rows, wants_rows
     from .data import build_dataset, read_documents
 
     if not isinstance(data, (str, os.PathLike)):
         _check_fits(plan, data, run)
         return data, None, replace(run, record={**run.record, "data_sha256": None})
+    fields = DataFields(text_field=run.text_field, messages_field=run.messages_field)
+    if wants_rows(data, fields):  # chats, prompt/completion pairs, datasets files and Hub ids (chat_data.py)
+        rows = read_rows(data, max_bytes=run.max_data_bytes)
+        _check_fits(plan, None, run)
+        tokenizer = _data_tokenizer(plan)
+        dataset = build_supervised(rows, tokenizer, run.block_size, fields, packing=run.packing,
+                                   attention=plan.attention.implementation, chat_template=run.chat_template)
+        run = replace(run, record={**run.record, "data_sha256": dataset.data_sha256})
+        if dataset.report.bad:
+            where.reasons["bad rows"] = dataset.report.summary()
+        if where.resume_from is not None:
+            same = check_resume_matches(where.resume_from, checkpoint_run(where.resume_from), run.record,
+                                        ("data_sha256",))
+            where.reasons["resume checks"] = f"{where.reasons.get('resume checks', '')}; {same}".lstrip("; ")
+        _check_fits(plan, dataset, run)
+        return dataset, tokenizer, run
+    if run.text_field or run.messages_field or run.chat_template is not None:
+        given = ", ".join(f"{name}={run.options[name]!r}" for name in ("text_field", "messages_field", "chat_template")
+                          if run.options[name] is not None)
+        raise TrainingConfigError(f"{given} given for data {str(data)!r}, which is plain text (a text file or a "
+                                  "folder of .txt files) and has no fields or chats. Fix: drop those options, or pass "
+                                  "a JSONL/JSON/Parquet/CSV file or a Hub dataset id.")
     documents = read_documents(data, max_bytes=run.max_data_bytes)
     run = replace(run, record={**run.record, "data_sha256": data_sha256(doc.text for doc in documents)})
     if where.resume_from is not None:
@@ -638,6 +661,8 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
           kernels: Mapping[str, str] | None = None, plot: bool = True, callbacks: Sequence[Any] = (),
           echo: Callable[[str], Any] | None = None,
           overwrite: bool = False, on_nonfinite: str = "stop", max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
+          text_field: str | None = None, messages_field: str | None = None,
+          chat_template: str | os.PathLike | None = None, packing: bool = True,
           **training_overrides: Any) -> TrainResult:
     """Fine-tune `plan.model` on `data` (text file, JSONL with "text", folder of .txt, or a
     ready dataset) with Trainer; LoRA when `lora` is given or `qlora=True`, else full fine-tuning.
@@ -650,6 +675,10 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     `on_nonfinite`: "stop" (default: a NaN/inf loss or weight stops the run with NonFiniteLossError before
     anything is saved), "skip" (drop that step's update), "ignore".
     `max_data_bytes` bounds the data read from disk (default 4 GiB).
+    Chat and instruction data (hwrun.training.chat_data): JSONL/JSON/Parquet/CSV/TSV/Arrow files and `datasets` Hub
+    ids; rows with `messages` are rendered with the tokenizer's chat template (or `chat_template`, a Jinja file or
+    text) with the loss on the assistant turns, `prompt`/`completion` pairs with the loss on the completion;
+    `text_field` / `messages_field` name other columns; `packing=False` puts one example per block.
     `training_overrides` are TrainingArguments keywords (e.g. fsdp=..., deepspeed=...); any other name is a
     TrainingConfigError naming the closest valid one.
     `fused_loss`, `fused_projections` (LoRA on a frozen base, one process or DDP) and `rope_table`
@@ -677,7 +706,8 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     try:
         model, tokenizer = _load(plan, run, data_tokenizer, reasons)
         if hasattr(dataset, "blocks"):
-            reasons["data"] = f"{len(dataset)} packed blocks of {dataset.blocks.shape[1]} tokens, no padding"
+            reasons["data"] = getattr(dataset, "description", None) or \
+                f"{len(dataset)} packed blocks of {dataset.blocks.shape[1]} tokens, no padding"
         stack = PatchStack()
         try:
             model = _patch(model, dataset, plan, args, run, stack, reasons)
