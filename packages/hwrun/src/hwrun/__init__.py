@@ -9,11 +9,13 @@ from .errors import (
     AdapterFormatError,
     ChatClientError,
     CheckpointError,
+    CheckpointWriteError,
     ContinuousBatchingError,
     EngineStartError,
     FastDecodeError,
     GenerateError,
     HwrunError,
+    ModelIntegrityError,
     ModelSourceError,
     NonFiniteLossError,
     PlanError,
@@ -24,6 +26,7 @@ from .errors import (
     ServeError,
     TrainingConfigError,
     TrainingDataError,
+    TrainingDivergedError,
     TrainingError,
 )
 
@@ -41,7 +44,7 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "AdapterFormatError", "BatchingChoice", "ChatClientError", "NonFiniteLossError", "CheckpointError", "EngineStartError", "RequestError", "ServeConfigError",
+    "AdapterFormatError", "CheckpointWriteError", "ModelIntegrityError", "TrainingDivergedError", "BatchingChoice", "ChatClientError", "NonFiniteLossError", "CheckpointError", "EngineStartError", "RequestError", "ServeConfigError",
     "ServeError", "ContinuousBatchingError", "DEFAULT_MODEL", "FastDecodeError", "GenerateError", "GenerationResult", "HwrunError",
     "ModelSourceError", "PlanError", "QLoRAUnsupportedError", "QuantizationError",
     "TrainingConfigError", "TrainingDataError", "TrainingError", "RunPlan", "choose_batching", "from_pretrained_kwargs",
