@@ -58,9 +58,21 @@ def test_launch_refuses_before_torchrun_starts(tmp_path, monkeypatch, capsys, cl
         assert word.replace("{busy}", busy) in err, err
 
 
-def test_a_python_script_on_a_free_port_is_launched(tmp_path, monkeypatch, clean_device_env):
+def _zipapp(path) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("__main__.py", "print('hi')\n")
+
+
+@pytest.mark.parametrize("write", [
+    lambda p: p.write_text("#!/usr/bin/env python3\nprint('hi')\n"),
+    lambda p: p.write_text("# -*- coding: latin-1 -*-\nprint('caf\xe9')\n", encoding="latin-1"),
+    _zipapp,
+], ids=["python-shebang", "latin-1-cookie", "zip-application"])
+def test_a_python_script_on_a_free_port_is_launched(tmp_path, monkeypatch, clean_device_env, write):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "train.py").write_text("#!/usr/bin/env python3\nprint('hi')\n")
+    write(tmp_path / "train.py")
     started = []
     monkeypatch.setattr("hwdist.launch.run", lambda argv, env: started.append(argv) or 0)
     with socket.socket() as probe:

@@ -91,8 +91,8 @@ def check_python(script: str) -> None:
     the source with this interpreter (nothing runs)."""
     with open(script, "rb") as handle:
         source = handle.read(COMPILE_LIMIT + 1)
-    if len(source) > COMPILE_LIMIT:
-        return
+    if len(source) > COMPILE_LIMIT or source.startswith(b"PK\x03\x04"):
+        return  # too large to compile here, or a zip application (python runs its __main__.py)
     first = source.split(b"\n", 1)[0]
     if first.startswith(b"#!") and b"python" not in first:
         interpreter = first[2:].decode("utf-8", "replace").strip() or "another program"

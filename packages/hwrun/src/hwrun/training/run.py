@@ -385,7 +385,10 @@ def _check_fits(plan: RunPlan, dataset: Any, run: RunSettings) -> None:
     world = os.environ.get("WORLD_SIZE", "1").strip()
     world = int(world) if world.isdigit() and int(world) > 0 else 1
     per_step = run.batch_size * run.grad_accum * world
-    blocks = len(dataset) if hasattr(dataset, "__len__") else None
+    try:
+        blocks = len(dataset)
+    except TypeError:  # an iterable dataset: its length is not known before training
+        blocks = None
     if blocks is not None and per_step > blocks:
         processes = f" x {world} processes" if world > 1 else ""
         raise TrainingConfigError(
