@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 ENGINE = SRC / "hwrun" / "inference" / "engine"
 
@@ -47,9 +49,11 @@ def _imports(module: str, path: Path, package: bool, modules: dict) -> set[str]:
     return {t for t in targets if t != module and not module.startswith(t + ".")}
 
 
-def test_no_import_circle_in_inference_counting_imports_inside_functions():
+@pytest.mark.parametrize("package", ["hwrun.inference", "hwrun.model"])
+def test_no_import_circle_counting_imports_inside_functions(package):
+    # hwrun.model had model/plan -> adapters -> load -> plan until adapter loading moved into load.py
     modules = _modules()
-    scope = {m: p for m, p in modules.items() if m.startswith("hwrun.inference")}
+    scope = {m: p for m, p in modules.items() if m.startswith(package)}
     graph = {m: {t for t in _imports(m, *scope[m], modules) if t in scope} for m in scope}
     state: dict[str, int] = {}
     circles = []
@@ -86,3 +90,31 @@ def test_the_scheduler_is_host_bookkeeping():
             "hwrun.inference.engine; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"  # and importing the engine imports no torch either
+
+
+def test_the_plan_carries_its_resolved_source_so_a_run_reads_it_once(monkeypatch):
+    import dataclasses
+
+    import hwrun
+    from hwrun.model import load as load_module
+    from hwrun.model import plan as plan_module
+    from hwrun.model import source as source_module
+
+    calls = []
+    real = source_module.resolve_source
+
+    def counting(reference):
+        calls.append(reference)
+        return real(reference)
+
+    for module in (source_module, plan_module, load_module):
+        if hasattr(module, "resolve_source"):
+            monkeypatch.setattr(module, "resolve_source", counting)
+    plan = hwrun.plan()
+    assert len(calls) == 1 and plan.model_source() is plan.source
+    result = hwrun.generate(plan, "The king said", 3)  # check, load, tokenizer: all from the plan's source
+    assert result.new_tokens == [3] and len(calls) == 1
+    other = dataclasses.replace(plan, model=str(plan.source.path.parent))  # a replaced model is resolved again
+    with pytest.raises(hwrun.errors.ModelSourceError):
+        other.model_source()
+    assert len(calls) == 2

@@ -678,7 +678,7 @@ def test_choose_engine_refuses_quantized_plans_with_both_reasons():
     with pytest.raises(EngineStartError) as info:
         choose_engine(quantized, "auto", model)
     message = str(info.value)
-    assert "hwrun's engine: 8bit bitsandbytes weights" in message
+    assert "hwrun's engine: bitsandbytes weights (8bit: Linear4bit/Linear8bitLt layers)" in message
     assert "Transformers' continuous batching: 8bit bitsandbytes weights are not supported" in message
 
 

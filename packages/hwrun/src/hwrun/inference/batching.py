@@ -84,7 +84,11 @@ def continuous_plan_blockers(plan: RunPlan) -> list[str]:
     if plan.device_map == "auto":
         blockers.append("the model is split across devices (device_map='auto'); the paged cache needs one device")
     if plan.quantization:
-        blockers.append(f"{plan.quantization} bitsandbytes weights are not supported by the paged-cache runner")
+        from ..model.quantization_table import METHODS, method_name
+
+        method = METHODS.get(method_name(plan.quantization))
+        library = method.library if method else "quantized"
+        blockers.append(f"{plan.quantization} {library} weights are not supported by the paged-cache runner")
     return blockers
 
 

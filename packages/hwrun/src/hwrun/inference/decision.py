@@ -12,7 +12,7 @@ for `hwrun plan`. Nothing else in hwrun chooses a loop: the runners only run wha
 The rule, per caller:
 - `generate()`, `decode="auto"`: hwrun's graph loops where the platform has CUDA or XPU graphs
   (`AUTO_GRAPH_APIS`; Gaudi's HPU graphs record in lazy mode only, where compile is refused, so they are used on
-  `decode="graphs"` only) and the model runs there (no bitsandbytes weights, one device, attention the loops
+  `decode="graphs"` only) and the model runs there (no quantized weights, one device, attention the loops
   reproduce), compiled or not: without compile the eager step is captured as one graph, which needs no compile
   before the first token (fast by default: Transformers' eager loop decoded 19.1 tok/s on an H100 on 2026-12-06,
   where the compiled graph loop did 813); Transformers' loop otherwise, with the reason.
@@ -255,9 +255,7 @@ def engine_blockers(plan: RunPlan, model: Any) -> list[str]:
     """Why hwrun's engine cannot serve `model` on the plan (empty when it can)."""
     from .engine.steps import slot_step_support
 
-    blockers = [f"{plan.quantization} bitsandbytes weights"] if plan.quantization else []
-    if plan.device_map == "auto":
-        blockers.append("the model is split across devices (device_map='auto')")
+    blockers = _plan_blockers(plan)
     step, why = slot_step_support(model)
     if step is None:
         blockers.append(f"neither of its steps runs it: {why}")

@@ -183,9 +183,8 @@ def generate(
         raise GenerateError("pass both model= and tokenizer= (from hwrun.load(plan)), or neither.")
     if model is None:
         from ..model.load import load
-        from ..model.source import resolve_source
 
-        check_context(max_new_tokens, context_length(resolve_source(plan.model).config))  # before loading
+        check_context(max_new_tokens, context_length(plan.model_source().config))  # before loading
         model, tokenizer = load(plan)
     lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
     check_context(max_new_tokens, context_length(model.config), lengths)

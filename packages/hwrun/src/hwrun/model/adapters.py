@@ -1,5 +1,7 @@
-"""Saving a fine-tuned model (LoRA adapter alone, or merged into the base weights, safetensors
-either way) and loading an adapter folder back as base model + adapter."""
+"""Adapter folders: saving a fine-tuned model (LoRA adapter alone, or merged into the base weights, safetensors
+either way), checking a folder before it loads, and translating PEFT's refusals. Loading one (base model +
+adapter) is `hwrun.model.load.load_adapter_model`: this module imports nothing else of `hwrun.model`, so
+planning (which checks adapter folders) and loading import it without a circle."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from ..errors import AdapterFormatError, ModelIntegrityError, TrainingConfigErro
 from .integrity import safetensors_header, verify_output
 
 if TYPE_CHECKING:
-    from hwrun.model.plan import RunPlan
+    pass
 
 logger = logging.getLogger(__name__)
 
@@ -143,13 +145,6 @@ def save_merged(model: Any, tokenizer: Any, output_dir: str | os.PathLike) -> Pa
     return output_dir
 
 
-def merge_adapter_folder(adapter_dir: str | os.PathLike, output_dir: str | os.PathLike, plan: RunPlan) -> Path:
-    """Load base (unquantized, plan dtype) + adapter from `adapter_dir`, merge, save to `output_dir`
-    (used after QLoRA: merging into 4-bit weights would lose precision)."""
-    model, tokenizer = load_adapter_model(adapter_dir, plan, quantized=False)
-    return save_merged(model, tokenizer, output_dir)
-
-
 def adapter_load_error(path: str | os.PathLike, base: str, error: BaseException) -> AdapterFormatError:
     """PEFT's, torch's or safetensors' refusal of an adapter as an AdapterFormatError naming the file, what is
     wrong and the fix. A pickle that torch's weights-only loader refused is named as such, without relaying
@@ -178,40 +173,3 @@ def adapter_load_error(path: str | os.PathLike, base: str, error: BaseException)
     return AdapterFormatError(f"Adapter {str(folder)!r} could not be loaded onto {base!r} ({name}: {text[:240]}). "
                               "Fix: check adapter_config.json and the adapter weights, or re-save the adapter with "
                               "`hwrun train`.")
-
-
-def load_adapter_model(path: str | os.PathLike, plan: RunPlan | None = None, *, quantized: bool | None = None,
-                       allow_pickle: bool = False, verify: bool = False):
-    """Load the base model named in `path`'s adapter_config.json (with `plan`'s device, dtype and
-    attention via `hwrun.from_pretrained_kwargs`) and attach the adapter; returns (model, tokenizer).
-    Adapter weights load from adapter_model.safetensors only; a folder with only adapter_model.bin (pickle)
-    raises AdapterFormatError before anything loads unless `allow_pickle=True`. An adapter `hwrun train` wrote is
-    compared with its recorded sha256 first (and a base it wrote too: every byte with `verify=True`); PEFT's own
-    refusals (shapes of another base, target modules not found, a damaged file) are AdapterFormatErrors."""
-    check_adapter_weights(path, allow_pickle=allow_pickle)
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from .load import from_pretrained_kwargs, load_tokenizer
-    from .plan import plan as make_plan
-
-    base = adapter_base_model(path)
-    if plan is None:
-        plan = make_plan(base)
-    elif plan.model != base:
-        plan = make_plan(base, device=plan.accelerator, dtype=plan.dtype,
-                         attention=plan.attention.requested, trust_remote_code=plan.trust_remote_code)
-    kwargs = dict(from_pretrained_kwargs(plan))
-    if quantized is False:
-        kwargs.pop("quantization_config", None)
-    verify_output(base, full=verify)  # a base that hwrun wrote (a merged model) is checked like the adapter
-    model = AutoModelForCausalLM.from_pretrained(base, **kwargs)
-    try:
-        model = PeftModel.from_pretrained(model, os.fspath(path), is_trainable=False)
-    except Exception as error:  # noqa: BLE001 - PEFT's, torch's and safetensors' errors, translated
-        raise adapter_load_error(path, base, error) from error
-    model.eval()
-    tokenizer_source = path if (Path(path) / "tokenizer_config.json").is_file() else base
-    tokenizer = load_tokenizer(plan, tokenizer_source)
-    logger.info("Loaded %s + LoRA adapter %s", base, path)
-    return model, tokenizer

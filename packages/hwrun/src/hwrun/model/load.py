@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelSourceError
-from .source import model_config, resolve_source
+from .source import model_config
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -39,7 +40,7 @@ def from_pretrained_kwargs(plan: RunPlan) -> dict[str, Any]:
         "use_safetensors": True,
         "trust_remote_code": plan.trust_remote_code,
     }
-    source = resolve_source(plan.model)
+    source = plan.model_source()
     # the same config plan() gave hwattn, so the load asks for the attention the plan chose
     kwargs.update(hwattn.load_kwargs(plan.accelerator, plan.attention.requested, plan.use_kernels,
                                      model_config=model_config(source), fallback=plan.attention.fallback))
@@ -91,14 +92,12 @@ def load(plan: RunPlan, *, tokenizer: PreTrainedTokenizerBase | None = None, ver
     byte up to 512 MiB, else sizes and safetensors headers; every byte with `verify=True`): ModelIntegrityError."""
     from .integrity import verify_output
 
-    source = resolve_source(plan.model)
+    source = plan.model_source()
     apply_env(plan)
     kwargs = from_pretrained_kwargs(plan)
     from transformers import AutoModelForCausalLM
 
     if plan.adapter is not None:
-        from .adapters import load_adapter_model
-
         model, tokenizer = load_adapter_model(plan.adapter, plan, verify=verify)
         return _finish(model, tokenizer, plan)
     if source.local:
@@ -148,3 +147,51 @@ def _finish(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: Ru
 
     after_load(model, plan)  # bitsandbytes' CPU 4-bit layers its repacking cannot take (issue 43.4)
     return model, tokenizer
+
+
+def load_adapter_model(path: str | os.PathLike, plan: RunPlan | None = None, *, quantized: bool | None = None,
+                       allow_pickle: bool = False, verify: bool = False):
+    """Load the base model named in `path`'s adapter_config.json (with `plan`'s device, dtype and
+    attention via `hwrun.from_pretrained_kwargs`) and attach the adapter; returns (model, tokenizer).
+    Adapter weights load from adapter_model.safetensors only; a folder with only adapter_model.bin (pickle)
+    raises AdapterFormatError before anything loads unless `allow_pickle=True`. An adapter `hwrun train` wrote is
+    compared with its recorded sha256 first (and a base it wrote too: every byte with `verify=True`); PEFT's own
+    refusals (shapes of another base, target modules not found, a damaged file) are AdapterFormatErrors."""
+    from .adapters import adapter_base_model, adapter_load_error, check_adapter_weights
+    from .integrity import verify_output
+
+    check_adapter_weights(path, allow_pickle=allow_pickle)
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from .plan import plan as make_plan
+
+    base = adapter_base_model(path)
+    if plan is None:
+        plan = make_plan(base)
+    elif plan.model != base:
+        plan = make_plan(base, device=plan.accelerator, dtype=plan.dtype,
+                         attention=plan.attention.requested, trust_remote_code=plan.trust_remote_code)
+    kwargs = dict(from_pretrained_kwargs(plan))
+    if quantized is False:
+        kwargs.pop("quantization_config", None)
+    verify_output(base, full=verify)  # a base that hwrun wrote (a merged model) is checked like the adapter
+    model = AutoModelForCausalLM.from_pretrained(base, **kwargs)
+    try:
+        model = PeftModel.from_pretrained(model, os.fspath(path), is_trainable=False)
+    except Exception as error:  # noqa: BLE001 - PEFT's, torch's and safetensors' errors, translated
+        raise adapter_load_error(path, base, error) from error
+    model.eval()
+    tokenizer_source = path if (Path(path) / "tokenizer_config.json").is_file() else base
+    tokenizer = load_tokenizer(plan, tokenizer_source)
+    logger.info("Loaded %s + LoRA adapter %s", base, path)
+    return model, tokenizer
+
+
+def merge_adapter_folder(adapter_dir: str | os.PathLike, output_dir: str | os.PathLike, plan: RunPlan) -> Path:
+    """Load base (unquantized, plan dtype) + adapter from `adapter_dir`, merge, save to `output_dir`
+    (used after QLoRA: merging into 4-bit weights would lose precision)."""
+    from .adapters import save_merged
+
+    model, tokenizer = load_adapter_model(adapter_dir, plan, quantized=False)
+    return save_merged(model, tokenizer, output_dir)

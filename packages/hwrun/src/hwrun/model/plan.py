@@ -16,7 +16,14 @@ from .. import devices
 from ..errors import PlanError
 from .adapters import adapter_base_model, check_adapter_weights, is_adapter_folder
 from .quantization import plan_quantization
-from .source import DEFAULT_MODEL, model_config, needs_remote_code, resolve_source, weight_bytes
+from .source import (
+    DEFAULT_MODEL,
+    ModelSource,
+    model_config,
+    needs_remote_code,
+    resolve_source,
+    weight_bytes,
+)
 
 if TYPE_CHECKING:
     import hwattn
@@ -87,6 +94,16 @@ class RunPlan:
     weight_bytes: int | None = None
     reasons: dict[str, str] = field(default_factory=dict)
     adapter: str | None = None  # a LoRA adapter folder loaded on top of `model` (its base)
+    #: the checked source `plan()` resolved `model` to (config, weight files), so a run reads it once
+    source: ModelSource | None = field(default=None, compare=False, repr=False)
+
+    def model_source(self) -> ModelSource:
+        """`model`'s checked source: the one `plan()` resolved, or resolved now for a plan built otherwise (or whose
+        `model` was replaced since)."""
+        source = self.source
+        if source is not None and (str(source.path) if source.local else source.reference) == self.model:
+            return source
+        return resolve_source(self.model)
 
     def torch_dtype(self) -> torch.dtype:
         """The torch dtype object for `dtype`."""
@@ -455,4 +472,5 @@ def plan(
         weight_bytes=nbytes,
         reasons=reasons,
         adapter=adapter,
+        source=source,
     )

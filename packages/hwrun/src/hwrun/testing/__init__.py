@@ -123,7 +123,7 @@ def assert_adapter_matches(folder: str | Path, weights: dict, base: str | Path |
     import torch
 
     import hwrun
-    from hwrun.model.adapters import load_adapter_model
+    from hwrun.model.load import load_adapter_model
 
     model, _ = load_adapter_model(folder, hwrun.plan(str(base or hwrun.DEFAULT_MODEL), device=HOST_KIND))
     saved = {k: v for k, v in model.named_parameters() if "lora_" in k}

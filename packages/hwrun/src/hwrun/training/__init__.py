@@ -13,10 +13,10 @@ from ..errors import (
 from ..model.adapters import (
     check_adapter_weights,
     is_adapter_folder,
-    load_adapter_model,
     save_adapter,
     save_merged,
 )
+from ..model.load import load_adapter_model
 from .arguments import training_arguments, training_keywords
 from .checkpoints import (
     ResumeChoice,

@@ -78,7 +78,8 @@ def _write_final(trainer: Any, model: Any, tokenizer: Any, staging: Any, found: 
                  merge: bool, qlora: bool, sharded: bool, plan: RunPlan, state_dict: Any, run: dict
                  ) -> tuple[bool, tuple[str, ...]]:
     """Write the final model into `staging`, publish it into output_dir and record it: (merged, kept)."""
-    from ..model.adapters import merge_adapter_folder, save_adapter, save_merged
+    from ..model.adapters import save_adapter, save_merged
+    from ..model.load import merge_adapter_folder
     from .checkpoints import publish_final
 
     output_dir, merged = found.path, False

@@ -191,7 +191,7 @@ def _validate(plan: RunPlan, data: Any, options: dict[str, Any]) -> RunSettings:
             f"plan.model={plan.model!r} with adapter {plan.adapter!r}: train() fine-tunes a base model "
             "and would train the base without the adapter (full fine-tuning) or wrap it in a second "
             "PEFT layer (LoRA). Fix: train from the base model, or merge the adapter first "
-            "(hwrun.model.adapters.merge_adapter_folder(adapter, out, plan)) and train the merged model."
+            "(hwrun.model.load.merge_adapter_folder(adapter, out, plan)) and train the merged model."
         )
     qlora = options["qlora"] or plan.quantization == "4bit"
     if plan.quantization == "8bit":
