@@ -328,8 +328,8 @@ def test_fused_weights_are_views_and_add_no_device_memory():
     import hwrun
     import torch
     from hwenv.platforms import runtime
-    from hwrun.inference.engine import EngineCore
     from hwrun.inference.decode.static import GraphDecoder
+    from hwrun.inference.engine import EngineCore
 
     plan = _plan()
     model, tokenizer = hwrun.load(plan)  # a fresh model: no decoder has fused it yet

@@ -42,10 +42,15 @@ def test_truncated_weights_are_refused_by_the_plan(model_copy):
     ([1, 2], r"JSON list, not an object"),
     ("text", r"JSON str, not an object"),
     ("drop-model-type", r"has no `model_type`"),
+    ({"max_position_embeddings": 0}, r"max_position_embeddings=0 must be a positive integer"),
+    ({"max_position_embeddings": "4096"}, r"max_position_embeddings='4096' must be a positive integer"),
+    ({"text_config": {"max_position_embeddings": -1}}, r"text_config\.max_position_embeddings=-1 must be a positive"),
 ])
 def test_config_json_must_be_an_object_with_a_model_type(model_copy, config, message):
     if config == "drop-model-type":
         config = {k: v for k, v in _config(model_copy).items() if k != "model_type"}
+    elif isinstance(config, dict):  # one field changed in the model's own config
+        config = {**_config(model_copy), **config}
     (model_copy / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelSourceError, match=message):
         hwrun.plan(str(model_copy))

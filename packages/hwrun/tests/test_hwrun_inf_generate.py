@@ -154,6 +154,8 @@ def test_bad_modes_are_rejected(loaded):
         hwrun.generate(plan, ["a", "b"], 2, stream=True, batching="static", model=model, tokenizer=tokenizer)
     with pytest.raises(GenerateError, match="streaming"):
         hwrun.generate(plan, ["a", "b"], 2, stream=True, batching="continuous", model=model, tokenizer=tokenizer)
+    with pytest.raises(GenerateError, match=r"prompts\[1\] holds a lone surrogate \(U\+D800 at position 5\)"):
+        hwrun.generate(plan, ["fine", "half \ud800 a pair"], 2, model=model, tokenizer=tokenizer)
     with pytest.raises(GenerateError, match="both model"):
         hwrun.generate(plan, "hi", 2, model=model)
     with pytest.raises(GenerateError, match="temperature"):

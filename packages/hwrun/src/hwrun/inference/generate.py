@@ -73,6 +73,11 @@ def _check_inputs(prompts: Any, max_new_tokens: Any, max_new_tokens_limit: Any =
             raise GenerateError(f"prompts[{index}]={prompt!r} is not a string; every prompt must be text.")
         if not prompt.strip():
             raise GenerateError(f"prompts[{index}]={prompt!r} is empty: every prompt needs at least one token of text.")
+        surrogate = next((c for c in prompt if "\ud800" <= c <= "\udfff"), None)
+        if surrogate is not None:
+            raise GenerateError(f"prompts[{index}] holds a lone surrogate (U+{ord(surrogate):04X} at position "
+                                f"{prompt.index(surrogate)}): it is not text any tokenizer can encode (often bytes "
+                                "decoded with the wrong codec). Fix: decode the input as UTF-8, or drop the character.")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
         raise GenerateError(f"max_new_tokens={max_new_tokens!r} must be a positive integer (e.g. 50).")
     check_new_tokens(max_new_tokens, new_tokens_limit(max_new_tokens_limit))

@@ -118,6 +118,14 @@ def check_config(config: object, where: str) -> None:
     if not isinstance(model_type, str) or not model_type:
         raise ModelSourceError(f"{where} has no `model_type` (found {model_type!r}); Transformers needs it to pick the "
                                "model class. Re-save the model with save_pretrained(), or add the right model_type.")
+    for section, values in (("", config), ("text_config.", config.get("text_config"))):
+        if not isinstance(values, dict) or "max_position_embeddings" not in values:
+            continue
+        length = values["max_position_embeddings"]
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ModelSourceError(f"{where}: {section}max_position_embeddings={length!r} must be a positive integer "
+                                   "(the longest context the model was built for: no prompt would fit). Fix the "
+                                   "value in config.json, or re-save the model with save_pretrained().")
 
 
 def needs_remote_code(config: dict | None) -> str | None:
