@@ -5,9 +5,10 @@
   compiled torch's and Transformers' sources again: importing hwrun's CLI, Transformers' model code and PEFT took
   39 s instead of 15 s here (2 cores, load 4). The suite then keeps the bytecode under `.pytest_cache/d/pycache`
   (PYTHONPYCACHEPREFIX, inherited by every subprocess), never beside a source file, as the variable asks.
-- pytest-xdist (`-n auto --dist loadgroup` in pyproject's addopts): a test that uses a module- or class-scoped
-  fixture is put in its module's group, so each such fixture (a trained run, a launched 2-process job) is built
-  once, on one worker; every other test goes to whichever worker is free.
+- pytest-xdist runs with `--dist loadscope` (pyproject's addopts): a module's tests stay on one worker, so a
+  module-scoped fixture (a trained run, a launched 2-process job) is built once. (`loadgroup` with xdist_group
+  marks per fixture does nothing with pytest 9.2 and xdist 3.8: xdist sets `item._nodeid`, which pytest 9.2 no
+  longer reads, so each worker built such a fixture again: the ZeRO runs twice, 143 s and 156 s.)
 """
 
 from __future__ import annotations
@@ -19,9 +20,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-#: Fixture scopes whose value is shared by the tests of one module (or class): those tests stay on one worker.
-SHARED_SCOPES = ("module", "class", "package")
 
 
 def _venv_has_bytecode() -> bool:
@@ -46,18 +44,3 @@ def _keep_bytecode(config: pytest.Config) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     _keep_bytecode(config)
-
-
-def _shares_a_fixture(item: pytest.Item) -> bool:
-    """True when `item` uses a fixture whose value its module (or class) shares."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return False
-    return any(definitions[-1].scope in SHARED_SCOPES for definitions in info.name2fixturedefs.values() if definitions)
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None and _shares_a_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
