@@ -5,6 +5,8 @@
   compiled torch's and Transformers' sources again: importing hwrun's CLI, Transformers' model code and PEFT took
   39 s instead of 15 s here (2 cores, load 4). The suite then keeps the bytecode under `.pytest_cache/d/pycache`
   (PYTHONPYCACHEPREFIX, inherited by every subprocess), never beside a source file, as the variable asks.
+  Since the workspace sets uv's `compile-bytecode = true`, `uv run` compiles the venv and this stays inert; it
+  still serves a venv made otherwise (`uv sync` of an older checkout, `pip install`).
 - pytest-xdist runs with `--dist loadscope` (pyproject's addopts): a module's tests stay on one worker, so a
   module-scoped fixture (a trained run, a launched 2-process job) is built once. (`loadgroup` with xdist_group
   marks per fixture does nothing with pytest 9.2 and xdist 3.8: xdist sets `item._nodeid`, which pytest 9.2 no
