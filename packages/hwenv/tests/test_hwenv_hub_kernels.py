@@ -87,6 +87,8 @@ def test_doctor_says_it_with_the_fix(fake_xpu, tmp_path, monkeypatch):
     from hwenv import diagnose
 
     fake_xpu(1)
+    for name in ("TRANSFORMERS_OFFLINE", "USE_HUB_KERNELS"):  # CI sets TRANSFORMERS_OFFLINE=1 too
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("KERNELS_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     found = next(p for p in diagnose().problems if p.code == "hub-kernels-offline")

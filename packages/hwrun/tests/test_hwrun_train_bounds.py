@@ -15,7 +15,7 @@ import shutil
 
 import hwrun
 import pytest
-from hwrun.errors import TrainingConfigError
+from hwrun.errors import ModelSourceError, TrainingConfigError
 
 FAST = {"lora": True, "max_steps": 1, "batch_size": 4, "block_size": 32, "disable_tqdm": True, "plot": False}
 TEXT = "The king said to the queen that the castle was cold. " * 40  # 17 blocks of 32 tokens
@@ -32,8 +32,8 @@ def _model_with(tmp_path, **config):
 
 CASES = [
     # id, model config changes, train options, words the error must hold
-    ("max-positions-zero", {"max_position_embeddings": 0}, {}, ["config.json max_position_embeddings=0 must be an int >= 1"]),
-    ("max-positions-a-string", {"max_position_embeddings": "512"}, {}, ["max_position_embeddings='512'"]),
+    ("max-positions-zero", {"max_position_embeddings": 0}, {}, ["config.json: max_position_embeddings=0 must be a positive integer"]),
+    ("max-positions-a-string", {"max_position_embeddings": "512"}, {}, ["max_position_embeddings='512' must be a positive integer"]),
     ("block-past-positions", {"max_position_embeddings": 16}, {},
      ["block_size=32 (--block-size) exceeds the model's max_position_embeddings=16", "--block-size 16"]),
     ("batch-past-the-data", {}, {"batch_size": 1_000_000_000},
@@ -54,9 +54,10 @@ def test_unbounded_or_mistyped_training_options_are_refused_before_loading(tmp_p
                                                                            words):
     data = tmp_path / "train.txt"
     data.write_text(TEXT, encoding="utf-8")
-    plan = hwrun.plan(_model_with(tmp_path, **config) if config else hwrun.DEFAULT_MODEL, device="cpu")
     monkeypatch.setattr("hwrun.training.run._load_model", lambda *a, **k: pytest.fail("the model loaded"))
-    with pytest.raises(TrainingConfigError) as caught:
+    # a config.json hwrun cannot run is refused by plan() already (ModelSourceError), the rest by train()
+    with pytest.raises((TrainingConfigError, ModelSourceError)) as caught:
+        plan = hwrun.plan(_model_with(tmp_path, **config) if config else hwrun.DEFAULT_MODEL, device="cpu")
         hwrun.train(plan, data, output_dir=tmp_path / "out", **{**FAST, **options})
     message = str(caught.value)
     for word in words:

@@ -259,13 +259,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.torch_threads is not None and args.torch_threads < 1:
         raise GenerateError(f"--torch-threads {args.torch_threads} must be an integer >= 1 (leave it out to let hwrun "
                             "decide).")
-    _check_inputs(prompts, args.max_new_tokens)
     for index, prompt in enumerate(prompts, start=1):  # argv bytes that are not UTF-8 arrive as lone surrogates
         try:
             prompt.encode("utf-8")
         except UnicodeEncodeError as error:
             raise GenerateError(f"prompt {index} is not UTF-8 text (character {error.start} is U+{ord(prompt[error.start]):04X}, "
                                 "a byte of another encoding or half of a UTF-16 pair). Fix: pass UTF-8 text.") from None
+    _check_inputs(prompts, args.max_new_tokens)  # after the argv check, whose message speaks of the command line
     run_plan = _plan_from(args, args.model)
     if run_plan.compile is not None and run_plan.accelerator.platform.has_graphs:  # graph decode compiles its step
         announce_compile_cache(run_plan)

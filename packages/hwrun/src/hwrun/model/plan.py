@@ -101,7 +101,9 @@ class RunPlan:
         """`model`'s checked source: the one `plan()` resolved, or resolved now for a plan built otherwise (or whose
         `model` was replaced since)."""
         source = self.source
-        if source is not None and (str(source.path) if source.local else source.reference) == self.model:
+        same = source is not None and (str(source.path) if source.local else source.reference) == self.model
+        # a local folder whose weights changed since plan() (replaced, converted) is checked again
+        if same and all(f.is_file() for f in source.safetensors) and (not source.local or source.path.is_dir()):
             return source
         return resolve_source(self.model)
 

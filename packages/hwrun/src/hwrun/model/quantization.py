@@ -42,6 +42,12 @@ class BnbSupport:
     note: str = ""
     check: Callable[[str, str], tuple[str | None, str]] | None = None
 
+#: Device types where bitsandbytes 0.50 repacks 4-bit weights for AVX512-BF16 at the first eval forward.
+BNB_REPACK_DEVICE_TYPES = frozenset({"cpu"})
+#: torchao 0.18's int4 weight layout per torch device type: None is the CPU's own prototype config; others not
+#: listed (CUDA, ROCm) take the tile-packed layout.
+INT4_LAYOUTS = {"cpu": None, "xpu": "PLAIN_INT32"}
+
 
 def gaudi_check(name: str, quantization: str) -> tuple[str | None, str]:
     """(why bitsandbytes `quantization` is refused on the Gaudi called `name`, or None; a note for the
@@ -150,7 +156,8 @@ def keep_cpu_4bit_layers_unpacked(model: Any) -> dict[str, str]:
             continue
         weight = getattr(module, "weight", None)
         state = getattr(weight, "quant_state", None)
-        if state is None or weight.device.type != "cpu" or getattr(state, "packing_format_for_cpu", False):
+        if state is None or weight.device.type not in BNB_REPACK_DEVICE_TYPES or getattr(state, "packing_format_for_cpu",
+                                                                                      False):
             continue
         out_features, in_features = (int(d) for d in state.shape)
         why = bnb_cpu_unpackable(in_features, out_features, int(state.blocksize))
@@ -406,15 +413,15 @@ def torchao_config(name: str, device_type: str, config: dict | None = None) -> A
     if name != "int4-weight-only":
         raise QuantizationError(f"quantization={name!r} is not a torchao method ({', '.join(TORCHAO_TYPES.values())})")
     group_size, _ = int4_group_size(config)
-    if device_type == "cpu":
+    layout_name = INT4_LAYOUTS.get(device_type, "TILE_PACKED_TO_4D")
+    if layout_name is None:  # the CPU: torchao's own prototype config
         from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
 
         return PrototypeInt4WeightOnlyConfig(group_size=group_size)
     from torchao.quantization import Int4WeightOnlyConfig
     from torchao.quantization.quantize_.workflows import Int4PackingFormat
 
-    layout = Int4PackingFormat.PLAIN_INT32 if device_type == "xpu" else Int4PackingFormat.TILE_PACKED_TO_4D
-    return Int4WeightOnlyConfig(group_size=group_size, int4_packing_format=layout)
+    return Int4WeightOnlyConfig(group_size=group_size, int4_packing_format=getattr(Int4PackingFormat, layout_name))
 
 
 def decode_blocker(value: str) -> str:

@@ -300,12 +300,16 @@ def markdown(kinds: tuple[str, ...] = ("cuda", "rocm", "xpu", "hpu", "cpu", "mps
     return "\n".join(lines)
 
 
+#: Kinds the README's reason list leaves out (MPS: no method of the overview names it).
+REASONS_SKIPPED = frozenset({"mps"})
+
+
 def reasons_markdown(kinds: tuple[str, ...] = ("cuda", "rocm", "xpu", "hpu", "cpu", "mps")) -> str:
     """Each cell's reason, per method (the README's list under the table)."""
     out = []
     for name in METHODS:
         parts = [f"{kind}: {'yes' if (c := QUANTIZATION_TABLE[kind][name]).runs else 'no'}, {c.reason}"
-                 for kind in kinds if kind != "mps"]
+                 for kind in kinds if kind not in REASONS_SKIPPED]
         out.append(f"- `{name}`: " + "; ".join(parts) + ".")
     return "\n".join(out)
 
