@@ -29,7 +29,10 @@ FAST = ("eager", "sdpa")
 
 
 def test_cpu_implementations_are_what_the_rules_say():
-    assert set(cpu_implementations()) == {"sdpa", "eager", "flex_attention", "paged|eager"}
+    # names hwstack's own training patches register in Transformers' attention registry ("hwattn_causal_sdpa",
+    # while a patch is held in another test of this worker) are not Transformers' implementations
+    found = {name for name in cpu_implementations() if not name.startswith("hwattn_")}
+    assert found == {"sdpa", "eager", "flex_attention", "paged|eager"}
 
 
 @pytest.fixture(scope="module")

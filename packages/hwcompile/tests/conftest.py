@@ -44,8 +44,11 @@ def transformers_logs():
     """Let transformers' own log records reach caplog (its library logger does not propagate)."""
     from transformers.utils import logging as hf_logging
 
+    previous = hf_logging.get_verbosity()  # an earlier test in this worker (a CLI run) may have quieted it
+    hf_logging.set_verbosity_warning()
     hf_logging.enable_propagation()
     try:
         yield
     finally:
         hf_logging.disable_propagation()
+        hf_logging.set_verbosity(previous)
