@@ -255,8 +255,13 @@ def engine_blockers(plan: RunPlan, model: Any) -> list[str]:
     """Why hwrun's engine cannot serve `model` on the plan (empty when it can)."""
     from .engine.steps import slot_step_support
 
+    return _engine_blockers(plan, slot_step_support(model))
+
+
+def _engine_blockers(plan: RunPlan, support: tuple[str | None, str]) -> list[str]:
+    """`engine_blockers` for the model's `slot_step_support` answer (step, why), asked once by the caller."""
     blockers = _plan_blockers(plan)
-    step, why = slot_step_support(model)
+    step, why = support
     if step is None:
         blockers.append(f"neither of its steps runs it: {why}")
     return blockers
@@ -271,19 +276,16 @@ def transformers_blockers(plan: RunPlan, model: Any) -> list[str]:
     return blockers
 
 
-def _step_note(model: Any) -> str:
-    from .engine.steps import slot_step_support
-
-    step, why = slot_step_support(model)
-    return f"; step: {why}" if step is not None else ""
-
-
 def decide_serving(plan: RunPlan, model: Any, engine: str = "auto") -> DecodeDecision:
     """How `hwrun serve` decodes live requests with `model`: hwrun's engine or Transformers' continuous batching
     (`engine`: one of `ENGINES`), and why; `EngineStartError` when the one asked for (or every one) cannot run."""
     if engine not in ENGINES:
         raise EngineStartError(f"--engine {engine!r} is not an engine; use one of {', '.join(ENGINES)}.")
-    ours = engine_blockers(plan, model)
+    from .engine.steps import slot_step_support
+
+    step, why = support = slot_step_support(model)
+    step_note = f"; step: {why}" if step is not None else ""
+    ours = _engine_blockers(plan, support)
     theirs = transformers_blockers(plan, model)
     graphs = graph_api_of(plan)
     kind = plan.accelerator.kind
@@ -301,7 +303,7 @@ def decide_serving(plan: RunPlan, model: Any, engine: str = "auto") -> DecodeDec
             raise EngineStartError(f"--engine slots cannot serve this model here: {'; '.join(ours)}. "
                                    "Use --engine transformers or auto.")
         how = f"one {graphs[1]} replay per step" if graphs else f"eager steps ({kind} has no CUDA or XPU graphs)"
-        return slots(f"given: hwrun's engine over cache slots, {how}{_step_note(model)}")
+        return slots(f"given: hwrun's engine over cache slots, {how}{step_note}")
     if engine == "transformers":
         if theirs:
             raise EngineStartError(f"--engine transformers cannot serve this model here: {'; '.join(theirs)}. "
@@ -309,7 +311,7 @@ def decide_serving(plan: RunPlan, model: Any, engine: str = "auto") -> DecodeDec
         return transformers("given: Transformers' continuous batching (init_continuous_batching)")
     if graphs is not None and not ours:
         return slots(f"{graphs[0]}: hwrun's engine, one {graphs[1]} replay per step over cache slots "
-                     f"(requests join and leave between steps){_step_note(model)}")
+                     f"(requests join and leave between steps){step_note}")
     if not theirs:
         why = (f"hwrun's engine cannot: {'; '.join(ours)}" if ours else
                f"{kind} has no CUDA or XPU graphs for hwrun's engine (graph API "
@@ -317,6 +319,6 @@ def decide_serving(plan: RunPlan, model: Any, engine: str = "auto") -> DecodeDec
         return transformers(f"Transformers' continuous batching (paged cache); {why}")
     if not ours:
         return slots(f"hwrun's engine, eager steps: Transformers' continuous batching cannot run here "
-                     f"({'; '.join(theirs)}){_step_note(model)}")
+                     f"({'; '.join(theirs)}){step_note}")
     raise EngineStartError(f"no engine can serve this model on {kind}: hwrun's engine: {'; '.join(ours)}; "
                            f"Transformers' continuous batching: {'; '.join(theirs)}. Use `hwrun generate` instead.")

@@ -31,16 +31,21 @@ def is_adapter_folder(path: str | os.PathLike) -> bool:
     return (path / ADAPTER_CONFIG).is_file() and not (path / "config.json").is_file()
 
 
-def adapter_base_model(path: str | os.PathLike) -> str:
-    """The base model an adapter folder was trained on (`base_model_name_or_path`)."""
+def _read_adapter_config(path: str | os.PathLike, error_class: type[Exception]) -> tuple[Path, Any]:
+    """(path of `path`'s adapter_config.json, its parsed JSON); an unreadable file raises `error_class`."""
     config_path = Path(path) / ADAPTER_CONFIG
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
+        return config_path, json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
-        raise TrainingConfigError(
+        raise error_class(
             f"{config_path} is unreadable ({error}); an adapter folder needs a valid adapter_config.json. "
             "Fix: re-save the adapter with `hwrun train`."
         ) from None
+
+
+def adapter_base_model(path: str | os.PathLike) -> str:
+    """The base model an adapter folder was trained on (`base_model_name_or_path`)."""
+    config_path, config = _read_adapter_config(path, TrainingConfigError)
     base = config.get("base_model_name_or_path")
     if not base:
         raise TrainingConfigError(
@@ -101,14 +106,7 @@ def check_adapter_config(path: str | os.PathLike) -> dict:
     """`path`'s adapter_config.json, checked before PEFT reads it: a JSON object whose LoRA fields (r, lora_alpha,
     target_modules, base_model_name_or_path) have the types PEFT needs; else an AdapterFormatError naming the
     file, the field and the rule (before: PEFT's TypeError surfaced as an internal error)."""
-    config_path = Path(path) / ADAPTER_CONFIG
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise AdapterFormatError(
-            f"{config_path} is unreadable ({error}); an adapter folder needs a valid adapter_config.json. "
-            "Fix: re-save the adapter with `hwrun train`."
-        ) from None
+    config_path, config = _read_adapter_config(path, AdapterFormatError)
     if not isinstance(config, dict):
         raise AdapterFormatError(f"{config_path} holds a JSON {type(config).__name__}, not an object of adapter "
                                  "settings. Fix: re-save the adapter with `hwrun train`.")
