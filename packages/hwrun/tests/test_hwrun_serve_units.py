@@ -803,11 +803,18 @@ def _stream_text(run, events, *, together: bool) -> list[str]:
             for event in events:
                 run.deliver(event)
             return [piece async for piece in stream]
-        loop = asyncio.get_running_loop()
-        for index, event in enumerate(events):
-            loop.call_later(0.001 * (index + 1), run.deliver, event)
+        async def produce() -> None:
+            # one event, then turns of the event loop for the reader to take it: ordered by the loop, not by a
+            # clock (1 ms timers fired together on a loaded host and the pieces coalesced)
+            for event in events:
+                run.deliver(event)
+                for _ in range(10):
+                    await asyncio.sleep(0)
+
+        producer = asyncio.create_task(produce())
         async for piece in stream:
             pieces.append(piece)
+        await producer
         return pieces
 
     return asyncio.run(asyncio.wait_for(main(), 30))
