@@ -68,6 +68,18 @@ class EngineRequest:
     max_new_tokens: int
     sampling: Sampling = field(default_factory=Sampling)
     ignore_eos: bool = False
+    n: int = 1  # choices of this prompt (the prompt is prefilled once); events say which by `index`
+    stop_token_ids: tuple[int, ...] = ()  # ids that end the request besides the model's EOS (included, "stop")
+    adapter: str | None = None  # the LoRA adapter (a name given to `--lora`) this request runs; None: the base
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The log-probability of one chosen token under the model's distribution, and the `top` most likely tokens
+    of that step as (token id, logprob) pairs, most likely first (empty unless the request asked for them)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,8 @@ class EngineEvent:
     finish_reason: str | None = None
     error: str | None = None
     text: str | None = None  # the tokens' new text (the front's reader fills it); None: not detokenized yet
+    index: int = 0  # which of the request's `n` choices these tokens belong to
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token id when the request asked for logprobs
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RequestError
+from ..inference.structured import StructuredOutput
 
 #: OpenAI's own limit on `stop` strings per request.
 MAX_STOP_STRINGS = 4
@@ -47,6 +48,13 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    min_p: float = 0.0  # 0: off
+    presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]; 0: off
+    frequency_penalty: float = 0.0  # OpenAI's, in [-2, 2]; 0: off
+    repetition_penalty: float = 1.0  # Transformers'/vLLM's, > 0; 1: off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) pairs, sorted by id
+    logprobs: int | None = None  # None: none; 0: the chosen token's logprob; k: and the k most likely (<= 20)
+    structured: StructuredOutput | None = None  # response_format / tool_choice constraint; None: free text
 
     @property
     def greedy(self) -> bool:
