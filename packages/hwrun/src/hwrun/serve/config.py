@@ -46,6 +46,10 @@ class ServeConfig:
     keep_alive_on_engine_death: bool = False
     api_key_env: str | None = None
     api_key: str | None = field(default=None, repr=False)
+    # LoRA adapters served beside the base model (`--lora NAME=PATH`): (name, path) pairs; a request's `model`
+    # naming one runs it (the engine process loads them from here)
+    adapters: tuple[tuple[str, str], ...] = ()
+    tool_parser: str = "auto"  # how tool calls are read from the model's text (`--tool-parser`; see serve.tools)
 
     @property
     def loopback(self) -> bool:
