@@ -318,3 +318,53 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> int:
         return process.wait()
     except KeyboardInterrupt:  # torchrun got the same SIGINT from the terminal; let it stop its workers
         return process.wait()
+
+
+@dataclass(frozen=True)
+class ProcessCheck:
+    """What `check_process_count` found: the processes, the devices they use, and the sentence saying so."""
+
+    nproc: int
+    kind: str
+    devices: tuple[str, ...]  # the selection's ids (empty: the first `nproc` devices the processes see)
+    modules: tuple[int, ...] | None  # Gaudi: the module IDs the processes use, where known
+    reason: str
+
+
+def check_process_count(nproc: int, accel: hwenv.Accelerator, *, environ: Mapping[str, str] | None = None,
+                        read_selection: bool = True) -> ProcessCheck:
+    """Check `nproc` processes, one per device (G16), against `accel`'s devices before anything starts: the
+    selection this environment makes (`ZE_AFFINITY_MASK` and its hierarchy, `HABANA_VISIBLE_MODULES`,
+    `CUDA_VISIBLE_DEVICES`, ...; not read with `read_selection=False`, for an accelerator planned for another
+    machine), Intel's supported Gaudi groups for part of a server (G8), and on kinds without device selection
+    (CPU) the per-core bound `hwdist launch` applies. Raises `LaunchError` (`GaudiWorldError` for a group)."""
+    from .gaudi_world import check_gaudi_world
+
+    platform = accel.platform
+    kind = platform.kind
+    env = os.environ if environ is None else environ
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise LaunchError(f"{nproc!r} processes: pass a positive integer (one process per device).")
+    if platform.selectable and read_selection:
+        try:
+            selection = hwenv.current_selection(kind, env)
+        except hwenv.HwenvError as error:
+            raise LaunchError(f"the {kind} selection in this environment is invalid: {error}") from error
+    else:
+        selection = hwenv.Selection(kind)
+    target = accel.count if platform.selectable else None
+    count = _nproc(platform, nproc, selection, target, True, None)
+    modules = None
+    if rule_for(platform).partial_server_groups and count > 1:
+        modules = check_gaudi_world(count, accel.count, env if read_selection else {}, kind=kind)
+    if not platform.selectable:
+        reason = (f"{count} {kind} process(es) on this host ({usable_cores()} usable core(s); at most "
+                  f"{max(CPU_PROCESSES_PER_CORE * usable_cores(), CPU_PROCESS_FLOOR)})")
+    elif selection.devices:
+        reason = (f"{count} process(es), one per selected {kind} device ({selection.variable}="
+                  f"{','.join(selection.devices)})")
+    else:
+        reason = f"{count} process(es), one per {kind} device: local ranks 0..{count - 1} of the {accel.count} visible"
+    if modules:
+        reason += f"; Gaudi modules {list(modules)}, a supported group (G8)"
+    return ProcessCheck(count, kind, tuple(selection.devices), modules, reason)

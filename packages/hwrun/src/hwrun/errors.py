@@ -32,6 +32,16 @@ class GenerateError(HwrunError, ValueError):
     """A `generate()` argument is invalid: no prompts, empty prompt, max_new_tokens <= 0, ..."""
 
 
+class StructuredOutputError(GenerateError):
+    """A structured-output request cannot be constrained: its JSON schema uses a keyword the grammar engine does not
+    enforce, or does not compile (the message names the schema problem); raised when the request is admitted."""
+
+
+class GrammarBackendError(HwrunError, ImportError):
+    """No grammar engine for structured output is installed, or the one asked for is not
+    (`pip install 'hwrun[structured]'` installs xgrammar and llguidance)."""
+
+
 class ContinuousBatchingError(GenerateError):
     """Transformers' continuous batching (`generate_batch`) failed for this model; `batching='auto'`
     falls back to static batching, an explicit `batching='continuous'` raises it."""
@@ -119,5 +129,16 @@ __all__ = [
     "AdapterFormatError", "CheckpointError", "CheckpointWriteError", "ContinuousBatchingError", "FastDecodeError", "GenerateError", "HwrunError",
     "ModelIntegrityError", "ModelSourceError",
     "NonFiniteLossError", "PlanError", "TrainingDivergedError", "QLoRAUnsupportedError", "QuantizationError", "TrainingConfigError", "TrainingDataError",
-    "TrainingError", "ServeError", "ServeConfigError", "EngineStartError", "RequestError", "ChatClientError",
+    "TrainingError", "ServeError", "StructuredOutputError", "GrammarBackendError", "ServeConfigError", "EngineStartError", "RequestError", "ChatClientError",
 ]
+
+
+class TensorParallelError(PlanError):
+    """Tensor parallelism (`tp=N`, `--tp N`) cannot run this model here: N is not a process count these devices take,
+    the model class has no tensor-parallel plan, N does not divide its attention or KV heads, or an option does not
+    combine with it. Raised by `plan()`, before any process starts."""
+
+
+class RankDivergenceError(HwrunError, RuntimeError):
+    """Two tensor-parallel ranks produced different tokens for the same step: every rank must run the same decode
+    (greedy or seeded), so their sharded caches would no longer agree."""

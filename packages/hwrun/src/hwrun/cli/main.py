@@ -21,6 +21,9 @@ COMMAND_MODULES = ("train", "serve", "chat")
 #: Largest --batch-file read (bytes): a prompt file beyond this is refused instead of filling memory.
 BATCH_FILE_LIMIT = 64 * 1024 * 1024
 
+TP_HELP = ("split the model across N processes, one per device, with Transformers' tensor-parallel plan (hwrun starts "
+           "them through torchrun; rank 0 prints); N must divide the attention and KV heads")
+
 TORCH_THREADS_HELP = ("torch intra-op threads (default: all cores but one on the host, 1 on an accelerator; "
                       "OMP_NUM_THREADS wins; the rule of hwrun serve, shown by hwrun plan)")
 
@@ -60,7 +63,7 @@ def _plan_from(args: argparse.Namespace, model: str | None):
 
     run_plan = plan(model, device=args.device, dtype=args.dtype, attention=args.attention,
                     use_kernels=args.use_kernels, compile=args.compile, quantization=_quantization_of(args),
-                    trust_remote_code=args.trust_remote_code)
+                    trust_remote_code=args.trust_remote_code, tp=getattr(args, "tp", 1))
     note_plan(run_plan)
     return run_plan
 
@@ -79,12 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_plan.add_argument("model", nargs="?", default=None, help="local folder or Hub id (default: the shipped tiny model)")
     p_plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     _add_plan_options(p_plan)
+    p_plan.add_argument("--tp", type=int, default=1, metavar="N", help=TP_HELP)
     p_plan.set_defaults(func=_cmd_plan)
 
     p_gen = sub.add_parser("generate", help="generate text for PROMPT(s) or a --batch-file, printing tokens/s")
     p_gen.add_argument("prompts", nargs="*", metavar="PROMPT")
     p_gen.add_argument("--model", default=None, help="local folder or Hub id (default: the shipped tiny model)")
     _add_plan_options(p_gen)
+    p_gen.add_argument("--tp", type=int, default=1, metavar="N", help=TP_HELP)
     p_gen.add_argument("--max-new-tokens", type=int, default=50,
                        help="new tokens per prompt (bounded by the model's context and HWRUN_MAX_NEW_TOKENS_LIMIT)")
     p_gen.add_argument("--batch-file", default=None, help="a text file with one prompt per line")
@@ -266,7 +271,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             raise GenerateError(f"prompt {index} is not UTF-8 text (character {error.start} is U+{ord(prompt[error.start]):04X}, "
                                 "a byte of another encoding or half of a UTF-16 pair). Fix: pass UTF-8 text.") from None
     _check_inputs(prompts, args.max_new_tokens)  # after the argv check, whose message speaks of the command line
+    tp = getattr(args, "tp", 1)
+    if tp != 1:
+        from ..parallel.generate import check_generate_options
+
+        check_generate_options(args)
     run_plan = _plan_from(args, args.model)
+    if run_plan.tp > 1:
+        from ..parallel.launch import rank_launch, run_ranks
+        from ..parallel.ranks import launched_ranks
+
+        if not launched_ranks(run_plan.tp):  # this process starts the ranks; each runs this command again
+            return run_ranks(rank_launch(run_plan, args.argv), "hwrun generate")
     if run_plan.compile is not None and run_plan.accelerator.platform.has_graphs:  # graph decode compiles its step
         announce_compile_cache(run_plan)
     with torch_threads_set(run_plan, args.torch_threads):
@@ -274,7 +290,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _run_generate(args: argparse.Namespace, run_plan, prompts: list[str], sampling: dict, clock) -> int:
-    """`hwrun generate` after the plan: load, generate (streamed, or in chunks with a progress bar), report."""
+    """`hwrun generate` after the plan: load, generate (streamed, or in chunks with a progress bar), report.
+    As one of `--tp N` ranks: every rank loads its shards and decodes the same way; rank 0 alone prints."""
+    if run_plan.tp > 1:
+        from ..parallel.generate import run_rank
+
+        return run_rank(run_plan, lambda: _run_generate_here(args, run_plan, prompts, sampling, clock))
+    return _run_generate_here(args, run_plan, prompts, sampling, clock)
+
+
+def _run_generate_here(args: argparse.Namespace, run_plan, prompts: list[str], sampling: dict, clock) -> int:
     from ..inference.generate import GenerationResult, generate
     from ..model.load import load
 
@@ -282,26 +307,43 @@ def _run_generate(args: argparse.Namespace, run_plan, prompts: list[str], sampli
     model, tokenizer = load(run_plan, verify=args.verify)
     clock.mark("load")
     options = dict(**sampling, decode=args.decode, model=model, tokenizer=tokenizer)
+    batching = args.batching
+    leader = True
+    if run_plan.tp > 1:
+        from ..parallel.generate import rank_options
+
+        options, batching, leader = rank_options(run_plan, options, batching)
+        args.batching = batching
     single = len(prompts) == 1
-    stream = single and not args.no_stream and not args.json  # graph decode streams too (each check_every chunk)
+    stream = leader and single and not args.no_stream and not args.json  # graph decode streams too
     timing, first_token = "", None
     if stream:
         from .streaming import timed_text_streamer
 
         streamer = timed_text_streamer(tokenizer)
         print(prompts[0], end="", flush=True)
-        result = generate(run_plan, prompts, args.max_new_tokens, batching=args.batching, streamer=streamer, **options)
+        result = generate(run_plan, prompts, args.max_new_tokens, batching=batching, streamer=streamer, **options)
         print()
         timing = f" ({streamer.summary(result.total_new_tokens)})"
         first_token = streamer.first_token_seconds()
     else:
-        result = _generate_with_progress(run_plan, prompts, args, options, generate, GenerationResult)
+        result = _generate_with_progress(run_plan, prompts, args, options, generate, GenerationResult, show=leader)
+        if run_plan.tp > 1:
+            from ..parallel.ranks import check_same_tokens
+
+            check_same_tokens(result.token_ids)  # every rank decoded the same tokens
+        if not leader:
+            return 0
         if not args.json:
             for prompt, text in zip(prompts, result.texts, strict=True):
                 print(f"{prompt}{text}")
                 if not single:
                     print("---")
     clock.mark("generate")
+    if run_plan.tp > 1 and stream:
+        from ..parallel.ranks import check_same_tokens
+
+        check_same_tokens(result.token_ids)
     if args.json:
         print(json.dumps({"texts": result.texts, "token_ids": result.token_ids, "new_tokens": result.new_tokens,
                           "seconds": result.seconds, "tokens_per_second": result.tokens_per_second,
@@ -309,20 +351,25 @@ def _run_generate(args: argparse.Namespace, run_plan, prompts: list[str], sampli
                           "decode": result.decode, "decode_reason": result.decode_reason,
                           **({"timings": clock.as_dict()} if args.timings else {})}, indent=2))
     print(f"[{result.total_new_tokens} new tokens in {result.seconds:.2f}s: {result.tokens_per_second:.1f} tokens/s{timing}; "
-          f"{run_plan.device} {run_plan.dtype} {run_plan.attention.implementation}; batching: {result.batching} "
+          f"{_device_words(run_plan)} {run_plan.dtype} {run_plan.attention.implementation}; batching: {result.batching} "
           f"({result.batching_reason}); decode: {result.decode}]", file=sys.stderr)
     if args.timings:
         print(f"[{clock.summary(first_token)}]", file=sys.stderr)
     return 0
 
 
-def _generate_with_progress(run_plan, prompts, args, options, generate, result_type):
+def _device_words(run_plan) -> str:
+    """The summary line's device: the plan's, or `tp=N x kind` for tensor-parallel ranks."""
+    return run_plan.device if run_plan.tp <= 1 else f"tp={run_plan.tp} x {run_plan.accelerator.kind}"
+
+
+def _generate_with_progress(run_plan, prompts, args, options, generate, result_type, show=True):
     """Many prompts: continuous batching shows its own per-request bar; static batching runs in chunks under a bar."""
     from ..inference.batching import choose_batching
 
     batching = "static" if args.decode == "graphs" and args.batching == "auto" else args.batching
     choice = choose_batching(run_plan, len(prompts), batching)
-    show = bool(args.batch_file) and not args.json
+    show = show and bool(args.batch_file) and not args.json
     if choice.mode == "continuous" or len(prompts) <= STATIC_CHUNK:
         return generate(run_plan, prompts, args.max_new_tokens, batching=batching, progress=show, **options)
     from tqdm.auto import tqdm
@@ -377,6 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what `--tp N` runs again in each rank
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not args.verbose:

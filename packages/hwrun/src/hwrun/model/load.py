@@ -46,6 +46,9 @@ def from_pretrained_kwargs(plan: RunPlan) -> dict[str, Any]:
                                      model_config=model_config(source), fallback=plan.attention.fallback))
     if plan.device_map is not None:
         kwargs["device_map"] = plan.device_map
+    if getattr(plan, "tp", 1) > 1:  # each rank loads its shards onto its own device (Transformers' plan; device_map is exclusive)
+        kwargs.pop("device_map", None)
+        kwargs.update(tensor_parallel_kwargs(plan.tp))
     if plan.quantization:
         from .quantization import quantization_config
 
@@ -56,6 +59,17 @@ def from_pretrained_kwargs(plan: RunPlan) -> dict[str, Any]:
     if source.local or hub_offline():
         kwargs["local_files_only"] = True
     return kwargs
+
+
+def tensor_parallel_kwargs(tp: int) -> dict[str, Any]:
+    """`from_pretrained` keywords that split the model across `tp` ranks with its own tensor-parallel plan:
+    `distributed_config=DistributedConfig(tp_size=tp)` (Transformers 5.x; its `tp_plan="auto"` argument is the
+    deprecated spelling of the same), or `tp_plan="auto", tp_size=tp` where `DistributedConfig` does not exist yet."""
+    try:
+        from transformers.distributed import DistributedConfig
+    except ImportError:  # pragma: no cover - Transformers before the distributed package
+        return {"tp_plan": "auto", "tp_size": tp}
+    return {"distributed_config": DistributedConfig(tp_size=tp)}
 
 
 def load_tokenizer(plan: RunPlan, source: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
@@ -94,6 +108,10 @@ def load(plan: RunPlan, *, tokenizer: PreTrainedTokenizerBase | None = None, ver
 
     source = plan.model_source()
     apply_env(plan)
+    if getattr(plan, "tp", 1) > 1:  # the ranks' group first (hwdist: backend, devices checked), Transformers' mesh is built on it
+        from ..parallel.ranks import ensure_group
+
+        ensure_group(plan)
     kwargs = from_pretrained_kwargs(plan)
     from transformers import AutoModelForCausalLM
 
@@ -141,7 +159,7 @@ def _finish(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: Ru
         logger.info("tokenizer has no pad token: using the EOS token %r for padding", tokenizer.eos_token)
     tokenizer.padding_side = "left"
     model.eval()
-    if plan.device_map is None:
+    if plan.device_map is None and getattr(plan, "tp", 1) <= 1:  # tensor-parallel shards are already on each rank's own device
         model.to(plan.device)
     from .quantization import after_load
 

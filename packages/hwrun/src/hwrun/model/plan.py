@@ -48,8 +48,8 @@ FIT_FRACTION = 0.85
 
 #: What runs a model larger than one device where a process uses only one (Gaudi, `Platform.devices_per_process`).
 BIGGER_THAN_ONE_DEVICE = ("Larger than one card: for training use QLoRA (quantization='4bit' with LoRA adapters, G11); "
-                          "for inference, multi-process tensor parallelism (one process per card) is not available "
-                          "yet; see issue 37.")
+                          "for inference, tensor parallelism with one process per card: tp=N "
+                          "(hwrun generate --tp N, hwrun serve --tp N).")
 
 #: Per kind: the fact ids (FACTS.md) or rule behind "this device has bf16", for the dtype reason.
 #: How bf16 was read on the machine comes from the accelerator (`bf16_source`, hwenv's probe).
@@ -96,6 +96,10 @@ class RunPlan:
     adapter: str | None = None  # a LoRA adapter folder loaded on top of `model` (its base)
     #: the checked source `plan()` resolved `model` to (config, weight files), so a run reads it once
     source: ModelSource | None = field(default=None, compare=False, repr=False)
+    #: processes the model is split across with Transformers' tensor-parallel plan (1: this process alone)
+    tp: int = 1
+    #: how they split it (`hwrun.parallel.checks.TensorParallelPlan`), when `tp` > 1
+    parallel: Any = None
 
     def model_source(self) -> ModelSource:
         """`model`'s checked source: the one `plan()` resolved, or resolved now for a plan built otherwise (or whose
@@ -148,6 +152,8 @@ class RunPlan:
             },
             "weight_bytes": self.weight_bytes,
             "adapter": self.adapter,
+            "tp": self.tp,
+            "tensor_parallel": None if self.parallel is None else self.parallel.to_dict(),
             "reasons": dict(self.reasons),
         }
 
@@ -168,7 +174,12 @@ class RunPlan:
             "env": " ".join(f"{k}={v}" for k, v in self.env.items()) or "(none)",
             "trust_remote_code": str(self.trust_remote_code),
         }
-        return [(name, values[name], self.reasons.get(name, "")) for name in values]
+        rows = [(name, values[name], self.reasons.get(name, "")) for name in values]
+        if self.parallel is not None:  # tp > 1: the processes, then how the model is split, one part a row
+            rows.append(("tensor_parallel", f"tp={self.tp}, {self.parallel.backend}",
+                         self.reasons.get("tensor_parallel", "")))
+            rows += [("  split", "", line) for line in self.parallel.split]
+        return rows
 
     def render(self, extra: Sequence[tuple[str, str, str]] = ()) -> str:
         """A plain-text table of every decision and its reason (`extra` rows appended, e.g. the decode path)."""
@@ -382,8 +393,11 @@ def plan(
     compile: bool | str = False,
     quantization: str | None = None,
     trust_remote_code: bool = False,
+    tp: int = 1,
 ) -> RunPlan:
-    """Decide how to run `model` (default: the shipped tiny model) here; nothing loads. Raises PlanError."""
+    """Decide how to run `model` (default: the shipped tiny model) here; nothing loads. Raises PlanError.
+    `tp=N` splits it across N processes, one per device, with Transformers' tensor-parallel plan
+    (`hwrun.parallel`; TensorParallelError, a PlanError, when it cannot run here)."""
     import hwattn
     import hwcompile
     import hwdist
@@ -393,6 +407,9 @@ def plan(
         raise PlanError(f"use_kernels={use_kernels!r} must be True or False.")
     if not isinstance(trust_remote_code, bool):
         raise PlanError(f"trust_remote_code={trust_remote_code!r} must be True or False.")
+    from ..parallel.checks import check_tp_value
+
+    tp = check_tp_value(tp)
     if not (isinstance(compile, bool) or (isinstance(compile, str) and compile)):
         raise PlanError(f"compile={compile!r} must be True, False, or a torch.compile backend name such as 'inductor'.")
     reference = DEFAULT_MODEL if model is None else model
@@ -456,6 +473,18 @@ def plan(
     env, reasons["env"] = environment_as_loaded(needed_env, reasons["env"], os.environ)
     if selection_note:
         reasons["device"] += f"; {selection_note}"
+    parallel = None
+    if tp > 1:
+        from ..parallel.checks import plan_tensor_parallel
+
+        parallel = plan_tensor_parallel(accel, model_config(source), tp, weight_bytes=nbytes,
+                                        planned_elsewhere=not isinstance(device, str), quantization=quant.value,
+                                        adapter=adapter)
+        reasons["tensor_parallel"] = parallel.reason
+        device_map = None
+        reasons["device_map"] = (f"none: with tp={tp} each rank loads only its shards onto its own device (local rank "
+                                 f"r on device r; Transformers' tensor parallelism and device_map are exclusive); "
+                                 f"the weights' estimate: {reasons['device_map']}")
     reasons["trust_remote_code"] = ("given: the model's own Python code will run" if trust_remote_code
                                     else "off: only Transformers' built-in model code runs")
     return RunPlan(
@@ -475,4 +504,6 @@ def plan(
         reasons=reasons,
         adapter=adapter,
         source=source,
+        tp=tp,
+        parallel=parallel,
     )
