@@ -1,0 +1,53 @@
+"""The token bitmask: one int32 row per batch row, bit j of word i set when token 32*i+j is allowed (the layout
+xgrammar and llguidance fill), and the graph-safe step that turns it into -inf logits.
+
+`apply_bitmask` is plain torch with fixed shapes and no host sync: it runs on CPU, CUDA, XPU and HPU alike and a
+captured device graph replays it over the same buffers; a row that is all ones (-1) masks nothing, so unconstrained
+requests share the step with constrained ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import GenerateError
+
+
+def bitmask_words(vocab_size: int) -> int:
+    """How many int32 words one row needs for `vocab_size` tokens: ceil(vocab_size / 32)."""
+    return (vocab_size + 31) // 32
+
+
+def allocate_bitmask(rows: int, vocab_size: int, device: Any = None, *, pin_memory: bool = False) -> Any:
+    """An int32 [rows, ceil(vocab_size/32)] bitmask with every token allowed (all bits set), on `device`
+    (None: CPU, where the grammar engines write it; `pin_memory=True` makes its copy to an accelerator asynchronous)."""
+    import torch
+
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise GenerateError(f"bitmask rows={rows!r} must be an integer >= 1 (one row per batch row).")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise GenerateError(f"bitmask vocab_size={vocab_size!r} must be an integer >= 1 (the model's logits width).")
+    mask = torch.full((rows, bitmask_words(vocab_size)), -1, dtype=torch.int32, device=device)
+    return mask.pin_memory() if pin_memory else mask
+
+
+def apply_bitmask(logits: Any, bitmask: Any) -> Any:
+    """Set `logits[r, t]` to -inf in place wherever bit t of row r of `bitmask` is clear; returns `logits`.
+    `logits` is [rows, vocab], `bitmask` int32 [rows, ceil(vocab/32)] on the same device; graph-safe (fixed shapes)."""
+    import torch
+
+    if logits.dim() != 2 or bitmask.dim() != 2 or bitmask.dtype != torch.int32:
+        raise GenerateError(f"apply_bitmask takes logits [rows, vocab] and an int32 bitmask [rows, words]; got logits "
+                            f"{tuple(logits.shape)} and bitmask {tuple(bitmask.shape)} {bitmask.dtype}.")
+    rows, vocab = logits.shape
+    if bitmask.shape[0] != rows or bitmask.shape[1] != bitmask_words(vocab):
+        raise GenerateError(f"bitmask shape {tuple(bitmask.shape)} does not fit logits {tuple(logits.shape)}: it must "
+                            f"be [{rows}, {bitmask_words(vocab)}] (allocate_bitmask(rows, vocab_size)).")
+    if bitmask.device != logits.device:
+        raise GenerateError(f"bitmask is on {bitmask.device} and logits on {logits.device}: copy the bitmask to the "
+                            "logits' device before the step.")
+    # The shifts are made by a kernel on the device each call (no host copy, so a graph capture records them too);
+    # >> is arithmetic on int32, so the top bit of a negative word still reads as 1 after the & 1.
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    blocked = ((bitmask.unsqueeze(-1) >> shifts) & 1).eq(0).view(rows, -1)[:, :vocab]
+    return logits.masked_fill_(blocked, float("-inf"))

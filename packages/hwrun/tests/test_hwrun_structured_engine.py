@@ -1,0 +1,251 @@
+"""The grammar engine of structured output (hwrun.inference.structured), on the shipped tiny model's tokenizer:
+matchers driven by seeded random tokens drawn uniformly from their own masks must end in JSON that parses and
+validates against the schema, whichever engine (xgrammar, llguidance) runs; disallowed, padded and special ids are
+never allowed; a schema the engines cannot enforce is refused with the keyword and where it is."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+import hwrun
+import jsonschema
+import pytest
+import torch
+from hwrun.errors import GenerateError, GrammarBackendError, StructuredOutputError
+from hwrun.inference.structured import (
+    StructuredOutput,
+    allocate_bitmask,
+    apply_bitmask,
+    choose_backend,
+    structured_compiler,
+)
+from hwrun.inference.structured import compiler as compiler_module
+from transformers import AutoTokenizer
+
+PADDING = 40  # the model's vocabulary is padded past the tokenizer's 3,072 ids, as many real models' are
+TOOL_CALL = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "enum": ["get_weather", "search"]},
+        "arguments": {"type": "object", "properties": {
+            "city": {"type": "string", "pattern": "^[A-Za-z ]{1,12}$"},
+            "days": {"type": "integer", "minimum": 1, "maximum": 14},
+            "units": {"enum": ["metric", "imperial"]}},
+            "required": ["city", "days", "units"], "additionalProperties": False},
+    },
+    "required": ["name", "arguments"], "additionalProperties": False,
+}
+NESTED = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "score": {"type": "number"},
+        "ok": {"type": "boolean"},
+        "kind": {"enum": ["a", "b", None]},
+        "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,6}$"}, "maxItems": 3},
+        "points": {"type": "array", "minItems": 1, "maxItems": 2, "items": {
+            "type": "object", "properties": {"x": {"type": "integer", "minimum": -5, "maximum": 5},
+                                             "label": {"anyOf": [{"type": "string", "format": "date"},
+                                                                 {"type": "null"}]}},
+            "required": ["x", "label"], "additionalProperties": False}},
+        "ref": {"$ref": "#/$defs/pair"},
+    },
+    "required": ["id", "score", "ok", "kind", "tags", "points", "ref"], "additionalProperties": False,
+    "$defs": {"pair": {"type": "array", "prefixItems": [{"type": "integer"}, {"const": "x"}], "items": False,
+                       "minItems": 2}},
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(hwrun.DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="module")
+def texts(tokenizer):
+    return [tokenizer.decode([i]) for i in range(len(tokenizer))]
+
+
+@pytest.fixture(scope="module", params=["xgrammar", "llguidance"])
+def compiler(request, tokenizer):
+    pytest.importorskip(request.param)
+    return structured_compiler(tokenizer, len(tokenizer) + PADDING, backend=request.param)
+
+
+def allowed_ids(row: torch.Tensor, vocab_size: int) -> list[int]:
+    bits = (row.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+    return bits.flatten()[:vocab_size].nonzero().flatten().tolist()
+
+
+def drive(matcher, texts, seed: int, budget: int = 120, limit: int = 1500) -> list[int]:
+    """Sample uniformly among the allowed ids until the grammar is finished; past `budget` tokens, prefer tokens that
+    close a string, array or object (uniform sampling alone can nest and wander for thousands of tokens)."""
+    rng = random.Random(seed)
+    bitmask = allocate_bitmask(1, matcher.vocab.vocab_size)
+    tokens: list[int] = []
+    for step in range(limit):
+        matcher.fill(bitmask, 0)
+        allowed = allowed_ids(bitmask[0], matcher.vocab.vocab_size)
+        assert allowed, f"nothing allowed after {tokens}"
+        if step >= budget:
+            solid = [i for i in allowed if i >= len(texts) or texts[i].strip()]
+            closing = [i for i in solid if i < len(texts) and set(texts[i].strip()) <= set('"}]')]
+            allowed = closing or solid or allowed
+        token = rng.choice(allowed)
+        assert matcher.accept(token), f"a token from the mask was rejected: {token} after {tokens}"
+        if token in matcher.stop_token_ids:
+            break
+        tokens.append(token)
+        if matcher.finished:
+            break
+    assert matcher.finished, f"not finished after {limit} tokens"
+    return tokens
+
+
+@pytest.mark.parametrize("schema", [None, TOOL_CALL, NESTED], ids=["json_object", "tool_call", "nested"])
+def test_random_allowed_tokens_give_valid_json(compiler, tokenizer, texts, schema):
+    spec = StructuredOutput("json_object") if schema is None else StructuredOutput.json_schema(schema)
+    for seed in range(12):
+        text = tokenizer.decode(drive(compiler.matcher(spec), texts, seed))
+        value = json.loads(text)
+        assert isinstance(value, dict), text
+        if schema is not None:
+            jsonschema.validate(value, schema)
+
+
+def test_padded_and_special_ids_are_never_allowed(compiler, tokenizer, texts):
+    matcher = compiler.matcher(StructuredOutput("json_object"))
+    for token in tokenizer.encode('{"key": "', add_special_tokens=False):
+        assert matcher.accept(token)
+    bitmask = allocate_bitmask(2, compiler.vocab.vocab_size)
+    matcher.fill(bitmask, 1)
+    allowed = set(allowed_ids(bitmask[1], compiler.vocab.vocab_size))
+    assert len(allowed) > 1000  # inside a string nearly every token fits
+    assert max(allowed) < len(tokenizer), "a padded id past the tokenizer's vocabulary was allowed"
+    assert not allowed & set(tokenizer.all_special_ids), "a special token was allowed inside a string"
+    assert allowed_ids(bitmask[0], compiler.vocab.vocab_size) == list(range(compiler.vocab.vocab_size))  # row 0 kept
+
+
+def test_disallowed_token_is_rejected_and_the_matcher_then_allows_only_stop(compiler, tokenizer):
+    matcher = compiler.matcher(StructuredOutput.json_schema(TOOL_CALL))
+    bitmask = allocate_bitmask(1, compiler.vocab.vocab_size)
+    matcher.fill(bitmask, 0)
+    assert tokenizer.decode(allowed_ids(bitmask[0], compiler.vocab.vocab_size)).strip() == "{"
+    assert not matcher.accept(tokenizer.convert_tokens_to_ids("}"))
+    assert matcher.failed and not matcher.finished
+    assert not matcher.accept(tokenizer.convert_tokens_to_ids("{"))  # never moves again
+    matcher.fill(bitmask, 0)
+    assert allowed_ids(bitmask[0], compiler.vocab.vocab_size) == [tokenizer.eos_token_id]
+    assert not compiler.matcher(StructuredOutput("json_object")).accept(compiler.vocab.vocab_size + 5)
+
+
+def test_finished_once_the_object_closes_and_eos_is_allowed(compiler, tokenizer):
+    matcher = compiler.matcher(StructuredOutput.json_schema({"type": "object", "properties": {"n": {"type": "integer"}},
+                                                             "required": ["n"], "additionalProperties": False}))
+    bitmask = allocate_bitmask(1, compiler.vocab.vocab_size)
+    for token in tokenizer.encode('{"n": 12', add_special_tokens=False):
+        assert matcher.accept(token) and not matcher.finished
+    matcher.fill(bitmask, 0)
+    assert tokenizer.eos_token_id not in allowed_ids(bitmask[0], compiler.vocab.vocab_size)
+    assert matcher.accept(tokenizer.convert_tokens_to_ids("}")) and matcher.finished
+    matcher.fill(bitmask, 0)
+    assert allowed_ids(bitmask[0], compiler.vocab.vocab_size) == [tokenizer.eos_token_id]
+    assert compiler.stop_token_ids == (tokenizer.eos_token_id,)
+
+
+def test_a_top_level_number_is_not_finished_while_digits_may_follow(compiler, tokenizer):
+    matcher = compiler.matcher(StructuredOutput.json_schema({"type": "integer"}))
+    assert matcher.accept(tokenizer.convert_tokens_to_ids("4"))
+    assert not matcher.finished  # "4" is complete but "42" may follow: the model chooses, eos is allowed
+    assert matcher.accept(tokenizer.eos_token_id) and matcher.finished
+
+
+@pytest.mark.parametrize(("schema", "words"), [
+    ({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}, ["'uniqueItems'", "#/properties/a"]),
+    ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, ["'not'", "#/properties/a"]),
+    ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, ["'if'", "at #"]),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^(?=x)x+$"}}}, ["look-around", "^(?=x)x+$"]),
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, ["missing"]),
+    ({"type": "object", "properties": {"a": {"type": "bogus"}}}, ["bogus"]),
+    ({"type": "object", "properties": {"a": {"items": 5}}}, ["#/properties/a/items", "not int"]),
+])
+def test_schemas_that_cannot_be_enforced_are_refused_with_the_problem(compiler, schema, words):
+    with pytest.raises(StructuredOutputError) as caught:
+        compiler.matcher(StructuredOutput.json_schema(schema))
+    assert all(word in str(caught.value) for word in words), str(caught.value)
+    assert isinstance(caught.value, GenerateError) and isinstance(caught.value, ValueError)
+
+
+def test_compiled_grammars_are_cached_per_spec(compiler):
+    spec = StructuredOutput.json_schema(TOOL_CALL)
+    first = compiler.compiled(spec)
+    assert compiler.compiled(StructuredOutput.json_schema(json.dumps(TOOL_CALL))) is first
+    assert compiler.compiled(StructuredOutput("json_object")) is not first
+    one, two = compiler.matcher(spec), compiler.matcher(spec)
+    assert one.accept(one.stop_token_ids[0]) is False and one.failed  # eos is not allowed first
+    assert not two.failed  # each request has its own state
+
+
+def test_xgrammar_refuses_length_bounded_strings_it_cannot_keep_valid(tokenizer):
+    pytest.importorskip("xgrammar")
+    compiler = structured_compiler(tokenizer, len(tokenizer), backend="xgrammar")
+    with pytest.raises(StructuredOutputError, match="maxLength.*xgrammar#800.*llguidance"):
+        compiler.matcher(StructuredOutput.json_schema({"type": "object", "properties": {
+            "a": {"type": "string", "maxLength": 10}}}))
+
+
+def test_backend_choice_and_its_errors(monkeypatch, caplog, tokenizer):
+    with pytest.raises(StructuredOutputError, match="backend='outlines' is not one of auto, xgrammar, llguidance"):
+        choose_backend("outlines")
+    first, second = compiler_module.AUTO_ORDER
+    installed = {first: False, second: True}
+    monkeypatch.setattr(compiler_module, "_installed", lambda name: installed[name])
+    with caplog.at_level(logging.WARNING, logger=compiler_module.__name__):
+        assert choose_backend("auto")[0] == second
+    assert f"{first} (auto's first choice) is not installed" in caplog.text
+    with pytest.raises(GrammarBackendError, match=rf"'{first}' is not installed: pip install 'hwrun\[structured\]'"):
+        choose_backend(first)
+    installed[second] = False
+    with pytest.raises(GrammarBackendError, match=r"pip install 'hwrun\[structured\]'"):
+        structured_compiler(tokenizer, len(tokenizer))
+
+
+def test_bad_vocabulary_and_stop_ids_are_refused(tokenizer):
+    with pytest.raises(GenerateError, match="vocab_size=0 must be an integer >= 1"):
+        structured_compiler(tokenizer, 0)
+    with pytest.raises(GenerateError, match="beyond the model's vocab_size=100"):
+        structured_compiler(tokenizer, 100)
+    with pytest.raises(GenerateError, match=r"stop_token_ids \[99999\] are not ids"):
+        structured_compiler(tokenizer, len(tokenizer), stop_token_ids=[99999])
+
+
+def test_apply_bitmask_matches_the_bit_layout():
+    generator = torch.Generator().manual_seed(0)
+    for vocab in (1, 31, 32, 33, 100, 3112):
+        logits = torch.randn(3, vocab, generator=generator)
+        bitmask = torch.randint(-(2**31), 2**31 - 1, (3, (vocab + 31) // 32), dtype=torch.int32, generator=generator)
+        bitmask[1] = -1  # an unconstrained row masks nothing
+        expected = logits.clone()
+        for row in range(3):
+            for token in range(vocab):
+                if not (int(bitmask[row, token // 32]) >> (token % 32)) & 1:
+                    expected[row, token] = float("-inf")
+        assert apply_bitmask(logits, bitmask) is logits
+        assert torch.equal(logits, expected)
+        assert torch.isfinite(logits[1]).all()
+
+
+def test_apply_bitmask_keeps_the_dtype_and_refuses_a_mask_that_does_not_fit():
+    logits = torch.zeros(2, 40, dtype=torch.bfloat16)
+    bitmask = allocate_bitmask(2, 40)
+    bitmask[0, 1] = 0  # tokens 32..39 of row 0
+    apply_bitmask(logits, bitmask)
+    assert logits.dtype == torch.bfloat16 and torch.isinf(logits[0, 32:]).all() and torch.isfinite(logits[0, :32]).all()
+    with pytest.raises(GenerateError, match=r"must be \[2, 2\]"):
+        apply_bitmask(logits, allocate_bitmask(2, 100))
+    with pytest.raises(GenerateError, match="int32 bitmask"):
+        apply_bitmask(logits, bitmask.to(torch.int64))
+    with pytest.raises(GenerateError, match="rows=0 must be an integer >= 1"):
+        allocate_bitmask(0, 40)
