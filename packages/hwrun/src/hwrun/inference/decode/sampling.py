@@ -18,6 +18,11 @@ top-k kept (keep the most likely tokens until their mass reaches `top_p`, always
 Tokens tied with the last kept logit are kept too (a threshold, not a count: no data-dependent
 shapes). `temperature == 0` is greedy: that row takes the plain argmax of the logits, exactly
 `model.generate(do_sample=False)`'s token.
+
+What else a request may ask (`SamplingParams`: `min_p`, `presence_penalty`, `frequency_penalty`,
+`repetition_penalty`, `logit_bias`, `logprobs`) is applied by hwrun.inference.decode.logits from per-row
+buffers of the same kind (hwrun's engine steps such rows with its "processed" step); `min_p` filters after top-p,
+as Transformers' `MinPLogitsWarper` does.
 """
 
 from __future__ import annotations
@@ -29,26 +34,50 @@ from typing import Any
 from ...errors import GenerateError
 
 _MASK32 = 0xFFFFFFFF
+#: Most alternatives a request may ask per token (`logprobs=k`), OpenAI's `top_logprobs` bound too.
+MAX_LOGPROBS = 20
+#: Largest |bias| of one `logit_bias` entry (OpenAI's range).
+MAX_LOGIT_BIAS = 100.0
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one request picks its tokens. `temperature=0.0` is greedy; `top_p=1.0` and `top_k=0` are off;
-    `seed=None` draws one from torch's global generator when the request starts (so `torch.manual_seed`
-    makes it reproducible). Invalid values raise `GenerateError` (a `ValueError`) naming the value and the rule."""
+    """How one request picks its tokens. `temperature=0.0` is greedy; `top_p=1.0`, `top_k=0` and `min_p=0.0` are
+    off; `seed=None` draws one from torch's global generator when the request starts (so `torch.manual_seed`
+    makes it reproducible). `presence_penalty` / `frequency_penalty` (OpenAI's, over the tokens generated so far),
+    `repetition_penalty` (Transformers' and vLLM's, over the prompt and the generated tokens; 1.0 is off) and
+    `logit_bias` ((token id, bias) pairs) change the logits before any filter, greedy rows too; `logprobs`
+    (None: off; 0: the chosen token's log-probability; k <= 20: also the k most likely) reports the model's own
+    distribution (log-softmax of the raw logits). Invalid values raise `GenerateError` (a `ValueError`) naming the
+    value and the rule."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         check_sampling(self.temperature, self.top_p, self.top_k, self.seed)
+        object.__setattr__(self, "logit_bias", check_extras(self.min_p, self.presence_penalty, self.frequency_penalty,
+                                                            self.repetition_penalty, self.logit_bias, self.logprobs))
 
     @property
     def greedy(self) -> bool:
         """True when the request takes the argmax (temperature 0)."""
         return self.temperature == 0
+
+    @property
+    def processed(self) -> bool:
+        """Whether the request needs more than temperature / top-k / top-p / seed: penalties, a bias, min-p or
+        logprobs (hwrun's engine steps it with its processed step)."""
+        return bool(self.min_p or self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
+                    or self.logit_bias or self.logprobs is not None)
 
 
 def check_sampling(temperature: Any, top_p: Any, top_k: Any, seed: Any) -> None:
@@ -62,6 +91,66 @@ def check_sampling(temperature: Any, top_p: Any, top_k: Any, seed: Any) -> None:
         raise GenerateError(f"top_k={top_k!r} must be an integer >= 0 (0 turns top-k filtering off).")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
         raise GenerateError(f"seed={seed!r} must be an integer or None.")
+
+
+def _real(name: str, value: Any, low: float, high: float, rule: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not low <= value <= high:
+        raise GenerateError(f"{name}={value!r} must be {rule}.")
+    return float(value)
+
+
+def check_extras(min_p: Any, presence_penalty: Any, frequency_penalty: Any, repetition_penalty: Any,
+                 logit_bias: Any, logprobs: Any) -> tuple[tuple[int, float], ...]:
+    """Raise `GenerateError` for a penalty, bias, min-p or logprobs value no decoder can use; return `logit_bias`
+    as sorted (token id, bias) pairs (a mapping is taken too)."""
+    _real("min_p", min_p, 0.0, 1.0, "in [0, 1] (0 turns min-p filtering off; 0.05 is a common value)")
+    for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
+        _real(name, value, -2.0, 2.0, "in [-2, 2] as OpenAI defines it (0 is off)")
+    if (isinstance(repetition_penalty, bool) or not isinstance(repetition_penalty, numbers.Real)
+            or not 0 < repetition_penalty < float("inf")):
+        raise GenerateError(f"repetition_penalty={repetition_penalty!r} must be a finite number > 0 (1.0 is off; "
+                            "above 1 discourages repeats, as in Transformers and vLLM).")
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, numbers.Integral)
+                                 or not 0 <= logprobs <= MAX_LOGPROBS):
+        raise GenerateError(f"logprobs={logprobs!r} must be None (off) or an integer from 0 (the chosen token's "
+                            f"log-probability) to {MAX_LOGPROBS} (and that many most likely tokens).")
+    pairs = logit_bias.items() if isinstance(logit_bias, dict) else logit_bias
+    try:
+        pairs = list(pairs)
+    except TypeError:
+        raise GenerateError(f"logit_bias={logit_bias!r} must be (token id, bias) pairs or a dict of them.") from None
+    seen: dict[int, float] = {}
+    for pair in pairs:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise GenerateError(f"logit_bias entry {pair!r} must be a (token id, bias) pair.")
+        token, bias = pair
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral) or token < 0:
+            raise GenerateError(f"logit_bias token id {token!r} must be an integer >= 0.")
+        if int(token) in seen:
+            raise GenerateError(f"logit_bias names token id {token} twice; give each id one bias.")
+        seen[int(token)] = _real(f"logit_bias[{token}]", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS,
+                                 f"a number in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}] (OpenAI's range)")
+    return tuple(sorted(seen.items()))
+
+
+def choice_seed(params: SamplingParams, index: int) -> SamplingParams:
+    """`params` for choice `index` of a request with several (`n`): choice 0 keeps the seed, choice i > 0 gets a
+    seed derived from it and `i` (different, deterministic); an unseeded request's choices each draw their own."""
+    import dataclasses
+
+    if index == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=int(mix32_int((int(params.seed) & _MASK32) ^ (index * 0x9E3779B9))))
+
+
+def mix32_int(x: int) -> int:
+    """`mix32` of one Python integer (the same hash, on the host)."""
+    x &= _MASK32
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _MASK32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
 
 
 def resolve_seed(params: SamplingParams) -> int:
@@ -194,9 +283,10 @@ def block_cumsum(values: Any, block: int = 64) -> Any:
     return (inner + before[..., None]).reshape(rows, blocks * block)[:, :width]
 
 
-def filter_logits(logits: Any, temperature: Any, top_k: Any, top_p: Any) -> Any:
-    """float32 logits / temperature with everything outside top-k, then top-p, set to -inf (per row;
-    `top_k` 0 and `top_p` 1 are off; a row with temperature 0 is divided by 1). Fixed shapes."""
+def filter_logits(logits: Any, temperature: Any, top_k: Any, top_p: Any, min_p: Any = None) -> Any:
+    """float32 logits / temperature with everything outside top-k, then top-p, then min-p (when `min_p`, one per
+    row, is given) set to -inf (per row; `top_k` 0, `top_p` 1 and `min_p` 0 are off; a row with temperature 0 is
+    divided by 1). Fixed shapes."""
     import torch
 
     divisor = torch.where(temperature > 0, temperature, 1.0)[:, None]
@@ -214,18 +304,27 @@ def filter_logits(logits: Any, temperature: Any, top_k: Any, top_p: Any) -> Any:
     keep = in_k & ((before < top_p[:, None]) | (top_p[:, None] >= 1))
     last = keep.sum(dim=-1, keepdim=True).clamp(min=1) - 1
     threshold = ordered.gather(1, last)
-    return scaled.masked_fill(scaled < threshold, float("-inf"))
+    filtered = scaled.masked_fill(scaled < threshold, float("-inf"))
+    if min_p is None:
+        return filtered
+    # Transformers' MinPLogitsWarper: drop tokens below min_p x the most likely one's probability (it stays)
+    kept = torch.softmax(filtered, dim=-1)
+    return filtered.masked_fill(kept < min_p[:, None] * kept.amax(dim=-1, keepdim=True), float("-inf"))
 
 
 def next_tokens(logits: Any, temperature: Any, top_p: Any, top_k: Any, seed: Any, counter: Any, *,
-                filter: Any = None) -> Any:
+                filter: Any = None, min_p: Any = None) -> Any:
     """(rows,) long: greedy argmax for rows with temperature 0, else a Gumbel-max draw from the filtered
     softmax with the row's counter-based noise. `counter` is each row's index of the token being chosen;
-    `filter` replaces `filter_logits` (a compiled step passes an eager one where Inductor cannot compile it)."""
+    `filter` replaces `filter_logits` (a compiled step passes an eager one where Inductor cannot compile it);
+    `min_p` (one per row) adds the min-p filter."""
     import torch
 
     greedy = logits.argmax(dim=-1)
-    filtered = (filter or filter_logits)(logits, temperature, top_k, top_p)
+    if min_p is None:
+        filtered = (filter or filter_logits)(logits, temperature, top_k, top_p)
+    else:
+        filtered = (filter or filter_logits)(logits, temperature, top_k, top_p, min_p)
     gumbel = -torch.log(-torch.log(uniform_noise(seed, counter, logits.shape[-1])))
     drawn = (filtered + gumbel).argmax(dim=-1)
     return torch.where(temperature > 0, drawn, greedy)

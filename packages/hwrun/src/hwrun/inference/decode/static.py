@@ -179,6 +179,10 @@ class GraphDecoder:
         import torch
 
         sampling = SamplingParams() if sampling is None else sampling
+        if sampling.processed:
+            raise FastDecodeError("the static GraphDecoder samples with temperature, top-k, top-p and a seed only; "
+                                  "min_p, penalties, logit_bias and logprobs run in hwrun's engine (EngineCore, "
+                                  "generate(batching='continuous')).")
         if input_ids.dim() != 2 or input_ids.shape[0] != self.batch_size:
             raise FastDecodeError(f"input_ids of shape {tuple(input_ids.shape)}: expected ({self.batch_size}, length).")
         if streamer is not None and self.batch_size != 1:

@@ -7,14 +7,15 @@ CUDA-graph batch, docs/benchmarks/decode.md). Here each request owns one slot (a
 decode step has fixed shapes, captured once per (rows, cache length) bucket and replayed, and a row attends only to
 its own keys.
 
-- **Step-wise** (a server): `add(request_id, input_ids, *, max_new_tokens, sampling=None, eos_token_id="model")`
-  takes the lowest free slot (`FastDecodeError` when none is free, the id is active, or prompt + `max_new_tokens`
-  exceeds `max_cache_len`); the next `step()`s prefill it, at most `prefill_chunk` prompt tokens a step, and it
-  joins the step that ends its prompt. `step() -> list[TokenEvent]` runs one decode step (a graph replay where the
-  platform has graphs) and reads one token per decoding request: its first event is its prefill token;
-  `finish_reason` "stop" (an EOS id, included), "length" or None; a finished request leaves its slot at once.
-  `cancel(request_id)`, `free_slots`, `active`; `start()` captures (or compiles) every bucket before the first
-  request.
+- **Step-wise** (a server): `add(request_id, input_ids, *, max_new_tokens, sampling=None, eos_token_id="model",
+  n=1, matchers=None)` gives each of its `n` choices a free slot (`FastDecodeError` when too few are free, the id
+  is active, or prompt + `max_new_tokens` exceeds `max_cache_len`); the next `step()`s prefill the prompt once, at
+  most `prefill_chunk` tokens a step (the other choices copy its K/V), and the choices join the step that ends it.
+  `step() -> list[TokenEvent]` runs one decode step (a graph replay where the platform has graphs) and reads one
+  token per decoding choice (its first event is its prefill token; with its `index`, and its `logprob` / `top`
+  when asked); `finish_reason` "stop" (an EOS id, included), "length", "error" (its grammar, `matchers`:
+  hwrun.inference.engine.grammar, rejected a token) or None; a finished choice leaves its slot at once.
+  `cancel(request_id, index=None)`, `free_slots`, `active`; `start()` captures every bucket before a request.
 - **Whole batches:** `generate(prompts, max_new_tokens, *, eos_token_id="model", sampling=None)` admits prompts into
   free slots and reads the host every `check_every` steps (sooner when a budget ends), retiring finished requests
   and admitting waiting ones while the others run; it refuses while requests added with `add()` are active.
@@ -32,9 +33,10 @@ from typing import Any
 
 from ...errors import FastDecodeError
 from ..decode.sampling import SamplingParams
+from .grammar import constrain, first_masks
 from .graphs import check_compile_allowed, decoder_graph_tools, model_platform
 from .kv_cache import KVCache
-from .requests import GREEDY, Request, TokenEvent, eos_ids
+from .requests import GREEDY, Request, TokenEvent, check_choices, choices, eos_ids
 from .runner import ModelRunner
 from .scheduler import (
     PREFILL_TOKENS,
@@ -114,7 +116,7 @@ class EngineCore:
     @property
     def graph(self) -> Any:
         """The captured greedy step over every slot and position (None before capture or without graphs)."""
-        return self.runner.graphs.get((False, self.slots, self.max_cache_len))
+        return self.runner.graphs.get((0, self.slots, self.max_cache_len))
 
     @property
     def compiled(self) -> bool:
@@ -139,60 +141,72 @@ class EngineCore:
     @property
     def active(self) -> set:
         """Ids of the requests added with `add()` that have not finished or been cancelled."""
-        return set(self.scheduler.requests)
+        return {r.request_id for r in self.scheduler.requests.values()}
 
-    def start(self, *, sampling: bool = True) -> None:
+    def start(self, *, sampling: bool = True, processed: bool = False) -> None:
         """Warm up before the first request: capture every (rows, cache length) bucket's greedy step (and sampled
-        step when `sampling`), or compile each without graphs, so no live stream waits for one mid-run."""
-        self.runner.start(self.scheduler.buckets, self.scheduler.cache_buckets, sampling)
+        step when `sampling`, the processed and masked steps when `processed`: penalties, bias, min-p, logprobs,
+        grammar masks), or compile each without graphs, so no live stream waits for one mid-run."""
+        self.runner.start(self.scheduler.buckets, self.scheduler.cache_buckets, sampling, processed)
 
     # ---- step-wise API ----------------------------------------------------------------------------------------
 
     def add(self, request_id: Any, input_ids: Sequence[int], *, max_new_tokens: int,
-            sampling: SamplingParams | None = None, eos_token_id: Any = "model") -> None:
-        """Give `input_ids` the lowest free slot; the next `step()`s prefill it and it joins the step that ends its
-        prompt."""
+            sampling: SamplingParams | None = None, eos_token_id: Any = "model", n: int = 1,
+            matchers: Sequence[Any] | None = None) -> None:
+        """Give each of the `n` choices of `input_ids` the lowest free slot; the next `step()`s prefill the prompt
+        once (the other choices copy it) and they join the step that ends it. Choice i > 0 of a seeded request
+        samples with a seed derived from the request's and i. `matchers`: one grammar matcher per choice."""
         prompt = [int(t) for t in input_ids]
-        if request_id in self.scheduler.requests:
+        if request_id in self.active:
             raise FastDecodeError(f"request_id={request_id!r} is already active; use a new id or cancel it first.")
         self.scheduler.check(prompt, max_new_tokens, f"request {request_id!r}")
-        if not self.kv.free_slots:
-            raise FastDecodeError(f"no free slot for request {request_id!r}: all {self.slots} slots are busy; "
-                                  "step() until one finishes, cancel one, or build the engine with more slots.")
+        check_choices(request_id, n, matchers, self.slots)
+        if self.kv.free_slots < n:
+            raise FastDecodeError(f"no free slot for request {request_id!r}: {self.kv.free_slots} of {self.slots} "
+                                  f"slots free for its {n} choice(s); step() until one finishes, cancel one, or "
+                                  "build the engine with more slots.")
         sampling = GREEDY if sampling is None else sampling
         if not isinstance(sampling, SamplingParams):
             raise FastDecodeError(f"sampling={sampling!r} must be a SamplingParams or None (greedy).")
-        request = Request(request_id, prompt, max_new_tokens, frozenset(eos_ids(self.model, eos_token_id)), sampling)
-        self.scheduler.admit(request)
-        self.runner.set_sampling(request.slot, sampling)
+        self.runner.choice.check(sampling)
+        eos = frozenset(eos_ids(self.model, eos_token_id))
+        for request in choices(request_id, prompt, max_new_tokens, eos, sampling, n, matchers):
+            self.scheduler.admit(request)
+            self.runner.set_sampling(request.slot, request.sampling, prompt, request.matcher is not None)
 
-    def cancel(self, request_id: Any) -> None:
-        """Drop an active request; its slot is free for the next `add()`."""
-        self.scheduler.cancel(request_id)
+    def cancel(self, request_id: Any, index: int | None = None) -> None:
+        """Drop an active request (every choice, or choice `index`); its slots are free for the next `add()`."""
+        self.scheduler.cancel(request_id, index)
         self._move(self.scheduler.pack())
 
     def step(self) -> list[TokenEvent]:
-        """This step's prefill chunks, then one decode step over the decoding requests' bucket of rows; one
-        `TokenEvent` per decoding request (its oldest unreported token)."""
+        """This step's prefill chunks, then one decode step over the decoding choices' bucket of rows; one
+        `TokenEvent` per decoding choice (its oldest unreported token), and one per choice whose grammar failed."""
         if not self.scheduler.requests:
             return []
         self._prefill(self.scheduler.prefill_plan())
+        events = constrain(self.scheduler, self.runner)
         decoding = self.scheduler.decoding()
-        events = []
         if decoding:
             rows, columns = self.scheduler.shape(decoding)
-            self.runner.run(self.runner.samples(r.slot for r in decoding), rows, columns)
-            tokens = self.runner.read([r.slot for r in decoding], [r.read for r in decoding])
+            self.runner.run(self.runner.kind(r.slot for r in decoding), rows, columns)
+            slots, columns_read = [r.slot for r in decoding], [r.read for r in decoding]
+            tokens = self.runner.read(slots, columns_read)
+            logprobs = self.runner.read_logprobs(slots, columns_read)
             self.last_rows, self.last_columns = rows, columns
             for request, token in zip(decoding, tokens, strict=True):
                 request.produced += 1
+                logprob, top = logprobs.get(request.slot, (None, ()))
                 _, reason = self.scheduler.finish(request, [token])
-                events.append(TokenEvent(request.request_id, token, reason is not None, reason))
+                events.append(TokenEvent(request.request_id, token, reason is not None, reason, request.index,
+                                         logprob, top))
         self._move(self.scheduler.pack())
         return events
 
     def _prefill(self, forwards: list) -> None:
         for forward in forwards:
+            self.runner.masks(first_masks(self.scheduler, forward))
             self.runner.prefill(forward)
             self.scheduler.prefilled(forward)
             self.prefills += 1
@@ -224,6 +238,10 @@ class EngineCore:
                 raise FastDecodeError(f"prompts[{index}] is empty: every prompt needs at least one token.")
             self.scheduler.check(prompt, budget, f"prompt {index}")
         sampling = GREEDY if sampling is None else sampling
+        if sampling.logprobs is not None:
+            raise FastDecodeError(f"logprobs={sampling.logprobs}: generate() returns token ids only; add() the "
+                                  "prompts and step() for each token's logprobs.")
+        self.runner.choice.check(sampling)
         eos = frozenset(eos_ids(self.model, eos_token_id))
         waiting = deque(Request(i, p, b, eos, sampling) for i, (p, b) in enumerate(zip(prompts, budgets, strict=True)))
         results: list[list[int]] = [[] for _ in prompts]
@@ -233,23 +251,24 @@ class EngineCore:
             admitted = []
             while waiting and self.scheduler.admit(waiting[0]):
                 admitted.append(waiting.popleft())
-            if admitted and sampling.seed is None and not sampling.greedy and self.prefills:
+            if admitted and (sampling.processed or (sampling.seed is None and not sampling.greedy and self.prefills)):
                 # a freed row keeps the seed of the request it held (or of one moved into it): unseeded prompts
-                # admitted later draw their own, or equal prompts would repeat their samples
+                # admitted later draw their own, or equal prompts would repeat their samples; penalised ones
+                # start their counts from their own prompt
                 for request in admitted:
-                    self.runner.set_sampling(request.slot, sampling)
+                    self.runner.set_sampling(request.slot, sampling, request.prompt)
             while self.scheduler.pending:  # no live streams to keep flowing: one prefill plan after another
                 self._prefill(self.scheduler.prefill_plan())
-            self._decode_chunk(not sampling.greedy, results)
+            self._decode_chunk(results)
         return results
 
-    def _decode_chunk(self, sample: bool, results: list[list[int]]) -> None:
+    def _decode_chunk(self, results: list[list[int]]) -> None:
         """Up to `check_every` decode steps (fewer when a budget ends sooner), then one read of every row: the
         requests that stopped or reached their budget leave, and the rest are packed down."""
         decoding = self.scheduler.decoding()
         chunk = min(self.check_every, *(r.budget - r.produced for r in decoding))
         rows, columns = self.scheduler.shape(decoding, chunk)
-        self.runner.run(sample, rows, columns, chunk)
+        self.runner.run(self.runner.kind(r.slot for r in decoding), rows, columns, chunk)
         self.steps += chunk
         self.last_rows, self.last_columns = rows, columns
         produced = self.runner.produced(rows)  # one transfer per chunk: the host's only sync

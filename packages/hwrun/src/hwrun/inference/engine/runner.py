@@ -9,17 +9,22 @@ A decode step runs over the first `rows` slots through views of the fixed buffer
 and addresses and its own graph. Idle rows among them (free slots, a prompt still being prefilled) step too: their
 writes land on their own row at their own position, which is rewritten before it is read, and clamp at the end.
 A row's sampling noise depends only on its seed and its token counter, both of which move with it.
+
+Four step kinds per bucket (hwrun.inference.engine.choosing: greedy, sampled, processed, masked), chosen per step by
+the rows it runs; one graph of a kind serves any mix of rows below it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..decode.sampling import SamplingParams, SamplingRows, next_tokens
+from .choosing import GREEDY, KIND_NAMES, MASKED, PROCESSED, SAMPLED, RowChoice, vocab_size
 from .graphs import FilterChoice, capture_graph, compile_step, with_filter_fallback
 from .kv_cache import KVCache
 from .scheduler import Chunk
 from .steps import STEP_KINDS
+
+__all__ = ["GREEDY", "MASKED", "PROCESSED", "SAMPLED", "ModelRunner", "prefill_attention"]
 
 
 def prefill_attention() -> Any:
@@ -50,31 +55,28 @@ class ModelRunner:
         self.count = torch.zeros((self.slots, 1), **long)  # tokens each slot's request has produced
         self.out = torch.zeros((self.slots, self.max_cache_len), **long)  # those tokens
         self.step = STEP_KINDS[step_name](model, kv, self.position)
-        self.sampling = SamplingRows(self.slots, self.device)
+        self.choice = RowChoice(self.slots, vocab_size(model), self.device)
+        self.sampling, self.logits = self.choice.sampling, self.choice.logits
         self.platform, self.graph_tools, self.use_graphs = platform, graph_tools, use_graphs
         self._compile = compile
         self.compiled = compile[0] is not None
-        # (sampled, rows, columns) -> the step over the first rows, attending over the first columns; its graph
-        self.step_fns: dict[tuple[bool, int, int], Any] = {}
-        self.graphs: dict[tuple[bool, int, int], Any] = {}
-        self.warmed: set[tuple[bool, int, int]] = set()
+        # (kind, rows, columns) -> the step over the first rows, attending over the first columns; its graph
+        self.step_fns: dict[tuple[int, int, int], Any] = {}
+        self.graphs: dict[tuple[int, int, int], Any] = {}
+        self.warmed: set[tuple[int, int, int]] = set()
         self.sampling_fallback: str | None = None  # why a compiled sampled step's filter runs eagerly, if one does
         self.capture_seconds: float | None = None
 
     # ---- one decode step ----------------------------------------------------------------------------------------
 
-    def _step(self, sample: bool, rows: int, columns: int, filter: Any = None) -> None:
+    def _step(self, kind: int, rows: int, columns: int, filter: Any = None) -> None:
         """One decode step of the first `rows` slots, attending over the first `columns` cache positions (every
         decoding row's position must be below it); fixed buffers and views of them only (capturable)."""
         part = rows != self.slots
         token = self.token[:rows] if part else self.token
         position = self.position[:rows] if part else self.position
         count = self.count[:rows] if part else self.count
-        last = self.step.decode(token, position, columns)
-        if sample:
-            nxt = next_tokens(last, *self.sampling.first(rows), count, filter=filter).unsqueeze(-1)
-        else:
-            nxt = last.argmax(dim=-1, keepdim=True)
+        nxt = self.choice.decode(kind, self.step.decode(token, position, columns), rows, count, filter)
         token.copy_(nxt)
         self.out.scatter_(1, count, nxt)  # on the whole buffer: a smaller index writes only the stepped rows
         count.add_(1).clamp_(max=self.max_cache_len - 1)
@@ -83,24 +85,25 @@ class ModelRunner:
     def step_buffers(self) -> list[Any]:
         """What one step moves (tokens, positions, counters, produced tokens): restored after capture warm-ups.
         The K/V a step writes is rewritten with the same values when the step runs again."""
-        return [self.token, self.position, self.count, self.out]
+        return [self.token, self.position, self.count, self.out, self.logits.counts, self.logits.logprob,
+                self.logits.top_logprobs, self.logits.top_ids]
 
-    def step_function(self, sample: bool, rows: int, columns: int) -> Any:
+    def step_function(self, kind: int, rows: int, columns: int) -> Any:
         """The step over the first `rows` slots and `columns` positions, compiled where asked; built once per
-        (sample, rows, columns). Each gets its own code object, so torch.compile keeps one entry per bucket
+        (kind, rows, columns). Each gets its own code object, so torch.compile keeps one entry per bucket
         instead of recompiling one past its recompile limit; the step is told the rows and columns (`select`)
         outside the compiled region."""
-        key = (sample, rows, columns)
+        kind = int(kind)
+        key = (kind, rows, columns)
         if key not in self.step_fns:
             choice = FilterChoice()
 
             def step() -> None:
-                self._step(sample, rows, columns, choice.filter)
+                self._step(kind, rows, columns, choice.filter)
 
-            kind = "sampled" if sample else "greedy"
-            step.__code__ = step.__code__.replace(co_name=f"slot_step_{kind}_{rows}_{columns}")
+            step.__code__ = step.__code__.replace(co_name=f"slot_step_{KIND_NAMES[kind]}_{rows}_{columns}")
             compiled = compile_step(step, *self._compile)
-            if sample and self.compiled:
+            if kind != GREEDY and self.compiled:
                 compiled = with_filter_fallback(compiled, choice, self)
 
             def run() -> None:
@@ -110,34 +113,36 @@ class ModelRunner:
             self.step_fns[key] = run
         return self.step_fns[key]
 
-    def runnable(self, sample: bool, rows: int, columns: int) -> Any:
+    def runnable(self, kind: int, rows: int, columns: int) -> Any:
         """The callable that runs one step over the first `rows` slots and `columns` positions: the captured graph's
         replay (captured now if needed) or the step itself."""
-        step = self.step_function(sample, rows, columns)
+        step = self.step_function(kind, rows, columns)
         if not self.use_graphs:
             return step
-        key = (sample, rows, columns)
+        key = (int(kind), rows, columns)
         if key not in self.graphs:
             self.graphs[key], seconds = capture_graph(step, self.device, self.step_buffers(),
                                                       tools=self.graph_tools, platform=self.platform)
             self.capture_seconds = (self.capture_seconds or 0.0) + seconds
         return self.graphs[key].replay
 
-    def run(self, sample: bool, rows: int, columns: int, times: int = 1) -> None:
+    def run(self, kind: int, rows: int, columns: int, times: int = 1) -> None:
         """`times` decode steps of the first `rows` slots (one graph replay each where captured)."""
         import torch
 
         with torch.inference_mode():
-            step = self.runnable(sample, rows, columns)
+            step = self.runnable(kind, rows, columns)
             for _ in range(times):
                 step()
 
-    def start(self, buckets: tuple[int, ...], cache_buckets: tuple[int, ...], sampling: bool = True) -> None:
-        """Capture every (rows, cache length) bucket's greedy step (and sampled step when `sampling`) if not yet
-        captured; without graphs, run each compiled step once (its compilation), restoring the buffers."""
+    def start(self, buckets: tuple[int, ...], cache_buckets: tuple[int, ...], sampling: bool = True,
+              processed: bool = False) -> None:
+        """Capture every (rows, cache length) bucket's greedy step (and sampled step when `sampling`, processed and
+        masked steps when `processed`) if not yet captured; without graphs, run each compiled step once (its
+        compilation), restoring the buffers."""
         import torch
 
-        kinds = (False, True) if sampling else (False,)
+        kinds = (GREEDY, SAMPLED, PROCESSED, MASKED)[: 4 if processed else 2 if sampling else 1]
         with torch.inference_mode():
             for key in ((s, r, c) for s in kinds for r in buckets for c in cache_buckets):
                 if self.use_graphs:
@@ -153,8 +158,9 @@ class ModelRunner:
 
     def prefill(self, forward: list[Chunk]) -> None:
         """One prefill forward: prompts starting at position 0 (padded together), or one chunk continuing a row's
-        prompt. A row whose prompt it ends gets its first token, position and counter; a row with more to come
-        gets the position its next chunk starts at (where an idle decode step's write is rewritten)."""
+        prompt. A row whose prompt it ends gets its first token, position and counter, and so does every row its
+        chunk copies its K/V into (the other choices of its request); a row with more to come gets the position its
+        next chunk starts at (where an idle decode step's write is rewritten)."""
         import torch
 
         with torch.inference_mode(), prefill_attention():
@@ -169,36 +175,46 @@ class ModelRunner:
             if len(done) < len(forward):
                 index = torch.tensor([i for i, c in enumerate(forward) if not c.last], device=self.device)
                 self.position[rows[index], 0] = ends[index]
-                index = torch.tensor(done, dtype=torch.long, device=self.device)
-                rows, logits, ends = rows[index], logits[index], ends[index]
             if not done:
                 return
-            if self.sampling.sampling(forward[i].slot for i in done):
-                first = next_tokens(logits, *self.sampling.take(rows), torch.zeros_like(rows))
-            else:
-                first = logits.argmax(dim=-1)
+            sources = [i for i in done for _ in (None, *forward[i].copies)]  # each done row, then its copies
+            slots = [slot for i in done for slot in (forward[i].slot, *forward[i].copies)]
+            for i in done:
+                for copy in forward[i].copies:
+                    self.kv.move_row(forward[i].slot, copy, forward[i].start + len(forward[i].tokens))
+            index = torch.tensor(sources, dtype=torch.long, device=self.device)
+            rows, logits, ends = torch.tensor(slots, dtype=torch.long, device=self.device), logits[index], ends[index]
+            first = self.choice.first(logits, rows, slots)
             self.token[rows, 0] = first
             self.position[rows, 0] = ends
             self.out[rows, 0] = first
             self.count[rows, 0] = 1
 
-    def set_sampling(self, slot: int, params: SamplingParams) -> None:
-        """Give `slot` the sampling `params` (its seed resolved now)."""
+    def set_sampling(self, slot: int, params: Any, prompt: Any = (), constrained: bool = False) -> None:
+        """Give `slot` the sampling `params` (its seed resolved now), its `prompt` (for the repetition penalty) and
+        whether a grammar constrains it."""
         import torch
 
         with torch.inference_mode():
-            self.sampling.set(slot, params)
+            self.choice.set(slot, params, prompt, constrained)
 
-    def fill_sampling(self, params: SamplingParams) -> None:
+    def fill_sampling(self, params: Any) -> None:
         """Give every slot the sampling `params` (each drawing its own seed when `params.seed` is None)."""
         import torch
 
         with torch.inference_mode():
-            self.sampling.fill(params)
+            self.choice.fill(params)
 
-    def samples(self, slots: Any) -> bool:
-        """Whether any of `slots` samples (else the greedy step runs)."""
-        return self.sampling.sampling(slots)
+    def kind(self, slots: Any) -> int:
+        """The step kind that serves `slots` (greedy, sampled, processed or masked)."""
+        return self.choice.kind(slots)
+
+    def masks(self, matchers: list[tuple[int, Any]]) -> None:
+        """Fill the grammar bitmask rows of (slot, matcher or None) pairs for the next step or prefill."""
+        import torch
+
+        with torch.inference_mode():
+            self.choice.masks(matchers)
 
     def read(self, slots: list[int], columns: list[int]) -> list[int]:
         """Token `columns[i]` of slot `slots[i]`'s produced tokens, for each i: the host's one read per step."""
@@ -209,18 +225,25 @@ class ModelRunner:
             cols = torch.tensor(columns, device=self.device)
             return self.out[index, cols].tolist()
 
+    def read_logprobs(self, slots: list[int], columns: list[int]) -> dict[int, tuple[float, tuple]]:
+        """{slot: (logprob, top (id, logprob) pairs)} of token `columns[i]` of `slots[i]`, where asked."""
+        import torch
+
+        with torch.inference_mode():
+            return self.choice.read_logprobs(slots, columns)
+
     def produced(self, rows: int) -> Any:
         """The produced tokens of the first `rows` slots, on the host (one transfer)."""
         return self.out[:rows].cpu()
 
     def move_row(self, source: int, target: int, columns: int) -> None:
         """Row `source`'s whole decoding state into row `target`: its K/V (first `columns` positions, every layer),
-        token, position, token counter, produced tokens and sampling row (seed included, so its noise stream goes
-        on). Outside any graph: the next step reads the fixed buffers."""
+        token, position, token counter, produced tokens and choosing row (seed included, so its noise stream goes
+        on; counts, bias, penalties, bitmask, logprobs). Outside any graph: the next step reads the fixed buffers."""
         import torch
 
         with torch.inference_mode():
-            for buffer in self.step_buffers():
+            for buffer in (self.token, self.position, self.count, self.out):
                 buffer[target] = buffer[source]
-            self.sampling.move(source, target)
+            self.choice.move(source, target)
             self.kv.move_row(source, target, columns)

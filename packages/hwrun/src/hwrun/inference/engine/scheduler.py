@@ -7,7 +7,9 @@ Chunked prefill: a step prefills at most `prefill_chunk` prompt tokens, in admis
 arriving while others decode costs each running stream one chunk's time per step instead of its whole prefill
 (`prefill_chunk_for` picks the budget per device). Whole prompts that fit are prefilled together, right- or
 left-padded into groups of at most `prefill_tokens` padded tokens; the rest of a prompt that did not fit continues
-next step at the position where it stopped.
+next step at the position where it stopped. The choices of a request with several (`n`) hold a slot each; the
+first prefills the prompt and the others copy its K/V at the end of that prefill (`Chunk.copies`), so a prompt is
+prefilled once whatever its `n`.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ class Chunk:
     tokens: list[int]
     start: int
     last: bool
+    copies: tuple[int, ...] = ()  # slots of the request's other choices: they get this row's K/V when it ends
 
 
 @dataclass(frozen=True)
@@ -144,11 +147,11 @@ class Scheduler:
 
     def admit(self, request: Request) -> bool:
         """Give `request` the lowest free slot (False when none is free); its prefill is planned from the next step."""
-        slot = self.kv.take(request.request_id)
+        slot = self.kv.take(request.key)
         if slot is None:
             return False
         request.slot = slot
-        self.requests[request.request_id] = request
+        self.requests[request.key] = request
         return True
 
     def prefill_plan(self) -> list[list[Chunk]]:
@@ -160,13 +163,14 @@ class Scheduler:
         group: list[Chunk] = []
         width = 0  # the longest chunk in `group`
         for request in self.requests.values():
-            if request.decoding:
+            if request.decoding or request.waits:
                 continue
             if budget <= 0:
                 break
             end = min(request.length, request.prefilled + budget)
+            copies = tuple(f.slot for f in request.followers) if end == request.length else ()
             chunk = Chunk(request.slot, request.prompt[request.prefilled:end], request.prefilled,
-                          end == request.length)
+                          end == request.length, copies)
             budget -= end - request.prefilled
             if chunk.start:
                 forwards.append([chunk])
@@ -186,6 +190,9 @@ class Scheduler:
             request.prefilled = chunk.start + len(chunk.tokens)
             if chunk.last:
                 request.produced = 1
+                for follower in request.followers:  # their rows got this prefill's K/V and a first token each
+                    follower.prefilled, follower.produced, follower.leader = request.length, 1, None
+                request.followers = []
 
     @property
     def pending(self) -> bool:
@@ -210,23 +217,34 @@ class Scheduler:
         after its first EOS id ("stop", included) or its `budget`-th token ("length"), and then leaves its slot."""
         for kept, token in enumerate(tokens, 1):
             request.read += 1
-            reason = "stop" if token in request.eos else "length" if request.read >= request.budget else None
+            ended = token in request.eos or (request.stop_after is not None and request.read >= request.stop_after)
+            reason = "stop" if ended else "length" if request.read >= request.budget else None
             if reason is not None:
                 self.leave(request)
                 return kept, reason
         return len(tokens), None
 
     def leave(self, request: Request) -> None:
-        """Drop `request` and free its slot."""
-        del self.requests[request.request_id]
+        """Drop `request` and free its slot (a choice waiting for its prefill takes it over)."""
+        del self.requests[request.key]
         self.kv.release(request.slot)
+        if request.leader is not None:
+            request.leader.followers.remove(request)
+        elif request.followers:
+            heir, *rest = request.followers
+            heir.leader, heir.followers = None, rest
+            for follower in rest:
+                follower.leader = heir
 
-    def cancel(self, request_id: Any) -> None:
-        """Drop an admitted request; FastDecodeError for an unknown id."""
-        request = self.requests.get(request_id)
-        if request is None:
-            raise FastDecodeError(f"request_id={request_id!r} is not active (finished, cancelled or never added).")
-        self.leave(request)
+    def cancel(self, request_id: Any, index: int | None = None) -> None:
+        """Drop an admitted request (every choice, or choice `index`); FastDecodeError for an unknown one."""
+        chosen = [r for r in self.requests.values() if r.request_id == request_id and index in (None, r.index)]
+        if not chosen:
+            which = "" if index is None else f" choice {index}"
+            raise FastDecodeError(f"request_id={request_id!r}{which} is not active (finished, cancelled or never "
+                                  "added).")
+        for request in chosen:
+            self.leave(request)
 
     def pack(self) -> list[Move]:
         """Move the highest held rows into the free slots below them, so the admitted requests hold the lowest slots
