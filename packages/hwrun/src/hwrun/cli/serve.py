@@ -12,9 +12,11 @@ from typing import Any
 from ..serve.config import (
     DEFAULT_MODEL_ID,
     ENGINES,
+    TOOL_PARSERS,
     ServeConfig,
     check_config,
     context_limit,
+    parse_lora,
     read_api_key,
 )
 from .main import _add_plan_options, _plan_from
@@ -56,6 +58,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "(for a supervisor that restarts on a failed health probe)")
     p.add_argument("--served-model-name", default=None, metavar="ID",
                    help="the model id clients send (default: MODEL as given, or hwrun/tiny-llama)")
+    p.add_argument("--lora", action="append", default=None, metavar="NAME=PATH",
+                   help="serve the LoRA adapter in folder PATH as model NAME beside the base model (repeatable; a "
+                        "request's `model` picks the base or an adapter; GET /v1/models lists them)")
+    p.add_argument("--tool-parser", default="auto", choices=TOOL_PARSERS,
+                   help="how tool calls are read from the model's text: auto (from the chat template: <tool_call> "
+                        "-> hermes, [TOOL_CALLS] -> mistral, <|python_tag|> -> llama3_json), or one of them")
     p.set_defaults(func=run_serve)
     return p
 
@@ -73,6 +81,8 @@ def config_from(args: argparse.Namespace, environ: dict[str, str] | None = None)
         model_id=args.served_model_name or args.model or DEFAULT_MODEL_ID,
         torch_threads=_integer(args.torch_threads, "--torch-threads") if args.torch_threads is not None else None,
         keep_alive_on_engine_death=bool(getattr(args, "keep_alive_on_engine_death", False)),
+        adapters=parse_lora(getattr(args, "lora", None)),
+        tool_parser=getattr(args, "tool_parser", "auto"),
     )
     check_config(config)
     key = read_api_key(args.api_key_env, environ)

@@ -23,6 +23,11 @@ MAX_BODY_BYTES = 4 * 2**20
 MAX_CONCURRENCY = 4096
 #: Most requests waiting for a slot (`--max-queue`).
 MAX_QUEUE = 65536
+#: Most LoRA adapters one server takes (`--lora`).
+MAX_ADAPTERS = 64
+#: `--tool-parser` values: `auto` reads the format from the chat template (see `hwrun.serve.tools.choice`).
+TOOL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
+_ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -115,9 +120,57 @@ def check_config(config: ServeConfig) -> ServeConfig:
     for ok, message in checks:
         if not ok:
             raise ServeConfigError(message)
+    if config.tool_parser not in TOOL_PARSERS:
+        raise ServeConfigError(f"--tool-parser {config.tool_parser!r} is not one of {', '.join(TOOL_PARSERS)} (auto: "
+                               "read the format from the model's chat template).")
+    check_adapters(config.adapters, config.model_id)
     if (config.api_key_env is None) != (config.api_key is None):
         raise ServeConfigError("api_key and api_key_env go together: read the key with read_api_key(api_key_env).")
     return config
+
+
+def parse_lora(values: list[str] | tuple[str, ...] | None) -> tuple[tuple[str, str], ...]:
+    """`--lora NAME=PATH` values as (name, path) pairs (checked by `check_adapters`)."""
+    pairs = []
+    for value in values or ():
+        name, sep, path = str(value).partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ServeConfigError(f"--lora {value!r} must be NAME=PATH (the name clients send as `model`, the adapter "
+                                   "folder), e.g. --lora bible=runs/bible-lora.")
+        pairs.append((name.strip(), path.strip()))
+    return tuple(pairs)
+
+
+def check_adapters(adapters: tuple[tuple[str, str], ...], model_id: str) -> None:
+    """Each `--lora` adapter: a name clients can send (unique, not the base model's id) and a folder holding a
+    valid adapter_config.json; else a `ServeConfigError` naming it (before anything loads)."""
+    from ..errors import AdapterFormatError
+    from ..model.adapters import ADAPTER_CONFIG, check_adapter_config
+
+    if len(adapters) > MAX_ADAPTERS:
+        raise ServeConfigError(f"--lora is given {len(adapters)} times; at most {MAX_ADAPTERS} adapters per server.")
+    seen: set[str] = set()
+    for name, path in adapters:
+        if not _ADAPTER_NAME.match(name):
+            raise ServeConfigError(f"--lora {name}={path}: the name {name!r} must be 1-128 letters, digits, '.', '_', "
+                                   "'-', '/' or ':' (clients send it as `model`).")
+        if name == model_id:
+            raise ServeConfigError(f"--lora {name}={path}: {name!r} is the base model's id (--served-model-name); "
+                                   "give the adapter another name.")
+        if name in seen:
+            raise ServeConfigError(f"--lora {name}=...: the name {name!r} is given twice; names must be unique.")
+        seen.add(name)
+        folder = os.path.expanduser(path)
+        if not os.path.isdir(folder):
+            raise ServeConfigError(f"--lora {name}={path}: no such folder; pass the folder `hwrun train` wrote (it "
+                                   f"holds {ADAPTER_CONFIG} and adapter_model.safetensors).")
+        if not os.path.isfile(os.path.join(folder, ADAPTER_CONFIG)):
+            raise ServeConfigError(f"--lora {name}={path}: the folder has no {ADAPTER_CONFIG}, so it is not a LoRA "
+                                   "adapter; pass an adapter folder (the one `hwrun train` wrote).")
+        try:
+            check_adapter_config(folder)
+        except AdapterFormatError as exc:
+            raise ServeConfigError(f"--lora {name}={path}: {exc}") from None
 
 
 def context_limit(max_model_len: int | None, model_context: int | None) -> tuple[int, str]:
