@@ -3,8 +3,10 @@
 `hwrun chat` talks to a running `hwrun serve` (`--base-url`, key from `--api-key-env`); `hwrun chat --local
 [MODEL]` starts the same server inside this process on a free loopback port first. A model without a
 chat template is continued as plain text through /v1/completions (said once). Commands: /reset, /exit.
-Ctrl-C stops the answer being streamed (the server cancels it); Ctrl-D or /exit leaves. Importing this
-module imports neither torch, starlette nor uvicorn.
+Ctrl-C stops the answer being streamed (the server cancels it); Ctrl-D or /exit leaves. Every wait is bounded
+(`--connect-timeout`, `--read-timeout`); a server that stalls, drops the stream or sends what is not an OpenAI
+stream is an error naming the URL and the option (issue 42.6). Importing this module imports neither torch,
+starlette nor uvicorn.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..serve.client import CONNECT_TIMEOUT_S, READ_TIMEOUT_S  # the standard library only
 from .main import _add_plan_options, _plan_from
 
 PROMPT = ">>> "
@@ -37,6 +40,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="a system message opening the conversation")
     p.add_argument("--max-tokens", type=int, default=256, help="new tokens per answer at most (default 256)")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (0: greedy; default 0.7)")
+    p.add_argument("--connect-timeout", type=float, default=CONNECT_TIMEOUT_S, metavar="SECONDS",
+                   help=f"seconds to connect to the server before giving up (default {CONNECT_TIMEOUT_S:g})")
+    p.add_argument("--read-timeout", type=float, default=READ_TIMEOUT_S, metavar="SECONDS",
+                   help=f"seconds without a byte from the server before giving up on an answer (default "
+                        f"{READ_TIMEOUT_S:g}, hwrun serve's --stall-seconds; raise it for long queues)")
     p.set_defaults(func=run_chat)
     return p
 
@@ -53,16 +61,18 @@ def run_chat(args: argparse.Namespace, *, read: Callable[[str], str] = input,
         raise ServeConfigError(f"--max-tokens {args.max_tokens} must be a positive integer.")
     if not 0 <= args.temperature <= 2:
         raise ServeConfigError(f"--temperature {args.temperature} must be between 0 and 2 (0: greedy).")
+    timeouts = {"connect_timeout": args.connect_timeout, "read_timeout": args.read_timeout}
+    ApiClient("http://127.0.0.1", **timeouts)  # refuses a bad timeout before a --local model loads
     key = read_api_key(args.api_key_env)
     local = None
     if args.local:
         local = _start_local(args)
-        client = ApiClient(local.url)
+        client = ApiClient(local.url, **timeouts)
     else:
         if args.model is not None:
             raise ServeConfigError(f"MODEL {args.model!r} is only for --local (loaded in this process); to talk "
                                    "to a server, pass --base-url and, if needed, --served-model.")
-        client = ApiClient(args.base_url, key)
+        client = ApiClient(args.base_url, key, **timeouts)
     try:
         return Conversation(client, args, write).run(read)
     finally:
