@@ -152,7 +152,39 @@ def route_backend(accel: AcceleratorLike, backend: Backend | None = None) -> Com
     original backend); elsewhere the requested one. `accel` is an Accelerator, a kind, or None.
     """
     validate_backend(backend)
-    return _route(resolve_accelerator(accel), backend, _warn_once)
+    acc = resolve_accelerator(accel)
+    if isinstance(backend, str) and own_backend(acc.platform) is None:
+        check_backend_name(backend)  # kept as asked here, so torch.compile itself would get the name
+    return _route(acc, backend, _warn_once)
+
+
+#: Names that need no look-up in torch's registry (its default, eager, and those it always registers).
+_ALWAYS_KNOWN = frozenset({DEFAULT_BACKEND, EAGER_BACKEND, "aot_eager", "cudagraphs"})
+
+
+def check_backend_name(backend: str) -> None:
+    """Refuse a backend name torch.compile does not know here (`torch._dynamo.list_backends(exclude_tags=())`,
+    plus every platform's own backend), naming the closest one: torch would refuse it only at the compile call,
+    and `TrainingArguments(torch_compile_backend=...)` after the model loaded (issue 42.8)."""
+    known = _ALWAYS_KNOWN | {platform.compile_backend for platform in hwenv.platforms()}
+    if backend in known:
+        return
+    import difflib
+
+    from torch._dynamo import list_backends
+
+    common = known | set(list_backends())
+    every = common | set(list_backends(exclude_tags=()))
+    if backend in every:
+        return
+    from .errors import CompileArgumentError
+
+    close = difflib.get_close_matches(backend, sorted(every), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise CompileArgumentError(
+        f"backend={backend!r} is not a torch.compile backend here; {hint}common ones: {', '.join(sorted(common))} "
+        f"(torch._dynamo.list_backends()). Register your own with torch._dynamo.register_backend first, or pass a "
+        f"callable.")
 
 
 def _route(acc: hwenv.Accelerator, backend: Backend | None,

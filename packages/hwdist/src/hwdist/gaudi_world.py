@@ -50,13 +50,37 @@ def _single_process(env: Mapping[str, str]) -> tuple[int, ...] | None:
     if pinned is not None:
         return (pinned,)  # the bridge's pin wins over every selection
     if env.get(MODULES_VARIABLE) is not None:
-        return _bridge_modules(len(env[MODULES_VARIABLE].split(",")), env)
+        listed = _bridge_modules(len(env[MODULES_VARIABLE].split(",")), env)
+        idle = listed[1:]
+        if idle:  # not refused: the container runtime writes every mounted card's module here (see idle_modules)
+            logger.warning(
+                "one Gaudi process on this node but %s=%r lists %d modules: the process uses module %d (list "
+                "position 0 = local rank 0, as the bridge maps it) and modules %s stay idle; launch %d processes "
+                "(a supported group, G8) or select the one module to use", MODULES_VARIABLE, env[MODULES_VARIABLE],
+                len(listed), listed[0], list(idle), len(listed))
+        return listed[:1]
     if env.get(DEVICES_VARIABLE) is not None:
         # A one-card container: its module ID is not in the environment, and what hl-smi prints inside
         # such a container is not documented, so it is not read.
         logger.info("one Gaudi process with %s=%r: its module ID is not known here", DEVICES_VARIABLE,
                     env[DEVICES_VARIABLE])
     return None
+
+
+def idle_modules(local_world_size: int, environ: Mapping[str, str] | None = None) -> tuple[int, ...]:
+    """The Gaudi modules `HABANA_VISIBLE_MODULES` lists past the first `local_world_size` (each process uses the
+    module at its local rank's position): cards selected that no process will use.
+
+    `check_gaudi_world` refuses a mismatch for 2+ processes and only warns for one, because the habana container
+    runtime writes `HABANA_VISIBLE_MODULES` itself for every card a container mounts (HabanaAI/habana-container-
+    runtime README, "HABANA_VISIBLE_MODULES Auto generated"), so one process in an all-card container is standard.
+    A launcher that was given the selection explicitly (`--devices 0,1 --nproc-per-node 1`) refuses with this.
+    """
+    env = os.environ if environ is None else environ
+    if env.get(MODULES_VARIABLE) is None or env.get(MODULE_ID_VARIABLE) is not None:
+        return ()
+    listed = _bridge_modules(len(env[MODULES_VARIABLE].split(",")), env)
+    return listed[max(local_world_size, 0):]
 
 
 def _selected(env: Mapping[str, str], hl_smi_rows: tuple[hwenv.HlSmiRow, ...] | None, kind: str) -> hwenv.Selection:

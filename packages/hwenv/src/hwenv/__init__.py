@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "HubKernels": "hub_kernels",
     "hub_kernels_status": "hub_kernels",
     # errors
+    "AcceleratorFieldError": "errors",
     "AffinityMaskError": "errors",
     "DeviceHierarchyError": "errors",
     "DeviceOverrideError": "errors",

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from .errors import DeviceOverrideError, PlatformConflictError, PlatformError
+from .errors import AcceleratorFieldError, DeviceOverrideError, PlatformConflictError, PlatformError
 from .platforms import Platform, get_platform, kinds, platforms
 from .probes import ProbeResult, run_probe
 from .versions import installed_version
@@ -40,14 +40,22 @@ class Accelerator:
     bf16_emulated: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.kind, str):
+            raise AcceleratorFieldError(f"Accelerator kind {self.kind!r} is {type(self.kind).__name__}, not a string; pass one of "
+                                        f"{', '.join(kinds())}.")
         try:
             get_platform(self.kind)
         except PlatformError:
             raise DeviceOverrideError(
                 f"Unknown accelerator kind {self.kind!r}; valid kinds are {', '.join(kinds())}."
             ) from None
-        if self.count < 0:
-            raise DeviceOverrideError(f"Accelerator count must be >= 0, got {self.count}.")
+        # a str count ('2' from an environment variable or a CLI) would fail below as a TypeError, or compare as text
+        if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 0:
+            raise AcceleratorFieldError(
+                f"Accelerator count {self.count!r} ({type(self.count).__name__}) must be an int >= 0, the number of "
+                f"devices; convert it first, e.g. Accelerator({self.kind!r}, count=int(text)).")
+        if self.bf16 not in (True, False, None) or isinstance(self.bf16, int) and not isinstance(self.bf16, bool):
+            raise AcceleratorFieldError(f"Accelerator bf16 {self.bf16!r} must be True, False or None (unknown).")
 
     @property
     def platform(self) -> Platform:

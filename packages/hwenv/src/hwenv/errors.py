@@ -14,6 +14,10 @@ class DeviceOverrideError(HwenvError, ValueError):
     """`HWENV_DEVICE` names an unknown kind, or a kind that is not usable here."""
 
 
+class AcceleratorFieldError(HwenvError, ValueError):
+    """An `Accelerator` built with a field of the wrong type or out of range (`count='2'`, `count=-1`)."""
+
+
 class AffinityMaskError(HwenvError, ValueError):
     """A `ZE_AFFINITY_MASK` value that Level Zero would not accept."""
 

@@ -8,14 +8,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import struct
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..errors import AdapterFormatError, ModelIntegrityError, TrainingConfigError
+from ..errors import AdapterFormatError, ModelIntegrityError, ModelSourceError, TrainingConfigError
 from .integrity import safetensors_header, verify_output
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +50,25 @@ def adapter_base_model(path: str | os.PathLike) -> str:
             f"{config_path} names no base_model_name_or_path; hwrun cannot tell which model the adapter "
             "belongs to. Fix: add the base model's path to it."
         )
+    _check_base(config_path, str(base))
     return str(base)
+
+
+def _check_base(config_path: Path, base: str) -> None:
+    """The base an adapter names must be usable: a missing or broken one is this adapter_config.json's field, not
+    the user's --model (before: "model='/gone' does not exist ... omit --model", issue 42.8)."""
+    from .source import _looks_like_hub_id, resolve_source
+
+    fix = (f"Fix: put the base model there, or set base_model_name_or_path in {config_path} to the folder or Hub id "
+           "of the model the adapter was trained on.")
+    if not Path(base).expanduser().exists() and not _looks_like_hub_id(base):
+        raise AdapterFormatError(f"the adapter's base model {base!r} (base_model_name_or_path in {config_path}) does "
+                                 f"not exist: no such folder here, and not a Hub id of the form 'org/name'. {fix}")
+    try:
+        resolve_source(base)
+    except ModelSourceError as error:
+        raise AdapterFormatError(f"the adapter's base model (base_model_name_or_path in {config_path}) cannot be "
+                                 f"used: {error} {fix}") from None
 
 
 def check_adapter_weights(path: str | os.PathLike, *, allow_pickle: bool = False) -> Path:
@@ -65,6 +81,7 @@ def check_adapter_weights(path: str | os.PathLike, *, allow_pickle: bool = False
         check_adapter_config(folder)
         _whole(folder / ADAPTER_SAFETENSORS)
         verify_output(folder)  # hwrun's own adapter: every byte against the sha256 it recorded (issue 42)
+        check_finite(folder / ADAPTER_SAFETENSORS)  # a NaN adapter generated nothing, exit 0 (issue 42.8)
         return folder / ADAPTER_SAFETENSORS
     if (folder / ADAPTER_PICKLE).is_file():
         if allow_pickle:
@@ -90,6 +107,42 @@ def _whole(file: Path) -> None:
         safetensors_header(file)
     except ModelIntegrityError as error:
         raise AdapterFormatError(f"Adapter weights {error}") from None
+
+
+#: safetensors float dtypes: (bytes per value, the exponent bits; all of them set is an inf or a NaN).
+_FLOAT_EXPONENTS = {"F64": (8, 0x7FF0000000000000), "F32": (4, 0x7F800000), "F16": (2, 0x7C00), "BF16": (2, 0x7F80)}
+_UNSIGNED = {8: "<u8", 4: "<u4", 2: "<u2"}
+
+
+def check_finite(file: str | os.PathLike) -> None:
+    """Every float value in the adapter weights `file` is finite; else an AdapterFormatError naming the tensor and
+    how many values are NaN or infinite (PEFT loads such an adapter and the model then generates nothing, exit 0).
+    Reads the bytes once through a memory map (numpy, no torch): an adapter is small, this costs milliseconds."""
+    import mmap
+
+    import numpy as np
+
+    file = Path(file)
+    with open(file, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        tensors = json.loads(handle.read(length))
+        if file.stat().st_size == 8 + length:
+            return  # no tensor data
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            for name, info in tensors.items():
+                if name == "__metadata__" or info.get("dtype") not in _FLOAT_EXPONENTS:
+                    continue
+                width, mask = _FLOAT_EXPONENTS[info["dtype"]]
+                start, end = (8 + length + int(offset) for offset in info["data_offsets"])
+                bits = np.frombuffer(data, dtype=_UNSIGNED[width], count=(end - start) // width, offset=start)
+                bad = int(np.count_nonzero((bits & mask) == mask))
+                del bits  # the mmap closes only once no view of it is left
+                if bad:
+                    raise AdapterFormatError(
+                        f"{file}: tensor {name!r} holds {bad:,} NaN or infinite value(s) of {(end - start) // width:,};"
+                        " a model with this adapter generates nothing useful. The training that wrote it diverged "
+                        "(or the file was damaged). Fix: use an earlier checkpoint, or train again with a lower --lr "
+                        "(hwrun train stops a diverging run before it saves).")
 
 
 #: adapter_config.json fields PEFT's LoRA reads, with the rule each must follow.
