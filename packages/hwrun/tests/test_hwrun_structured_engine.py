@@ -57,6 +57,28 @@ NESTED = {
                        "minItems": 2}},
 }
 
+KEYWORDS = {  # the keywords both engines enforce, each once
+    "type": "object",
+    "properties": {
+        "int": {"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 9},
+        "seven": {"type": "integer", "multipleOf": 7},
+        "num": {"type": "number", "minimum": -1.5, "maximum": 2.25},
+        "maybe": {"type": ["integer", "null"]},
+        "const": {"const": {"a": [1, 2]}},
+        "mixed": {"enum": [1, "x", None, True]},
+        "when": {"type": "string", "format": "date-time"},
+        "uuid": {"type": "string", "format": "uuid"},
+        "flags": {"type": "array", "items": {"type": "boolean"}, "minItems": 2, "maxItems": 3},
+        "counts": {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 2},
+        "tree": {"$ref": "#/$defs/node"},
+    },
+    "required": ["int", "seven", "num", "maybe", "const", "mixed", "when", "uuid", "flags", "tree"],
+    "additionalProperties": False,
+    "$defs": {"node": {"type": "object", "properties": {"kids": {"type": "array", "maxItems": 2,
+                                                                 "items": {"$ref": "#/$defs/node"}}},
+                       "required": ["kids"], "additionalProperties": False}},
+}
+
 
 @pytest.fixture(scope="module")
 def tokenizer():
@@ -104,7 +126,8 @@ def drive(matcher, texts, seed: int, budget: int = 120, limit: int = 1500) -> li
     return tokens
 
 
-@pytest.mark.parametrize("schema", [None, TOOL_CALL, NESTED], ids=["json_object", "tool_call", "nested"])
+@pytest.mark.parametrize("schema", [None, TOOL_CALL, NESTED, KEYWORDS], ids=["json_object", "tool_call", "nested",
+                                                                              "keywords"])
 def test_random_allowed_tokens_give_valid_json(compiler, tokenizer, texts, schema):
     spec = StructuredOutput("json_object") if schema is None else StructuredOutput.json_schema(schema)
     for seed in range(12):
@@ -112,7 +135,7 @@ def test_random_allowed_tokens_give_valid_json(compiler, tokenizer, texts, schem
         value = json.loads(text)
         assert isinstance(value, dict), text
         if schema is not None:
-            jsonschema.validate(value, schema)
+            jsonschema.validate(value, schema)  # formats are annotations here: the engines check their syntax only
 
 
 def test_padded_and_special_ids_are_never_allowed(compiler, tokenizer, texts):
@@ -170,6 +193,7 @@ def test_a_top_level_number_is_not_finished_while_digits_may_follow(compiler, to
     ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, ["missing"]),
     ({"type": "object", "properties": {"a": {"type": "bogus"}}}, ["bogus"]),
     ({"type": "object", "properties": {"a": {"items": 5}}}, ["#/properties/a/items", "not int"]),
+    ({"type": "object", "required": ["a"], "additionalProperties": False}, ["['a'] are not in properties"]),
 ])
 def test_schemas_that_cannot_be_enforced_are_refused_with_the_problem(compiler, schema, words):
     with pytest.raises(StructuredOutputError) as caught:
@@ -188,12 +212,21 @@ def test_compiled_grammars_are_cached_per_spec(compiler):
     assert not two.failed  # each request has its own state
 
 
-def test_xgrammar_refuses_length_bounded_strings_it_cannot_keep_valid(tokenizer):
+@pytest.mark.parametrize(("subschema", "words"), [
+    ({"type": "string", "maxLength": 10}, "maxLength: raw control characters"),
+    ({"allOf": [{"type": "integer"}, {"minimum": 2}]}, "allOf with several subschemas"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "treats oneOf as anyOf"),
+    ({"type": "number", "multipleOf": 0.5}, "multipleOf only as an integer multiple"),
+])
+def test_xgrammar_refuses_what_it_would_not_enforce(tokenizer, subschema, words):
+    """Each of these compiled in xgrammar 0.2.9 and let random allowed tokens build JSON the schema rejects."""
     pytest.importorskip("xgrammar")
     compiler = structured_compiler(tokenizer, len(tokenizer), backend="xgrammar")
-    with pytest.raises(StructuredOutputError, match="maxLength.*xgrammar#800.*llguidance"):
-        compiler.matcher(StructuredOutput.json_schema({"type": "object", "properties": {
-            "a": {"type": "string", "maxLength": 10}}}))
+    schema = {"type": "object", "properties": {"v": subschema}, "required": ["v"]}
+    with pytest.raises(StructuredOutputError, match=words.split(":")[0]) as caught:
+        compiler.matcher(StructuredOutput.json_schema(schema))
+    assert "#/properties/v" in str(caught.value) and "use backend llguidance" in str(caught.value)
+    assert words.split(": ")[-1] in str(caught.value)
 
 
 def test_backend_choice_and_its_errors(monkeypatch, caplog, tokenizer):

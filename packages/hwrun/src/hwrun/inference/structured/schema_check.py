@@ -5,7 +5,7 @@ so what is accepted, and guaranteed, is the same whichever engine runs."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...errors import StructuredOutputError
@@ -25,19 +25,29 @@ _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_ONE = ("items", "additionalProperties")
 
 
-def check_schema(schema: Any, refused: Mapping[str, str] | None = None) -> None:
+def check_schema(schema: Any, engine_check: Callable[[dict[str, Any]], str | None] | None = None) -> None:
     """Raise `StructuredOutputError` naming the first keyword of `schema` (with its JSON pointer) that structured output
-    cannot enforce; `refused` adds keywords one grammar engine cannot enforce, each with the reason."""
+    cannot enforce; `engine_check(subschema)` returns what one grammar engine cannot enforce there, or None."""
     for path, node in _walk(schema, "#"):
-        for key in sorted(UNSUPPORTED & node.keys()):
-            raise StructuredOutputError(f"the JSON schema uses {key!r} at {path}, which structured output cannot "
-                                        f"enforce: remove it (supported: {SUPPORTED}).")
-        for key in sorted((refused or {}).keys() & node.keys()):
-            raise StructuredOutputError(f"the JSON schema uses {key!r} at {path}: {(refused or {})[key]}")
-        pattern = node.get("pattern")
-        if isinstance(pattern, str) and _UNSUPPORTED_REGEX.search(pattern):
-            raise StructuredOutputError(f"the JSON schema's pattern {pattern!r} at {path} uses look-around or a "
-                                        "back-reference, which structured output cannot match: rewrite it without them.")
+        problem = _problem(node) or (engine_check(node) if engine_check is not None else None)
+        if problem:
+            raise StructuredOutputError(f"the JSON schema at {path}: {problem}")
+
+
+def _problem(node: dict[str, Any]) -> str | None:
+    for key in sorted(UNSUPPORTED & node.keys()):
+        return f"{key!r} cannot be enforced by structured output: remove it (supported: {SUPPORTED})."
+    pattern = node.get("pattern")
+    if isinstance(pattern, str) and _UNSUPPORTED_REGEX.search(pattern):
+        return (f"pattern {pattern!r} uses look-around or a back-reference, which structured output cannot match: "
+                "rewrite it without them.")
+    properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    required = node.get("required") if isinstance(node.get("required"), list) else []
+    missing = [key for key in required if key not in properties]
+    if missing and node.get("additionalProperties") is False:
+        return (f"required {missing} are not in properties and additionalProperties is false, so no object can "
+                "match: add them to properties.")
+    return None
 
 
 def _walk(schema: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:

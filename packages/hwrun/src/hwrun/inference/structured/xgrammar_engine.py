@@ -14,11 +14,26 @@ from .vocab import VocabInfo
 NAME = "xgrammar"
 #: xgrammar's C++ messages start with "[hh:mm:ss] /path/file.cc:line: "; the schema problem is what follows.
 _CPP_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")
-_LENGTH_BUG = ("xgrammar 0.2.9 lets raw control characters into strings bounded by minLength/maxLength and drops "
-               "their escapes, so the text would not be valid JSON (mlc-ai/xgrammar#800): use the llguidance backend "
-               "or drop the bound.")
-#: Keywords xgrammar compiles without enforcing correctly, refused with the reason.
-REFUSED = {"minLength": _LENGTH_BUG, "maxLength": _LENGTH_BUG}
+_LENGTH_BUG = ("lets raw control characters into strings bounded by minLength/maxLength and drops their escapes, "
+               "so the text would not be valid JSON (mlc-ai/xgrammar#800)")
+
+
+def schema_problem(node: dict[str, Any]) -> str | None:
+    """What xgrammar 0.2.9 compiles without enforcing in this subschema (found by driving its matchers with random
+    allowed tokens and validating the JSON), or None."""
+    why = None
+    if "minLength" in node or "maxLength" in node:
+        why = _LENGTH_BUG
+    elif isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
+        why = "compiles allOf with several subschemas to a grammar that allows values outside the schema"
+    elif "oneOf" in node:
+        why = "treats oneOf as anyOf (a value valid under two branches is allowed); use anyOf if that is meant"
+    elif "multipleOf" in node and (node.get("type") != "integer" or not isinstance(node["multipleOf"], int)):
+        why = "enforces multipleOf only as an integer multiple of an integer"
+    elif isinstance(node.get("required"), list) and any(
+            key not in (node.get("properties") or {}) for key in node["required"]):
+        why = "allows no property outside properties (strict mode), so a required key missing from them never comes"
+    return None if why is None else f"the xgrammar backend {why}: use backend llguidance, or change the schema."
 
 
 def tokenizer_info(tokenizer: Any, vocab: VocabInfo) -> Any:
@@ -51,7 +66,7 @@ class XGrammarCompiler:
     def compile(self, spec: StructuredOutput) -> Any:
         """The compiled grammar for `spec`; `StructuredOutputError` names the schema problem."""
         if spec.schema is not None:
-            check_schema(spec.schema_dict(), REFUSED)
+            check_schema(spec.schema_dict(), schema_problem)
         try:
             if spec.kind == "json_object":
                 return self._compiler.compile_json_schema('{"type": "object"}', strict_mode=False)
