@@ -1,6 +1,7 @@
 """The Starlette app of `hwrun serve`: OpenAI routes, bearer-key check, errors as OpenAI error objects.
 
-Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models` (+ `/v1/models/{id}`),
+Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `POST /v1/responses` (OpenAI's Responses API:
+`hwrun.serve.responses`), `GET /v1/models` (+ `/v1/models/{id}`; the base model and each `--lora` adapter),
 `GET /health` (503 until the engine is warm, and while it drains), `GET /metrics` (Prometheus text).
 A body that fails validation is a 400 with `{"error": {"message", "type", "param", "code"}}`; a full
 queue a 429 with `Retry-After`; an unexpected failure a 500 whose message points to the server log
@@ -29,13 +30,14 @@ from .engine import EngineNotReady, EngineRequest, QueueFullError
 from .metrics import CONTENT_TYPE
 from .protocol import error_body, parse_json, parse_request
 from .request import ENDPOINTS, Run, encode, token_budget
+from .responses import parse_responses, responses_stream, responses_whole
 from .state import ServeState
 
 logger = logging.getLogger(__name__)
 
 #: The `endpoint` label of `/metrics` per path: a fixed set, so no client can add series or inject labels.
 ENDPOINT_LABELS = {"/v1/completions": "completions", "/v1/chat/completions": "chat_completions",
-                   "/v1/models": "models", "/health": "health", "/metrics": "metrics"}
+                   "/v1/responses": "responses", "/v1/models": "models", "/health": "health", "/metrics": "metrics"}
 #: Paths that need the bearer key when the server has one (`/health` stays open for probes).
 PROTECTED = ("/v1/", "/metrics")
 #: Seconds a request's whole body may take to arrive (a slower one is a 408; the headers' limit is the server's).
@@ -49,6 +51,7 @@ def build_app(state: ServeState, *, lifespan: Callable[[Starlette], Any] | None 
     routes = [
         Route("/v1/completions", _completions, methods=["POST"]),
         Route("/v1/chat/completions", _chat, methods=["POST"]),
+        Route("/v1/responses", _responses, methods=["POST"]),
         Route("/v1/models", _models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", _model, methods=["GET"]),
         Route("/health", _health, methods=["GET"]),
@@ -158,16 +161,18 @@ async def _metrics(request: Request) -> Response:
 
 async def _models(request: Request) -> Response:
     state: ServeState = request.app.state.hwrun
-    return JSONResponse({"object": "list", "data": [state.model_card()]})
+    return JSONResponse({"object": "list", "data": [state.model_card(), *state.adapter_cards()]})
 
 
 async def _model(request: Request) -> Response:
     state: ServeState = request.app.state.hwrun
     model_id = request.path_params["model_id"]
-    if model_id != state.config.model_id:
-        raise RequestError(f"model {model_id!r} is not served here; this server serves {state.config.model_id!r}.",
+    card = state.card(model_id)
+    if card is None:
+        served = ", ".join(repr(m) for m in (state.config.model_id, *state.served.adapters))
+        raise RequestError(f"model {model_id!r} is not served here; this server serves {served}.",
                            status=404, param="model", code="model_not_found")
-    return JSONResponse(state.model_card())
+    return JSONResponse(card)
 
 
 async def _completions(request: Request) -> Response:
@@ -176,6 +181,10 @@ async def _completions(request: Request) -> Response:
 
 async def _chat(request: Request) -> Response:
     return await _generate(request, "chat")
+
+
+async def _responses(request: Request) -> Response:
+    return await _generate(request, "responses")
 
 
 async def _read_body(request: Request) -> bytes:
@@ -202,30 +211,44 @@ async def _generate(request: Request, kind: str) -> Response:
     state: ServeState = request.app.state.hwrun
     endpoint = ENDPOINTS[kind]
     arrived = time.perf_counter()
+    meta = None
     try:
         if not state.engine.ready:
             raise _not_ready(state)
-        parsed = parse_request(parse_json(await _read_body(request)), kind, state.config.model_id)
+        body = parse_json(await _read_body(request))
+        if kind == "responses":
+            parsed, meta = parse_responses(body, state.served)
+        else:
+            parsed = parse_request(body, kind, state.served)
+        if parsed.n > state.config.max_concurrency:
+            raise RequestError(f"`n`={parsed.n}: each choice is decoded in a slot of its own, and this server has "
+                               f"{state.config.max_concurrency} (--max-concurrency); ask for fewer choices.",
+                               param="n", code="invalid_value")
         # in the server's one tokenizer thread: a long prompt does not stall the event loop
         ids = await asyncio.get_running_loop().run_in_executor(state.encoder, encode, state, parsed)
         budget = token_budget(parsed, len(ids), state.max_model_len)
         run = Run(state, kind, parsed, len(ids), arrived)
         try:
-            state.engine.submit(EngineRequest(run.rid, tuple(ids), budget, parsed.sampling, parsed.ignore_eos),
-                                run.deliver)
+            state.engine.submit(EngineRequest(run.rid, tuple(ids), budget, parsed.sampling, parsed.ignore_eos,
+                                              n=parsed.n, stop_token_ids=parsed.stop_token_ids,
+                                              adapter=parsed.adapter), run.deliver)
         except QueueFullError as exc:
             raise RequestError(f"the server is at capacity ({exc}; --max-concurrency {state.config.max_concurrency}, "
                                f"--max-queue {state.config.max_queue}); retry after Retry-After seconds.",
                                status=429, error_type="rate_limit_exceeded", code="queue_full") from None
         except EngineNotReady:
             raise _not_ready(state) from None
+        state.runs.add(run)
     except RequestError as exc:
         state.metrics.count_request(endpoint, _outcome(exc.status))
         return error_response(exc)
     state.metrics.prompt_tokens += len(ids)
     if parsed.stream:
-        return StreamingResponse(run.stream(), media_type="text/event-stream",
+        stream = responses_stream(run, meta) if meta is not None else run.stream()
+        return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    if meta is not None:
+        return await responses_whole(run, meta, request)
     return await run.whole(request)
 
 

@@ -5,8 +5,10 @@ lifespan starts the engine (its core in its own process, `hwrun.serve.engine.Eng
 Connections that do not finish their request headers within `HEADER_TIMEOUT` seconds are closed.
 
 SIGTERM (or Ctrl-C): uvicorn stops accepting connections; the engine takes no new requests (503
-`shutting_down`) and finishes the ones queued or running; uvicorn waits up to `--grace-seconds` for
-their responses, then cancels what is left (the engine cancels those requests); the app's shutdown
+`shutting_down`) and finishes the ones queued or running; `--grace-seconds` after the signal the server
+ends what is still running itself (a stream with an error event, code `shutting_down`, and `data: [DONE]`;
+a whole answer with a 503) and cancels it in the engine; uvicorn, whose own limit is `CUT_MARGIN` seconds
+later, then finds every response finished (before, it cancelled the streams mid-chunk); the app's shutdown
 stops the engine, and `serve()` returns 0. uvicorn re-raises a caught signal after its own shutdown
 (`Server.capture_signals`), which for SIGTERM would end the process with -15 instead of 0: `_Server`
 catches the signals without re-raising them.
@@ -31,6 +33,9 @@ if TYPE_CHECKING:
 
 #: Signals that start the drain.
 DRAIN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: Seconds uvicorn waits past `--grace-seconds` before it cancels responses: the server ends its requests at
+#: `--grace-seconds` (an error event and `[DONE]`), and their last bytes go out within this margin.
+CUT_MARGIN = 2.0
 
 
 def _server_class() -> type:
@@ -43,6 +48,7 @@ def _server_class() -> type:
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             self.state.engine.drain()
+            schedule_cut(self.state)
             super().handle_exit(sig, frame)
 
         @contextlib.contextmanager
@@ -66,6 +72,26 @@ def _server_class() -> type:
                                "model is loaded and warm)")
 
     return _Server
+
+
+def schedule_cut(state: ServeState) -> None:
+    """`--grace-seconds` from now, end every request still in flight (once per server; any thread may call it)."""
+    loop = state.loop
+    if loop is None or loop.is_closed() or state.cut_scheduled:
+        return
+    state.cut_scheduled = True
+    grace = float(state.config.grace_seconds)
+
+    def cut() -> None:
+        count = state.end_runs(f"the server is shutting down and this request was still running {grace:g} s after "
+                               "the shutdown began (--grace-seconds): it ends here; send it again to another server.")
+        if count:
+            state.say(f"grace period over: {count} request(s) still running were ended (an error event and [DONE])")
+
+    try:
+        loop.call_soon_threadsafe(lambda: loop.call_later(grace, cut))
+    except RuntimeError:  # the loop closed meanwhile
+        pass
 
 
 def _url_host(host: str) -> str:
@@ -104,6 +130,7 @@ def make_server(state: ServeState) -> Any:
                 server_box["server"].should_exit = True
 
         state.engine.on_ready, state.engine.on_failed = ready, failed
+        state.loop = loop
         state.engine.start(loop)
         try:
             yield
@@ -118,7 +145,7 @@ def make_server(state: ServeState) -> Any:
     sock = bind_socket(config.host, config.port)  # before anything loads: a busy port fails in a second
     app = build_app(state, lifespan=lifespan)
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", access_log=False,
-                               timeout_graceful_shutdown=config.grace_seconds,  # type: ignore[arg-type] lifespan="on",
+                               timeout_graceful_shutdown=config.grace_seconds + CUT_MARGIN,  # type: ignore[arg-type] lifespan="on",
                                server_header=False, http=guarded_protocol(), timeout_keep_alive=KEEP_ALIVE_SECONDS)
     server = _server_class()(uv_config)
     server.state = state

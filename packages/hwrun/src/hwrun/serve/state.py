@@ -1,7 +1,10 @@
-"""`ServeState`: what one server holds (settings, plan, engine, metrics) and the model card it shows."""
+"""`ServeState`: what one server holds (settings, plan, engine, metrics, the requests in flight), what it learns
+from the load (tokenizer, tool-call format, sampling defaults of the model's generation config) and the model
+cards it shows (the base model and each `--lora` adapter)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import sys
@@ -12,12 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from .engine import Backend, Engine, EngineChoice, EngineNotReady
 from .metrics import Metrics
+from .protocol import GENERATION_DEFAULTS, ServedModels
 
 if TYPE_CHECKING:
     from ..model.plan import RunPlan
     from .config import ServeConfig
     from .ipc import Ready
+    from .request import Run
     from .startup import Loaded
+    from .tools.choice import ToolSupport
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +59,14 @@ class ServeState:
         self.encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwrun-serve-tokenize")
         self.metrics = Metrics(queue_depth=lambda: self.engine.queue_depth, running=lambda: self.engine.running,
                                steps=lambda: self.engine.steps)
+        self.loop: Any = None  # the server's event loop (set when the app starts)
+        self.cut_scheduled = False  # the end of the grace period is scheduled (a shutdown began)
+        self.runs: set[Run] = set()  # requests in flight (ended at once when the grace period of a shutdown ends)
+        self.tool_support: ToolSupport | None = None  # set once the tokenizer is known
+        self.drop_ids: frozenset[int] | None = None  # special tokens dropped from text (None: all special ones)
+        self.token_texts: Any = None  # `text.TokenTexts` of the tokenizer (logprobs)
+        self.defaults: dict[str, float] = {}  # sampling defaults from generation_config.json
+        self.served = ServedModels(config.model_id, tuple(name for name, _ in config.adapters))
 
     def _build(self) -> Backend:
         """The in-process core's backend (runs in the core's thread)."""
@@ -75,7 +89,17 @@ class ServeState:
                 eos_ids=tuple(info["eos_ids"]), backend=None, load_seconds=info["load_seconds"],  # type: ignore[arg-type]
                 warm_seconds=info["warm_seconds"], threads=info["threads"], threads_reason=info["threads_reason"])
         loaded = self.loaded
-        make, detok_why = detokenizer_factory(loaded.tokenizer)
+        from .text import TokenTexts, special_ids
+        from .tools.choice import choose_tool_support
+
+        support = self.tool_support = choose_tool_support(loaded.tokenizer, self.config.tool_parser)
+        make, detok_why = detokenizer_factory(loaded.tokenizer, keep_ids=support.keep_token_ids)
+        if support.keep_token_ids:
+            self.drop_ids = special_ids(loaded.tokenizer) - set(support.keep_token_ids)
+        self.token_texts = TokenTexts(loaded.tokenizer)
+        self.defaults, defaults_why = generation_defaults(self.plan)
+        self.served = ServedModels(self.config.model_id, self.served.adapters, self.defaults,
+                                   len(loaded.tokenizer) if loaded.tokenizer is not None else None)
         self.engine.detokenizer = make
         self.metrics.info = {"engine": loaded.choice.name, "device": self.plan.device, "dtype": self.plan.dtype,
                              "model": self.config.model_id}
@@ -87,6 +111,15 @@ class ServeState:
                  "a thread of the server's process (a backend given in Python)")
         self.say(f"engine core: {where}; requests and token batches over ZeroMQ (msgspec); detokenized in the "
                  f"server's reader thread with {detok_why}")
+        if support.parser is not None:
+            kept = f"; special tokens kept in the text for it: {len(support.keep_token_ids)}" if (
+                support.keep_token_ids) else ""
+            self.say(f"tools: tool calls read as {support.why}{kept}")
+        else:
+            self.say(f"tools: requests with `tools` are refused (400): {support.why}")
+        self.say(f"sampling defaults: {defaults_why}")
+        for name, path in self.config.adapters:
+            self.say(f"adapter: {name} (LoRA from {path}; requests with model={name!r} run it)")
 
     @property
     def tokenizer(self) -> Any:
@@ -128,4 +161,67 @@ class ServeState:
             "reasons": dict(plan.reasons),
         }
         return {"id": self.config.model_id, "object": "model", "created": self.created, "owned_by": "hwrun",
-                "max_model_len": meta["max_model_len"], "hwrun": meta}
+                "root": plan.model, "parent": None, "max_model_len": meta["max_model_len"], "hwrun": meta}
+
+    def adapter_cards(self) -> list[dict[str, Any]]:
+        """`/v1/models`' entries of the `--lora` adapters: each a model whose `parent` is the base model (vLLM's
+        shape), `root` its folder."""
+        max_len = self.loaded.max_model_len if self.loaded else None
+        return [{"id": name, "object": "model", "created": self.created, "owned_by": "hwrun", "root": path,
+                 "parent": self.config.model_id, "max_model_len": max_len,
+                 "hwrun": {"adapter": path, "base": self.config.model_id}} for name, path in self.config.adapters]
+
+    def card(self, model_id: str) -> dict[str, Any] | None:
+        """The card of `model_id` (the base model or an adapter), None when it is not served here."""
+        if model_id == self.config.model_id:
+            return self.model_card()
+        return next((c for c in self.adapter_cards() if c["id"] == model_id), None)
+
+    def end_runs(self, why: str) -> int:
+        """End every request in flight now (`Run.end_now`); how many there were. Call on the event loop."""
+        runs = list(self.runs)
+        for run in runs:
+            run.end_now(why)
+        return len(runs)
+
+
+def generation_defaults(plan: RunPlan) -> tuple[dict[str, float], str]:
+    """(sampling defaults, what the start-up log says): the fields of `GENERATION_DEFAULTS` the model's
+    generation_config.json sets, used where a request leaves them out (vLLM's `--generation-config auto`)."""
+    path = _generation_config_path(plan.model)
+    if path is None:
+        return {}, "OpenAI's (the model has no generation_config.json)"
+    try:
+        config = json.loads(open(path, encoding="utf-8").read())
+    except (OSError, ValueError) as exc:
+        logger.warning("generation_config.json of %s is unreadable (%s): OpenAI's sampling defaults", plan.model, exc)
+        return {}, f"OpenAI's (generation_config.json is unreadable: {exc})"
+    found = {k: config[k] for k in GENERATION_DEFAULTS
+             if isinstance(config, dict) and isinstance(config.get(k), (int, float))
+             and not isinstance(config.get(k), bool)}
+    if not found:
+        return {}, ("OpenAI's (generation_config.json sets none of " + ", ".join(GENERATION_DEFAULTS) + ")")
+    listed = ", ".join(f"{k}={v}" for k, v in found.items())
+    return found, (f"{listed} from the model's generation_config.json, where a request leaves them out (vLLM's "
+                   "--generation-config auto)")
+
+
+def _generation_config_path(model: str) -> str | None:
+    import os
+
+    from ..model.source import resolve_source
+
+    try:
+        source = resolve_source(model)
+    except Exception:  # noqa: BLE001 - the model loaded: its reference resolves; anything else means unknown
+        return None
+    if source.path is not None:
+        path = os.path.join(source.path, "generation_config.json")
+        return path if os.path.isfile(path) else None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(model, "generation_config.json")
+    except Exception:  # noqa: BLE001 - a cache miss of any kind
+        return None
+    return found if isinstance(found, str) and os.path.isfile(found) else None
