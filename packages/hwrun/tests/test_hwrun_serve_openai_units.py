@@ -17,7 +17,7 @@ from hwrun.serve.config import ServeConfig, check_config, parse_lora
 from hwrun.serve.engine import EngineEvent, TokenLogprob
 from hwrun.serve.protocol import ServedModels, parse_request
 from hwrun.serve.tools import NamedParser, make_parser
-from hwrun.serve.tools.spec import ToolSetup, parse_tool_setup, parse_tools
+from hwrun.serve.tools.spec import parse_tool_setup, parse_tools
 
 MODEL_ID = "hwrun/tiny-llama"
 SERVED = ServedModels(MODEL_ID, ("bible",), {}, 3072)
