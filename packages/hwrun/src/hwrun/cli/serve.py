@@ -64,6 +64,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--tool-parser", default="auto", choices=TOOL_PARSERS,
                    help="how tool calls are read from the model's text: auto (from the chat template: <tool_call> "
                         "-> hermes, [TOOL_CALLS] -> mistral, <|python_tag|> -> llama3_json), or one of them")
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="split the model across N processes, one per device (Transformers' tensor-parallel plan; "
+                        "hwrun starts them through torchrun): rank 0 serves HTTP and schedules, every rank steps in "
+                        "lockstep")
     p.set_defaults(func=run_serve)
     return p
 
@@ -106,6 +110,12 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ServeConfigError(f"hwrun serve needs Starlette, uvicorn, pyzmq and msgspec ({exc.name} is missing): "
                                "pip install 'hwrun[serve]'.") from None
+    if run_plan.tp > 1:  # --tp N: this process starts the ranks; rank 0 serves below, the others follow it
+        from ..serve.startup import serve_rank
+
+        follower = serve_rank(run_plan, config, args.argv)
+        if follower is not None:
+            return follower
     from ..serve.server import serve
 
     return serve(config, run_plan)

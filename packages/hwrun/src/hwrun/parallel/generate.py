@@ -51,6 +51,9 @@ def rank_options(plan: Any, options: dict[str, Any], batching: str) -> tuple[dic
 def run_rank(plan: Any, body: Callable[[], int]) -> int:
     """Run `body` as one of the plan's ranks: the other ranks log errors only (rank 0 speaks for them), and the
     group is destroyed at the end whatever happens."""
+    from .launch import exit_with_launcher
+
+    exit_with_launcher()
     if not is_leader() and logging.getLogger().getEffectiveLevel() > logging.INFO:
         logging.getLogger().setLevel(logging.ERROR)
     try:

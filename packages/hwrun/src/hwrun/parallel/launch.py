@@ -24,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 #: The module every rank runs: hwrun's own command line.
 CLI_MODULE = "hwrun.cli"
+#: Variable holding the pid of the `hwrun` command that started the ranks (they exit if it is gone).
+PARENT_MARK = "HWRUN_TP_LAUNCHER"
 
 
 @dataclass(frozen=True)
@@ -80,27 +82,70 @@ def rank_launch(plan: Any, argv: Sequence[str], environ: Any = None) -> RankLaun
     return RankLaunch(list(launch.argv), changes, full, reason)
 
 
-def run_ranks(launch: RankLaunch, what: str = "hwrun") -> int:
-    """Run the ranks and return torchrun's exit status; SIGTERM here is passed on to torchrun (it stops its ranks),
-    Ctrl-C reaches every process of the terminal's group by itself."""
+def run_ranks(launch: RankLaunch, what: str = "hwrun", *, drain_leader: bool = False) -> int:
+    """Run the ranks (torchrun in a session of its own) and return torchrun's exit status. SIGTERM or Ctrl-C here
+    stops them: with `drain_leader` (a server) only rank 0 gets SIGTERM, so it drains its requests and then ends the
+    others' engine loops (every rank exits 0); otherwise torchrun gets it and stops every rank."""
     logger.info("starting %s", launch.reason)
     logger.info("command: %s", launch.command())
-    process = subprocess.Popen(launch.argv, env=launch.env)
+    env = dict(launch.env, **{PARENT_MARK: str(os.getpid())})
+    process = subprocess.Popen(launch.argv, env=env, start_new_session=True)
 
-    def forward(signum: int, _frame: Any) -> None:
-        if process.poll() is None:
-            process.send_signal(signum)
+    def stop(signum: int, _frame: Any) -> None:
+        if process.poll() is not None:
+            return
+        target = rank_zero_pid(process.pid) if drain_leader else None
+        logger.info("signal %d: SIGTERM to %s", signum, f"rank 0 (pid {target})" if target else "torchrun")
+        os.kill(target or process.pid, signal.SIGTERM)
 
-    previous = signal.signal(signal.SIGTERM, forward)
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        while True:
-            try:
-                code = process.wait()
-                break
-            except KeyboardInterrupt:  # torchrun got the same SIGINT from the terminal; let it stop its ranks
-                continue
+        code = process.wait()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if code != 0:
         print(f"{what}: the ranks stopped with exit status {code} (each rank's own error is above)", file=sys.stderr)
     return code
+
+
+def rank_zero_pid(torchrun_pid: int) -> int | None:
+    """The pid of torchrun's rank-0 worker (its child whose RANK is 0), read from /proc; None where it cannot be read."""
+    from pathlib import Path
+
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) != torchrun_pid:
+                continue
+            environ = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if b"RANK=0" in environ:
+            return int(stat.parent.name)
+    return None
+
+
+def exit_with_launcher(environ: Any = None) -> None:
+    """In a rank hwrun started: end this process if the `hwrun` command that started the ranks is gone (killed: it can
+    no longer stop them), so no rank outlives it."""
+    import threading
+    import time
+
+    env = os.environ if environ is None else environ
+    parent = env.get(PARENT_MARK)
+    if not parent or not parent.isdigit():
+        return
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            try:
+                os.kill(int(parent), 0)
+            except ProcessLookupError:
+                logger.error("the hwrun command that started the ranks (pid %s) is gone: this rank exits", parent)
+                os._exit(1)
+            except PermissionError:  # pragma: no cover - a pid reused by another user's process
+                return
+
+    threading.Thread(target=watch, name="hwrun-tp-launcher-watch", daemon=True).start()

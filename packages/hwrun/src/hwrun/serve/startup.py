@@ -79,22 +79,37 @@ def load_backend(plan: RunPlan, config: ServeConfig) -> Loaded:
         raise
 
 
-def _load(plan: RunPlan, config: ServeConfig, start: float, threads: int | None, threads_reason: str,
-          previous: int) -> Loaded:
+#: Why a tensor-parallel server runs hwrun's slot engine.
+TP_ENGINE_REASON = ("tensor parallel (tp={tp}): rank 0 schedules and every rank runs hwrun's slot engine step by step "
+                    "in lockstep (hwrun.parallel.lockstep), the model's own forward over the slot cache; Transformers' "
+                    "batching manager schedules in a thread of its own on each rank")
+
+
+def _build(plan: RunPlan, config: ServeConfig) -> tuple[Any, EngineChoice, int, str, tuple[int, ...], Backend]:
+    """Load the model and build its (unwarmed) backend: (tokenizer, choice, context, its reason, EOS ids, backend).
+    Every tensor-parallel rank runs this, in the same order (each holds its shards; a slot engine each)."""
     from ..model.load import load
     from .config import context_limit
 
     model, tokenizer = load(plan)
     max_len, len_reason = context_limit(config.max_model_len, model_context(model))
     eos = tuple(sorted(_eos_ids(model, tokenizer)))
-    choice = choose_engine(plan, config.engine, model)
+    tp = getattr(plan, "tp", 1)
+    if tp > 1:
+        if config.engine == "transformers":
+            raise EngineStartError(f"--engine transformers with --tp {tp}: tensor-parallel ranks run hwrun's slot "
+                                   "engine in lockstep; leave --engine out or pass --engine slots.")
+        choice = EngineChoice("slots", TP_ENGINE_REASON.format(tp=tp))
+    else:
+        choice = choose_engine(plan, config.engine, model)
     backend: Backend | None = None
     if choice.name == "slots":
         try:
             backend = _slots_backend(plan, model, config, max_len, eos)
         except FastDecodeError as exc:
-            if config.engine == "slots":
-                raise EngineStartError(f"--engine slots: the slot decoder refused this model: {exc}") from exc
+            if config.engine == "slots" or tp > 1:
+                raise EngineStartError(f"{'--engine slots' if tp <= 1 else f'--tp {tp}'}: the slot decoder refused "
+                                       f"this model: {exc}") from exc
             from ..inference.decision import transformers_blockers
 
             theirs = transformers_blockers(plan, model)
@@ -111,6 +126,16 @@ def _load(plan: RunPlan, config: ServeConfig, start: float, threads: int | None,
                                       max_concurrency=config.max_concurrency, max_model_len=max_len,
                                       pad_token_id=tokenizer.pad_token_id,
                                       warmup=continuous_warmup(plan.accelerator.kind))
+    return tokenizer, choice, max_len, len_reason, eos, backend
+
+
+def _load(plan: RunPlan, config: ServeConfig, start: float, threads: int | None, threads_reason: str,
+          previous: int) -> Loaded:
+    tokenizer, choice, max_len, len_reason, eos, backend = _build(plan, config)
+    if getattr(plan, "tp", 1) > 1:  # rank 0: every engine call goes to the other ranks first
+        from ..parallel.lockstep import LeaderBackend, control_group
+
+        backend = LeaderBackend(backend, control_group(), end_group=True)
     loaded_at = time.perf_counter()
     warm(backend, tokenizer)
     return Loaded(tokenizer=tokenizer, choice=choice, max_model_len=max_len, max_model_len_reason=len_reason,
@@ -158,9 +183,11 @@ def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, max_len: int,
 
     compile_backend = plan.compile.backend if plan.compile is not None else None
     buckets = compiled_buckets(config.max_concurrency, compile_backend is not None)  # each bucket compiles at start
+    # tensor-parallel shards run the model's own forward (the fused Llama-family step reads whole weights)
+    step = "model" if getattr(plan, "tp", 1) > 1 else "auto"
     decoder = EngineCore(model, slots=config.max_concurrency, max_cache_len=max_len,
                           use_graphs=graph_api_of(plan) is not None, compile_backend=compile_backend,
-                          platform=plan.accelerator.platform, buckets=buckets)
+                          platform=plan.accelerator.platform, buckets=buckets, step=step)
     logger.info("slot engine: steps run over %s rows (%s)%s", ", ".join(map(str, decoder.buckets)),
                 "one graph each, greedy and sampled, captured at start" if decoder.use_graphs else "eager steps",
                 "; fewer row buckets because each one is compiled" if buckets is not None else "")
@@ -187,3 +214,53 @@ def warm(backend: Backend, tokenizer: Any, timeout: float = WARMUP_TIMEOUT) -> l
                 return tokens
     backend.cancel("hwrun-warmup")
     raise EngineStartError(f"the {backend.name} engine's warm-up request did not finish within {timeout:.0f} s.")
+
+
+def serve_follower(plan: RunPlan, config: ServeConfig) -> int:
+    """A tensor-parallel rank other than 0 under `hwrun serve --tp N`: load its shards, build the same slot engine,
+    then repeat rank 0's engine calls until rank 0 closes (`hwrun.parallel.lockstep.follow`); returns 0."""
+    import signal
+
+    from ..parallel.lockstep import control_group, follow
+    from ..parallel.ranks import finish
+
+    # the ranks stop when rank 0 closes its engine: SIGTERM/SIGINT from torchrun or the terminal would leave rank 0
+    # waiting on a rank that is gone (rank 0's front drains first, then its engine core tells this rank to stop)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threads, _reason, _previous = apply_torch_threads(plan, config)
+    try:
+        *_, backend = _build(plan, config)
+        steps = follow(backend, control_group())
+        logger.info("tensor-parallel rank: rank 0 closed the engine after %d steps", steps)
+        return 0
+    finally:
+        finish()
+
+
+def check_tp_options(plan: RunPlan, config: ServeConfig) -> None:
+    """Refuse serve options that tensor-parallel ranks do not run, before anything starts (TensorParallelError)."""
+    from ..errors import TensorParallelError
+
+    if config.engine == "transformers":
+        raise TensorParallelError(f"--tp {plan.tp} with --engine transformers: tensor-parallel ranks run hwrun's slot "
+                                  "engine in lockstep (rank 0 schedules); leave --engine out or pass --engine slots.")
+    if getattr(config, "adapters", None):
+        raise TensorParallelError(f"--tp {plan.tp} with --lora: PEFT's adapter layers are not in Transformers' "
+                                  "tensor-parallel plan; serve the adapters without --tp, or merge them first.")
+
+
+def serve_rank(plan: RunPlan, config: ServeConfig, argv: list[str]) -> int | None:
+    """`hwrun serve --tp N` (`argv`: the command's arguments): None where this process is rank 0 (it serves as usual,
+    its engine core joining the group as rank 0); else the exit status of what it did instead: started the N ranks
+    through torchrun (`hwrun.parallel.launch`), or, as another rank, followed rank 0's engine (`serve_follower`)."""
+    from ..parallel.launch import exit_with_launcher, rank_launch, run_ranks
+    from ..parallel.ranks import is_leader, launched_ranks
+
+    check_tp_options(plan, config)
+    if not launched_ranks(plan.tp):
+        return run_ranks(rank_launch(plan, argv), "hwrun serve", drain_leader=True)
+    exit_with_launcher()
+    if is_leader():
+        return None
+    return serve_follower(plan, config)

@@ -1,0 +1,132 @@
+"""`plan(tp=N)` (issue 37.1): how the model is split and why; every refusal before any process starts (no tp_plan,
+heads or KV heads not divisible, more processes than devices, MPS, bad values); the XPU and Gaudi paths under
+hwenv.testing's fakes (backend, devices, the ranks' environment); the CLI's refusals as one line, exit 2."""
+
+from __future__ import annotations
+
+import hwenv
+import pytest
+from hwenv.testing import fake_gaudi, fake_xpu
+
+import hwrun
+from hwrun.errors import TensorParallelError
+from hwrun.parallel.launch import RANK_MARK, rank_launch
+from hwrun.parallel.ranks import launched_ranks
+from hwrun.testing.families import build_tiny_family
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tp-plan")
+    llama = build_tiny_family("llama", root / "llama")
+    return {"llama": llama, "gpt2": build_tiny_family("gpt2", root / "gpt2", tokenizer_source=llama),
+            "qwen3_moe": build_tiny_family("qwen3_moe", root / "qwen3_moe", tokenizer_source=llama)}
+
+
+def test_tp2_plan_says_how_llama_is_split(models):
+    plan = hwrun.plan(str(models["llama"]), device="cpu", tp=2)
+    assert plan.tp == 2 and plan.parallel.backend == "gloo" and plan.parallel.model_class == "LlamaForCausalLM"
+    assert plan.device_map is None and "each rank loads only its shards" in plan.reasons["device_map"]
+    assert "attention: 4 query / 2 KV heads -> 2 / 1 per rank" in plan.parallel.split[0]
+    assert any(line.startswith("lm_head: column-wise") for line in plan.parallel.split)
+    assert plan.parallel.tp_plan["model.layers.*.self_attn.o_proj"] == "rowwise"
+    assert "DistributedConfig(tp_size=2)" in plan.reasons["tensor_parallel"]
+    rows = {name: (value, reason) for name, value, reason in plan.rows()}
+    assert rows["tensor_parallel"][0] == "tp=2, gloo"
+    assert plan.to_dict()["tensor_parallel"]["split"] == list(plan.parallel.split)
+    one = hwrun.plan(str(models["llama"]), device="cpu")
+    assert one.tp == 1 and one.parallel is None and "tensor_parallel" not in {r[0] for r in one.rows()}
+
+
+def test_moe_experts_are_said_to_stay_whole(models):
+    plan = hwrun.plan(str(models["qwen3_moe"]), device="cpu", tp=2)
+    assert any("experts: all 4 replicated on every rank" in line for line in plan.parallel.split)
+
+
+@pytest.mark.parametrize(("tp", "words"), [
+    (3, "tp=3 does not divide LlamaForCausalLM's 4 attention heads"),
+    (4, "tp=4 does not divide LlamaForCausalLM's 2 KV heads"),
+])
+def test_heads_not_divisible_are_refused_naming_which(models, tp, words):
+    with pytest.raises(TensorParallelError, match="Use tp in \\[1, 2\\]") as error:
+        hwrun.plan(str(models["llama"]), device="cpu", tp=tp)
+    assert words in str(error.value)
+
+
+def test_a_class_without_a_tp_plan_is_refused_by_name(models):
+    with pytest.raises(TensorParallelError, match="GPT2LMHeadModel declares no tensor-parallel plan"):
+        hwrun.plan(str(models["gpt2"]), device="cpu", tp=2)
+
+
+@pytest.mark.parametrize("tp", [0, -1, True, 2.0, "2"])
+def test_bad_tp_values_are_refused(models, tp):
+    with pytest.raises(TensorParallelError, match="must be a positive integer"):
+        hwrun.plan(str(models["llama"]), device="cpu", tp=tp)
+
+
+def test_more_processes_than_devices_is_refused(models):
+    two = hwenv.Accelerator("cuda", 2, memory=(80 * 2**30,) * 2)
+    with pytest.raises(TensorParallelError, match="exceeds the 2 cuda device"):
+        hwrun.plan(str(models["llama"]), device=two, tp=4)
+    with pytest.raises(TensorParallelError, match="exceeds 8"):  # CPU: the per-core bound hwdist launch applies
+        hwrun.plan(str(models["llama"]), device="cpu", tp=16)
+
+
+def test_mps_and_quantized_and_adapter_combinations_are_refused(models):
+    with pytest.raises(TensorParallelError, match="no MPS mesh"):
+        hwrun.plan(str(models["llama"]), device=hwenv.Accelerator("mps", 1), tp=2)
+    with pytest.raises(TensorParallelError, match="quantization='8bit'"):
+        hwrun.plan(str(models["llama"]), device="cpu", tp=2, quantization="8bit")
+
+
+def test_cuda_plan_elsewhere_picks_nccl(models):
+    plan = hwrun.plan(str(models["llama"]), device=hwenv.Accelerator("cuda", 4, memory=(80 * 2**30,) * 4), tp=2)
+    assert plan.parallel.backend == "nccl"
+    assert "local ranks 0..1 of the 4 visible" in plan.parallel.processes
+
+
+def test_xpu_under_fakes_affinity_mask_backend_and_rank_env(models, monkeypatch):
+    with fake_xpu(4, affinity_mask="0,1"):
+        plan = hwrun.plan(str(models["llama"]), device="xpu", tp=2)
+        assert plan.parallel.backend == "xccl"
+        assert "ZE_AFFINITY_MASK=0,1" in plan.parallel.processes
+        launch = rank_launch(plan, ["generate", "--tp", "2", "hi"])
+        assert "--nproc-per-node=2" in launch.argv and "--standalone" in launch.argv
+        assert launch.argv[-6:] == ["-m", "hwrun.cli", "generate", "--tp", "2", "hi"]
+        assert launch.env["ZE_AFFINITY_MASK"] == "0,1" and launch.env[RANK_MARK] == "1"
+        assert launch.env["OMP_NUM_THREADS"] == "1"  # an accelerator's rank only launches kernels
+        assert "RANK" not in launch.env and "WORLD_SIZE" not in launch.env
+        with pytest.raises(TensorParallelError, match="exceeds the 2 xpu device"):
+            hwrun.plan(str(models["llama"]), device="xpu", tp=4)
+
+
+def test_gaudi_under_fakes_groups_and_modules(models, monkeypatch):
+    with fake_gaudi(8):
+        plan = hwrun.plan(str(models["llama"]), device="hpu", tp=2)
+        assert plan.parallel.backend == "hccl" and "Gaudi modules [0, 1]" in plan.parallel.processes
+        launch = rank_launch(plan, ["serve", "--tp", "2"])
+        assert "HLS_MODULE_ID" not in launch.env  # the bridge pins each rank itself
+    with fake_gaudi(8, visible_modules="4,5"):
+        plan = hwrun.plan(str(models["llama"]), device="hpu", tp=2)
+        assert "HABANA_VISIBLE_MODULES=4,5" in plan.parallel.processes
+        assert rank_launch(plan, ["serve"]).env["HABANA_VISIBLE_MODULES"] == "4,5"
+
+
+def test_ranks_env_is_read_and_checked():
+    assert not launched_ranks(2, {})
+    assert launched_ranks(2, {"WORLD_SIZE": "2", "RANK": "1"})
+    with pytest.raises(TensorParallelError, match="WORLD_SIZE=4"):
+        launched_ranks(2, {"WORLD_SIZE": "4", "RANK": "0"})
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    (["--tp", "3"], "does not divide LlamaForCausalLM's 4 attention heads"),
+    (["--tp", "2", "--decode", "graphs"], "--tp 2 with --decode graphs"),
+    (["--tp", "2", "--batching", "continuous"], "--tp 2 with --batching continuous"),
+])
+def test_cli_refuses_before_launch_in_one_line(models, capsys, extra, words):
+    from hwrun.cli.main import main
+
+    code = main(["generate", "--model", str(models["llama"]), "--device", "cpu", *extra, "hi"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and words in err[0]
