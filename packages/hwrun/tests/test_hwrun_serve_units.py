@@ -500,14 +500,18 @@ class FakeStepDecoder:
         self.slots, self.requests, self.Event = slots, {}, SimpleNamespace
         self.started = False
 
-    def start(self):
-        self.started = True
+    def start(self, processed=False):
+        self.started = processed
 
     @property
     def free_slots(self):
         return self.slots - len(self.requests)
 
-    def add(self, request_id, input_ids, *, max_new_tokens, sampling=None, eos_token_id="model"):
+    @property
+    def active(self):
+        return set(self.requests)
+
+    def add(self, request_id, input_ids, *, max_new_tokens, sampling=None, eos_token_id="model", n=1, matchers=None):
         self.requests[request_id] = [input_ids[-1], max_new_tokens, sampling]
 
     def cancel(self, request_id):
@@ -523,7 +527,7 @@ class FakeStepDecoder:
             if reason:
                 del self.requests[request_id]
             events.append(self.Event(request_id=request_id, token_id=state[0], finished=reason is not None,
-                                     finish_reason=reason))
+                                     finish_reason=reason, index=0, logprob=None, top=(), error=None))
         return events
 
 
@@ -538,7 +542,8 @@ def test_slots_backend_drives_the_step_api_and_maps_finish_reasons():
     backend.add(EngineRequest("a", (1, 2), 3, Sampling(temperature=0.5, top_p=0.9, top_k=4, seed=3)))
     backend.add(EngineRequest("b", (4,), 10))
     assert decoder.started and backend.free_slots() == 0
-    assert seen[0] == {"temperature": 0.5, "top_p": 0.9, "top_k": 4, "seed": 3}
+    assert seen[0] == {"temperature": 0.5, "top_p": 0.9, "top_k": 4, "seed": 3, "min_p": 0.0, "presence_penalty": 0.0,
+                       "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": (), "logprobs": None}
     events = [backend.step() for _ in range(3)]
     flat = {(e.request_id, e.token_ids, e.finished, e.finish_reason) for step in events for e in step}
     assert ("a", (5,), True, "length") in flat and ("b", (7,), True, "stop") in flat
@@ -906,13 +911,17 @@ def test_ipc_messages_round_trip_between_the_two_sides():
     front = Channel.bind()
     core = Channel.connect(front.addresses)
     try:
-        sent = [AddRequest("r1", [1, 2, 3], 16, 0.0, 1.0, 0, None, False), Cancel(["r1", "r2"]), Shutdown()]
+        sent = [AddRequest("r1", [1, 2, 3], 16, 0.0, 1.0, 0, None, False),
+                AddRequest("r2", [4], 8, 0.7, 0.9, 5, 3, True, 0.05, 0.5, -0.5, 1.2, [(7, -3.0)], 2,
+                           ("json_schema", '{"type":"object"}'), 3, [9, 11], None),
+                Cancel(["r1", "r2"]), Shutdown()]
         for message in sent:
             front.send(message)
         got = [core.recv(5) for _ in sent]
         assert got == sent
         back = [Ready({"engine": "x", "eos_ids": [2]}, b"tok", 123),
-                Batch([("r1", [5, 6], False, None, None), ("r2", [], True, "error", "boom")], 1, 0, 3, 7),
+                Batch([("r1", [5, 6], False, None, None, 0, None), ("r2", [], True, "error", "boom", 2, None),
+                       ("r3", [8], True, "stop", None, 1, [(-0.25, [(8, -0.25), (3, -1.5)])])], 1, 0, 3, 7),
                 Failed("RuntimeError: x", b"", True)]
         for message in back:
             core.send(message)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .engine import GENERIC_FAILURE, MAX_STEP_FAILURES, Backend, EngineRequest
-from .ipc import AddRequest, Batch, Cancel, Channel, Failed, Ready, Shutdown
+from .ipc import AddRequest, Batch, Cancel, Channel, EventTuple, Failed, Ready, Shutdown
 from .protocol import Sampling
 
 if TYPE_CHECKING:
@@ -56,8 +56,9 @@ class CoreLoop:
         self.stall_seconds = stall_seconds
         self.waiting: deque[EngineRequest] = deque()
         self.running: dict[str, float] = {}  # request id -> monotonic time of its last token (or admission)
+        self.open: dict[str, set[int]] = {}  # request id -> its choices still decoding
         self.steps = 0
-        self._out: list[tuple[str, list[int], bool, str | None, str | None]] = []
+        self._out: list[EventTuple] = []
         self._sent = time.monotonic()
         self._stop = False
 
@@ -95,10 +96,11 @@ class CoreLoop:
                 if event.request_id not in self.running:  # cancelled meanwhile
                     continue
                 if event.finished:
-                    del self.running[event.request_id]
+                    self._close(event.request_id, event.index, event.finish_reason)
                 elif event.token_ids:
                     self.running[event.request_id] = now
-                self._emit(event.request_id, event.token_ids, event.finished, event.finish_reason, event.error)
+                self._emit(event.request_id, event.token_ids, event.finished, event.finish_reason, event.error,
+                           event.index, event.logprobs)
             self._check_stalls(now)
             self._flush(force=now - self._sent > HEARTBEAT)
 
@@ -111,10 +113,7 @@ class CoreLoop:
     def _take(self, messages: list[Any]) -> None:
         for message in messages:
             if isinstance(message, AddRequest):
-                self.waiting.append(EngineRequest(
-                    message.request_id, tuple(message.input_ids), message.max_new_tokens,
-                    Sampling(temperature=message.temperature, top_p=message.top_p, top_k=message.top_k,
-                             seed=message.seed), message.ignore_eos))
+                self.waiting.append(request_of(message))
             elif isinstance(message, Cancel):
                 for request_id in message.request_ids:
                     self._cancel(request_id)
@@ -128,8 +127,21 @@ class CoreLoop:
                 self._emit(request_id, (), True, "cancelled", None)
                 return
         if self.running.pop(request_id, None) is not None:
+            self.open.pop(request_id, None)
             self.backend.cancel(request_id)
             self._emit(request_id, (), True, "cancelled", None)
+
+    def _close(self, request_id: str, index: int, reason: str | None) -> None:
+        """Choice `index` of `request_id` finished: the request leaves `running` with its last choice, or at once
+        when the choice was cancelled or failed (its other choices are cancelled in the backend)."""
+        left = self.open.get(request_id, set())
+        left.discard(index)
+        if left and reason in ("stop", "length"):
+            return
+        del self.running[request_id]
+        self.open.pop(request_id, None)
+        if left:
+            self.backend.cancel(request_id)
 
     def _cancel_all(self) -> None:
         for request_id in [r.request_id for r in self.waiting] + list(self.running):
@@ -138,11 +150,22 @@ class CoreLoop:
     # ------------------------------------------------------------------------------------------- scheduling
 
     def _admit(self) -> None:
+        """Admit waiting requests in order while the backend has a free slot for each of their choices; one it
+        refuses (`backend.refusal`) or that fails to start ends with an error event."""
         free = self.backend.free_slots()
         now = time.monotonic()
-        while self.waiting and free > 0:
-            request = self.waiting.popleft()
-            free -= 1
+        refusal = getattr(self.backend, "refusal", None)
+        while self.waiting:
+            request = self.waiting[0]
+            why = refusal(request) if refusal is not None else None
+            if why is None and request.n > free:
+                return
+            self.waiting.popleft()
+            if why is not None:
+                logger.error("the %s backend refuses request %s: %s", self.backend.name, request.request_id, why)
+                self._emit(request.request_id, (), True, "error", why)
+                continue
+            free -= request.n
             try:
                 self.backend.add(request)
             except Exception as exc:  # noqa: BLE001 - this request's failure, not the engine's
@@ -150,11 +173,13 @@ class CoreLoop:
                 self._emit(request.request_id, (), True, "error", f"{type(exc).__name__}: {exc}")
                 continue
             self.running[request.request_id] = now
+            self.open[request.request_id] = set(range(request.n))
 
     def _fail_running(self, error: str) -> None:
         """Fail every running request (a step raised): error events, their slots freed."""
         for request_id in list(self.running):
             del self.running[request_id]
+            self.open.pop(request_id, None)
             try:
                 self.backend.cancel(request_id)
             except Exception:  # noqa: BLE001 - freeing a failed request's slot is best effort
@@ -167,6 +192,7 @@ class CoreLoop:
             logger.error("request %s got no token for %.0f s (--stall-seconds): it fails", request_id,
                          self.stall_seconds)
             del self.running[request_id]
+            self.open.pop(request_id, None)
             try:
                 self.backend.cancel(request_id)
             except Exception:  # noqa: BLE001
@@ -175,8 +201,11 @@ class CoreLoop:
 
     # ------------------------------------------------------------------------------------------------ output
 
-    def _emit(self, request_id: str, tokens: Any, finished: bool, reason: str | None, error: str | None) -> None:
-        self._out.append((request_id, [int(t) for t in tokens], bool(finished), reason, error))
+    def _emit(self, request_id: str, tokens: Any, finished: bool, reason: str | None, error: str | None,
+              index: int = 0, logprobs: Any = None) -> None:
+        lps = None if logprobs is None else [(float(t.logprob), [(int(i), float(v)) for i, v in t.top])
+                                             for t in logprobs]
+        self._out.append((request_id, [int(t) for t in tokens], bool(finished), reason, error, int(index), lps))
 
     def _flush(self, *, force: bool) -> None:
         """Send this turn's events as one batch (or an empty one when `force`: the heartbeat)."""
@@ -186,6 +215,23 @@ class CoreLoop:
         self.channel.send(Batch(events, len(self.running), len(self.waiting), int(self.backend.free_slots()),
                                 self.steps))
         self._sent = time.monotonic()
+
+
+def request_of(message: AddRequest) -> EngineRequest:
+    """The `EngineRequest` an `AddRequest` message carries (`hwrun.serve.engine.add_message` made it)."""
+    structured = None
+    if message.structured is not None:
+        from ..inference.structured import StructuredOutput
+
+        structured = StructuredOutput(*message.structured)
+    sampling = Sampling(temperature=message.temperature, top_p=message.top_p, top_k=message.top_k, seed=message.seed,
+                        min_p=message.min_p, presence_penalty=message.presence_penalty,
+                        frequency_penalty=message.frequency_penalty, repetition_penalty=message.repetition_penalty,
+                        logit_bias=tuple((int(t), float(b)) for t, b in message.logit_bias), logprobs=message.logprobs,
+                        structured=structured)
+    return EngineRequest(message.request_id, tuple(message.input_ids), message.max_new_tokens, sampling,
+                         message.ignore_eos, n=message.n, stop_token_ids=tuple(message.stop_token_ids),
+                         adapter=message.adapter)
 
 
 def serve_core(build: Callable[[], tuple[Backend, dict[str, Any], bytes]], channel: Channel,

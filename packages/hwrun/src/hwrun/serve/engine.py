@@ -61,7 +61,8 @@ GENERIC_FAILURE = "generation failed inside the engine; the server log has the d
 @dataclass(frozen=True)
 class EngineRequest:
     """One request as a backend sees it: prompt token ids, its token budget and sampling; `ignore_eos` decodes the
-    whole budget (the model's EOS does not end it)."""
+    whole budget (the model's EOS does not end it; `stop_token_ids` still do). Each of its `n` choices finishes on
+    its own (an event with its `index` and `finished`); a "cancelled" or "error" event ends the whole request."""
 
     request_id: str
     input_ids: tuple[int, ...]
@@ -121,6 +122,10 @@ class Backend(Protocol):
     def step(self) -> list[EngineEvent]:
         """Decode one step (or wait briefly for the backend's own loop) and return the new events."""
 
+    def refusal(self, request: EngineRequest) -> str | None:
+        """Why this backend cannot run `request` (a field it does not implement, more choices than it holds), or
+        None. The core fails such a request at once instead of queueing it."""
+
     def close(self) -> None:
         """Stop decoding and release the model's buffers."""
 
@@ -135,9 +140,6 @@ class EngineNotReady(Exception):
 
 class EngineDied(RuntimeError):
     """The engine process exited without saying why (killed, out of memory, a crash in native code)."""
-
-
-Sink = Callable[[EngineEvent], None]
 
 
 Sink = Callable[[EngineEvent], None]
@@ -174,7 +176,8 @@ class Engine:
         self._running = 0
         self._waiting = 0
         self._sinks: dict[str, Sink] = {}  # requests in flight (touched on the event loop only)
-        self._detoks: dict[str, Any] = {}  # their detokenizers (touched by the reader thread only)
+        self._open: dict[str, int] = {}  # their choices not finished yet (event loop only)
+        self._detoks: dict[tuple[str, int], Any] = {}  # a detokenizer per choice (reader thread only)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channel: Channel | None = None
         self._send_lock = threading.Lock()
@@ -247,16 +250,14 @@ class Engine:
     def submit(self, request: EngineRequest, sink: Sink) -> None:
         """Send `request` to the core; `sink(event)` is called on the loop for each of its events. Raises
         `EngineNotReady` or `QueueFullError` (the caller answers 503 or 429). Call it on the event loop."""
-        from .ipc import AddRequest
 
         if self.state != "ready":
             raise EngineNotReady(self.state)
         if len(self._sinks) >= self.max_concurrency + self.max_queue:
             raise QueueFullError(f"{len(self._sinks)} requests running or waiting")
         self._sinks[request.request_id] = sink
-        s = request.sampling
-        self._send(AddRequest(request.request_id, list(request.input_ids), request.max_new_tokens,
-                              float(s.temperature), float(s.top_p), int(s.top_k), s.seed, request.ignore_eos))
+        self._open[request.request_id] = request.n
+        self._send(add_message(request))
 
     def cancel(self, request_id: str) -> None:
         """Drop `request_id` (waiting or running) at the core's next turn; safe to call twice or too late."""
@@ -384,27 +385,42 @@ class Engine:
             return
         make = self.detokenizer
         events = []
-        for request_id, tokens, finished, reason, error in batch.events:
+        for request_id, tokens, finished, reason, error, index, logprobs in batch.events:
             text = None
             if make is not None:
-                detok = self._detoks.get(request_id)
+                key = (request_id, index)
+                detok = self._detoks.get(key)
                 if detok is None:
-                    detok = self._detoks[request_id] = make()
+                    detok = self._detoks[key] = make()
                 text = detok.push(tokens) if tokens else ""
                 if finished:
-                    del self._detoks[request_id]
+                    del self._detoks[key]
                     if reason in ("stop", "length"):
                         text += detok.flush()
-            events.append(EngineEvent(request_id, tuple(tokens), finished, reason, error, text))
+                    else:  # the whole request ends: its other choices' detokenizers go too
+                        for other in [k for k in self._detoks if k[0] == request_id]:
+                            del self._detoks[other]
+            lps = None if logprobs is None else tuple(TokenLogprob(float(lp), tuple((int(t), float(v)) for t, v in top))
+                                                      for lp, top in logprobs)
+            events.append(EngineEvent(request_id, tuple(tokens), finished, reason, error, text, index, lps))
         self._call_on_loop(self._dispatch, events)
 
     def _dispatch(self, events: list[EngineEvent]) -> None:
-        """On the loop: each event to its request's sink (one wake-up per batch)."""
+        """On the loop: each event to its request's sink (one wake-up per batch). A request's sink goes once every
+        choice finished ("stop" / "length"), or at once when one was cancelled or failed (the whole request ends)."""
         sinks = self._sinks
         for event in events:
-            sink = sinks.pop(event.request_id, None) if event.finished else sinks.get(event.request_id)
-            if sink is not None:
-                sink(event)
+            sink = sinks.get(event.request_id)
+            if sink is None:
+                continue
+            if event.finished:
+                left = self._open.get(event.request_id, 1) - 1
+                if left <= 0 or event.finish_reason not in ("stop", "length"):
+                    sinks.pop(event.request_id, None)
+                    self._open.pop(event.request_id, None)
+                else:
+                    self._open[event.request_id] = left
+            sink(event)
 
     def _fail(self, exc: BaseException, *, was_ready: bool | None = None) -> None:
         """The core failed (said so, or died): every request in flight gets an error event, then `on_failed`."""
@@ -420,7 +436,7 @@ class Engine:
             self._call_on_loop(self.on_failed, exc)
 
     def _fail_all(self, error: str) -> None:
-        sinks, self._sinks = self._sinks, {}
+        sinks, self._sinks, self._open = self._sinks, {}, {}
         self._running = self._waiting = 0
         for request_id, sink in sinks.items():
             sink(EngineEvent(request_id, (), True, "error", error, ""))
@@ -433,6 +449,19 @@ class Engine:
             loop.call_soon_threadsafe(function, *args)
         except RuntimeError:  # the loop closed meanwhile (server shut down)
             pass
+
+
+def add_message(request: EngineRequest) -> Any:
+    """`request` as the `AddRequest` message the core reads (`hwrun.serve.core.request_of` turns it back)."""
+    from .ipc import AddRequest
+
+    s = request.sampling
+    structured = None if s.structured is None else (s.structured.kind, s.structured.schema)
+    return AddRequest(request.request_id, list(request.input_ids), request.max_new_tokens, float(s.temperature),
+                      float(s.top_p), int(s.top_k), s.seed, request.ignore_eos, float(s.min_p),
+                      float(s.presence_penalty), float(s.frequency_penalty), float(s.repetition_penalty),
+                      [(int(t), float(b)) for t, b in s.logit_bias], s.logprobs, structured, int(request.n),
+                      [int(t) for t in request.stop_token_ids], request.adapter)
 
 
 #: What the engine process runs first: the payload (sys.path, then run_process's arguments) is read from stdin.

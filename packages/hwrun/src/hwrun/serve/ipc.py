@@ -22,12 +22,17 @@ import zmq
 
 #: Seconds the front's send waits for the core to be connected (a PUSH socket without a peer holds messages).
 CONNECT_WAIT = 1.0
-#: One event of a step: (request id, new token ids, finished, finish reason or None, error text or None).
-EventTuple = tuple[str, list[int], bool, str | None, str | None]
+#: One token's logprobs: (its logprob, [(token id, logprob) of the most likely, most likely first]).
+LogprobTuple = tuple[float, list[tuple[int, float]]]
+#: One event of a step: (request id, new token ids, finished, finish reason or None, error text or None, the
+#: choice's index, one LogprobTuple per token id or None when the request asked for none).
+EventTuple = tuple[str, list[int], bool, str | None, str | None, int, list[LogprobTuple] | None]
 
 
 class AddRequest(msgspec.Struct, array_like=True, tag="add"):
-    """A request for the core's waiting queue."""
+    """A request for the core's waiting queue: its prompt, budget and every sampling field of
+    `hwrun.serve.protocol.Sampling` (`structured`: (kind, schema JSON or None) or None), its `n` choices, extra stop
+    ids and LoRA adapter."""
 
     request_id: str
     input_ids: list[int]
@@ -37,6 +42,16 @@ class AddRequest(msgspec.Struct, array_like=True, tag="add"):
     top_k: int
     seed: int | None
     ignore_eos: bool
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: list[tuple[int, float]] = []
+    logprobs: int | None = None
+    structured: tuple[str, str | None] | None = None
+    n: int = 1
+    stop_token_ids: list[int] = []
+    adapter: str | None = None
 
 
 class Cancel(msgspec.Struct, array_like=True, tag="cancel"):
