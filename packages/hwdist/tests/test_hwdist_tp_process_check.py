@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import hwenv
 import pytest
-from hwenv.testing import fake_gaudi, fake_xpu
-
 from hwdist.errors import GaudiWorldError, LaunchError
 from hwdist.launch import check_process_count
+from hwenv.testing import fake_gaudi, fake_xpu
 
 
 def test_cpu_processes_are_bounded_by_the_cores():

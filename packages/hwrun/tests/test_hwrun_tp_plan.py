@@ -5,10 +5,9 @@ hwenv.testing's fakes (backend, devices, the ranks' environment); the CLI's refu
 from __future__ import annotations
 
 import hwenv
+import hwrun
 import pytest
 from hwenv.testing import fake_gaudi, fake_xpu
-
-import hwrun
 from hwrun.errors import TensorParallelError
 from hwrun.parallel.launch import RANK_MARK, rank_launch
 from hwrun.parallel.ranks import launched_ranks
