@@ -46,6 +46,7 @@ class SlotsBackend:
     it compile grammars for `structured` requests (without one they are refused)."""
 
     name = "slots"
+    refuses = {"adapter": ADAPTER_REFUSAL}  # the request fields it refuses, and why (the front may answer 400)
 
     def __init__(self, decoder: Any, *, sampling_class: Any, eos_token_id: Any = "model", tokenizer: Any = None,
                  structured_backend: str = "auto") -> None:
