@@ -11,9 +11,8 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 import hwrun
+import pytest
 from hwrun.testing import launch_cpu_workers
 from hwrun.testing.families import build_tiny_family
 
@@ -34,16 +33,16 @@ WORKER = textwrap.dedent('''
         plan = hwrun.plan(path, device="cpu", tp=2)
         model, tokenizer = hwrun.load(plan)
         options = dict(batching="static", decode="generate", model=model, tokenizer=tokenizer)
-        greedy = hwrun.generate(plan, prompts, %d, **options)
+        greedy = hwrun.generate(plan, prompts, NEW_TOKENS, **options)
         check_same_tokens(greedy.token_ids)
-        sampled = hwrun.generate(plan, prompts[:1], %d, do_sample=True, seed=7, **options)
+        sampled = hwrun.generate(plan, prompts[:1], NEW_TOKENS, do_sample=True, seed=7, **options)
         check_same_tokens(sampled.token_ids)
         result[path] = {"greedy": greedy.token_ids, "sampled": sampled.token_ids,
                         "weight": tuple(model.model.layers[0].self_attn.q_proj.weight.to_local().shape)}
     with open(f"{out}/rank{rank()}.json", "w") as handle:
         json.dump(result, handle)
     finish()
-''' % (NEW_TOKENS, NEW_TOKENS))
+''').replace("NEW_TOKENS", str(NEW_TOKENS))
 
 
 @pytest.fixture(scope="module")
