@@ -68,7 +68,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps (default 1)")
     p.add_argument("--block-size", type=int, default=512, help="tokens per packed block (default 512)")
     p.add_argument("--save-steps", type=int, default=100, help="checkpoint every N steps (default 100)")
+    p.add_argument("--lr-scheduler", default=None, metavar="NAME",
+                   help="learning-rate schedule: linear (default), constant, cosine, ... (Transformers' names)")
     p.add_argument("--seed", type=int, default=42)
+    sharding = p.add_mutually_exclusive_group()
+    sharding.add_argument("--fsdp", action="store_true",
+                          help="shard parameters, gradients and optimizer state over the processes with FSDP2 "
+                               "(Accelerate); start one process per device with `hwdist launch --nproc-per-node N "
+                               "-m hwrun.cli train ...` (alone: one process). Checkpoints are sharded and resume at another "
+                               "process count; the final model is one safetensors file (or the adapter)")
+    sharding.add_argument("--deepspeed", default=None, metavar="STAGE",
+                          help="DeepSpeed ZeRO: zero2 (optimizer state and gradients sharded), zero3 (parameters too), "
+                               "or a DeepSpeed JSON config file")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in --output whose checksums verify (start fresh if none)")
     p.add_argument("--overwrite", action="store_true",
@@ -99,7 +110,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    """Carry out `hwrun train` for parsed `args`; returns the exit status."""
+    """Carry out `hwrun train` for parsed `args`; returns the exit status. Under a launcher only rank 0 prints (the
+    plan, the loss lines and the summary once, not once per process); errors still reach every rank's stderr."""
+    import contextlib
+    import os
+
+    if os.environ.get("RANK", "0").strip() in ("", "0"):
+        return _run_train(args)
+    with open(os.devnull, "w", encoding="utf-8") as quiet, contextlib.redirect_stdout(quiet):
+        return _run_train(args)
+
+
+def _run_train(args: argparse.Namespace) -> int:
     import sys
 
     from ..training import (
@@ -141,6 +163,9 @@ def run_train(args: argparse.Namespace) -> int:
     from ..training.progress import StepBar
 
     bar = None if args.no_progress or not sys.stderr.isatty() else StepBar()
+    overrides = _sharding_overrides(run_plan, args)
+    if args.lr_scheduler is not None:
+        overrides["lr_scheduler_type"] = args.lr_scheduler
     try:
         with torch_threads_set(run_plan, args.torch_threads):  # hwrun generate's and serve's rule (hwrun plan's row)
             result = train(
@@ -154,6 +179,7 @@ def run_train(args: argparse.Namespace) -> int:
                 text_field=args.text_field, messages_field=args.messages_field, chat_template=args.chat_template,
                 packing=not args.no_packing,
                 disable_tqdm=True,  # a TrainingArguments keyword: Transformers' own bar and its dict lines off
+                **overrides,
             )
     finally:
         import hwdist
@@ -184,6 +210,34 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"loss curve: {result.loss_plot}")
     print(f'generate with: hwrun generate --model {result.output_dir} "Once upon a time"')
     return 0
+
+
+def _sharding_overrides(run_plan: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """`--fsdp` / `--deepspeed`: their TrainingArguments keywords. Run alone (no torchrun, `hwdist launch` or
+    `accelerate launch` around it) the command forms a process group of one, as `torchrun --nproc-per-node 1` would
+    (Trainer runs FSDP and DeepSpeed only in a process group): that is how a sharded checkpoint resumes on one device."""
+    if not args.fsdp and args.deepspeed is None:
+        return {}
+    from ..training.arguments import is_distributed_launch
+    from ..training.sharding import deepspeed_overrides, fsdp_overrides
+
+    overrides, why = fsdp_overrides(run_plan) if args.fsdp else deepspeed_overrides(run_plan, args.deepspeed)
+    logger.info("%s", why)
+    if not is_distributed_launch():
+        import os
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = str(probe.getsockname()[1])
+        single = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        for name, value in single.items():
+            os.environ.setdefault(name, value)
+        flag = "--fsdp" if args.fsdp else f"--deepspeed {args.deepspeed}"
+        print(f"note: {flag} in one process (no launcher): a process group of 1 on 127.0.0.1:{port}; for several "
+              "devices start it with hwdist launch --nproc-per-node N", flush=True)
+    return overrides
 
 
 def _print_line(line: str) -> None:

@@ -89,3 +89,64 @@ def fusion_blocker(args: Any, qlora: bool) -> str | None:
     if getattr(args, "deepspeed", None) or getattr(args, "deepspeed_plugin", None) is not None:
         return "not fused: DeepSpeed partitions each weight on its own"
     return None
+
+
+#: `hwrun train --fsdp`: FSDP2 through Accelerate (Transformers' fsdp_config keys). Rank 0 alone reads the weights
+#: and broadcasts them (cpu_ram_efficient_loading: the other ranks build the model on the meta device); checkpoints
+#: are sharded with torch.distributed.checkpoint (every rank writes its own shard; a later run at another world size
+#: re-shards them as it loads); the final model is gathered into one safetensors file (or the adapter).
+FSDP_CONFIG: dict[str, Any] = {"version": 2, "cpu_ram_efficient_loading": True,
+                               "state_dict_type": "SHARDED_STATE_DICT", "reshard_after_forward": True}
+
+#: Per kind: does DeepSpeed (0.19) run ZeRO there. Its accelerators (deepspeed/accelerator/real_accelerator.py): cuda
+#: (and ROCm through it), xpu (torch.xpu; oneCCL bindings optional), hpu (habana_frameworks; Intel's Gaudi docs use
+#: HabanaAI's DeepSpeed fork), cpu (gloo; DS_ACCELERATOR=cpu). mps has no collective backend for a process group.
+DEEPSPEED_SUPPORT: dict[str, bool] = {"cuda": True, "rocm": True, "xpu": True, "hpu": True, "cpu": True,
+                                      "mps": False}
+
+#: `--deepspeed zero2|zero3`: the config (Trainer fills the "auto" values from its arguments). ZeRO-3 gathers the
+#: 16-bit weights when it saves, so the final model is one safetensors file.
+DEEPSPEED_CONFIGS: dict[str, dict[str, Any]] = {
+    "zero2": {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto",
+              "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "gradient_clipping": "auto"},
+    "zero3": {"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True},
+              "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+              "train_batch_size": "auto", "gradient_clipping": "auto"},
+}
+
+
+def fsdp_overrides(plan: Any) -> tuple[dict[str, Any], str]:
+    """The TrainingArguments keywords of `--fsdp` for the plan's device, and why. On Gaudi, FSDP runs in eager mode
+    (Intel's Gaudi FSDP guide: eager with torch.compile), so PT_HPU_LAZY_MODE=1 is refused."""
+    kind = plan.accelerator.kind
+    if kind == "hpu" and os.environ.get("PT_HPU_LAZY_MODE", "").strip() == "1":
+        raise TrainingConfigError(
+            "--fsdp with PT_HPU_LAZY_MODE=1: Intel Gaudi runs FSDP in eager mode (with torch.compile), not in lazy "
+            "mode. Fix: unset PT_HPU_LAZY_MODE (eager is the default since Gaudi software 1.21) or set it to 0.")
+    why = ("FSDP2 (Accelerate): parameters, gradients and optimizer state sharded over the ranks; rank 0 reads the "
+           "weights and broadcasts them (cpu_ram_efficient_loading); checkpoints sharded with "
+           "torch.distributed.checkpoint, loadable at another world size; the final model gathered into one file")
+    return {"fsdp": "full_shard", "fsdp_config": dict(FSDP_CONFIG)}, why
+
+
+def deepspeed_overrides(plan: Any, stage: str) -> tuple[dict[str, Any], str]:
+    """The TrainingArguments keywords of `--deepspeed zero2|zero3` (or a JSON config file) for the plan's device."""
+    from .. import devices
+
+    kind = plan.accelerator.kind
+    if not devices.row(DEEPSPEED_SUPPORT, kind, False):
+        raise TrainingConfigError(
+            f"--deepspeed {stage} on {kind} ({plan.accelerator.name}): DeepSpeed has no ZeRO for this device (no "
+            "process-group backend). Fix: train on one device without --deepspeed (LoRA or QLoRA), or on a cuda, "
+            "xpu, hpu or cpu machine.")
+    if stage in DEEPSPEED_CONFIGS:
+        config: Any = {**DEEPSPEED_CONFIGS[stage]}
+        config["zero_optimization"] = dict(config["zero_optimization"])
+    else:
+        path = os.path.expanduser(stage)
+        if not os.path.isfile(path):
+            raise TrainingConfigError(f"--deepspeed {stage!r} is neither zero2, zero3 nor a DeepSpeed JSON config "
+                                      "file. Fix: --deepspeed zero2, --deepspeed zero3, or the path of a config.")
+        config = path
+    note = " (Intel's Gaudi docs install HabanaAI's DeepSpeed fork)" if kind == "hpu" else ""
+    return {"deepspeed": config}, f"DeepSpeed {stage} on {kind}{note}"

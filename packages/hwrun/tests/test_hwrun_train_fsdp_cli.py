@@ -1,0 +1,148 @@
+"""`hwrun train --fsdp` through `hwdist launch` on CPU with gloo (issue 37.2): FSDP2 LoRA and full fine-tuning at
+world size 2 follow the single-process curve over 20 steps, and a world-size-2 sharded checkpoint resumes at world
+size 1 on the curve of the run that was never stopped.
+
+accelerate 1.16 builds FSDP only for GPU-like process groups (on CPU it would train plain DDP, so hwrun refuses
+--fsdp on a CPU plan, see test_hwrun_train_fsdp.py); the worker lifts that gate, as test_hwrun_train_fsdp.py's does,
+and then runs the real CLI (`hwrun.cli.main.main(argv)`) for each command.
+
+Why the runs are comparable: at world size 2 each rank takes --batch-size 1 of the global batch and FSDP averages
+the gradients over the ranks (reduce-scatter, then mean); the single process takes --batch-size 2. Accelerate's
+seedable sampler gives both the same permutation of blocks, so step k sees the same two blocks in both runs, every
+block has the same number of labelled tokens (plain text, packed), and the logged loss (the ranks' mean) equals the
+single process's mean. What differs is the order of float32 additions (two partial sums vs one): ~1e-7 relative per
+reduction (a float32 ulp at a loss of 4-7 is 5e-7), then carried through AdamW, whose first steps move every weight by
+about lr whatever the gradient's size, so a weight whose gradient is near zero may step either way. Measured on the
+2-core development machine (2026-12-06) over 20 steps: at most 1.4e-6 apart (LoRA, lr 3e-3), 9.5e-7 (full, lr 3e-4),
+9.5e-7 (the resume), i.e. 2-3 ulps. The tolerance is 1e-4 absolute per step (the one hwrun.testing's
+assert_same_training uses for DDP and ZeRO-3): 70x what was measured, room for another CPU's summation order and
+thread count, while a wrong batch or a missed gradient average (a loss off by the ranks' spread, 1e-1 and more
+here) or a lost optimizer state on resume (1e-2 and more) is far beyond it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+from pathlib import Path
+
+import hwrun
+import pytest
+
+WORKER = textwrap.dedent('''
+    import json, sys
+    import accelerate.state as accelerate_state
+    from accelerate.utils import DistributedType
+
+    original_init = accelerate_state.AcceleratorState.__init__
+
+    def init(self, *args, fsdp_plugin=None, **kwargs):  # accelerate's CPU gate lifted (module docstring)
+        original_init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None and self.distributed_type in (DistributedType.MULTI_CPU, DistributedType.NO):
+            self.distributed_type = DistributedType.FSDP
+            self.fsdp_plugin = fsdp_plugin
+            accelerate_state.PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    accelerate_state.AcceleratorState.__init__ = init
+    import hwrun.training.arguments
+    hwrun.training.arguments.FSDP_SUPPORT["cpu"] = True
+    from hwrun.cli.main import main
+
+    from accelerate.state import AcceleratorState, PartialState
+
+    for argv in json.loads(sys.argv[1]):
+        AcceleratorState._reset_state(True)  # each command ended its process group; the next starts its own
+        PartialState._reset_state()
+        assert main(argv) == 0, argv
+''')
+
+STEPS = 20
+LOSS_TOLERANCE = 1e-4  # absolute, per step (module docstring)
+
+
+def _command(data, out, *extra):
+    return ["train", "--data", str(data), "--block-size", "32", "--save-steps", "10", "--lr-scheduler", "constant",
+            "--no-progress", "--output", str(out), *extra]
+
+
+def _launch(root: Path, nproc: int, commands: list[list[str]]) -> None:
+    from hwrun.testing import launch_cpu_workers
+
+    worker = root / "worker.py"
+    worker.write_text(WORKER, encoding="utf-8")
+    done = launch_cpu_workers(worker, json.dumps(commands), nproc=nproc, timeout=540)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def _losses(out: Path, step: int = STEPS) -> list[tuple[int, float]]:
+    state = json.loads((out / f"checkpoint-{step}" / "trainer_state.json").read_text(encoding="utf-8"))
+    return [(e["step"], e["loss"]) for e in state["log_history"] if "loss" in e]
+
+
+def _close(losses, reference, steps):
+    assert [s for s, _ in losses] == list(steps) == [s for s, _ in reference]
+    worst = max(abs(a - b) for (_, a), (_, b) in zip(losses, reference, strict=True))
+    assert worst <= LOSS_TOLERANCE, (worst, losses, reference)
+    return worst
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """World size 2 (--fsdp, --batch-size 1 per rank): LoRA and full fine-tuning for 20 steps, and LoRA stopped at
+    10 steps. World size 1: the same two runs without FSDP at --batch-size 2, and the 10-step LoRA run resumed with
+    --fsdp (a process group of one) to 20."""
+    root = tmp_path_factory.mktemp("fsdp-cli")
+    text = (Path(hwrun.DEFAULT_MODEL) / "sample_train.txt").read_text(encoding="utf-8")[:9000]
+    data = root / "data.txt"
+    data.write_text(text, encoding="utf-8")
+    lora, full = ["--lora", "--lr", "3e-3"], ["--lr", "3e-4"]
+    _launch(root, 2, [_command(data, root / "fsdp-lora", *lora, "--fsdp", "--batch-size", "1", "--max-steps", "20"),
+                      _command(data, root / "fsdp-full", *full, "--fsdp", "--batch-size", "1", "--max-steps", "20"),
+                      _command(data, root / "resumed", *lora, "--fsdp", "--batch-size", "1", "--max-steps", "10")])
+    _launch(root, 1, [_command(data, root / "one-lora", *lora, "--batch-size", "2", "--max-steps", "20"),
+                      _command(data, root / "one-full", *full, "--batch-size", "2", "--max-steps", "20"),
+                      _command(data, root / "resumed", *lora, "--fsdp", "--batch-size", "2", "--max-steps", "20",
+                               "--resume")])
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.facts("X18")
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_fsdp_at_world_size_2_follows_the_single_process_curve(runs, kind):
+    fsdp, one = runs / f"fsdp-{kind}", runs / f"one-{kind}"
+    _close(_losses(fsdp), _losses(one), range(1, STEPS + 1))
+    checkpoint = fsdp / "checkpoint-20"
+    shards = sorted(p.name for p in (checkpoint / "pytorch_model_fsdp_0").iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # one shard per rank, not a gathered copy
+    from hwrun.training import check_checkpoint
+
+    assert check_checkpoint(checkpoint, verify=True) is None  # manifest and sha256 cover every rank's shard
+    # the final model: one safetensors file (full) or the adapter, whole, loadable in one process
+    if kind == "full":
+        from safetensors.torch import load_file
+
+        names = sorted(p.name for p in fsdp.iterdir() if p.name.startswith("model"))
+        assert names == ["model.safetensors"]
+        saved, base = load_file(fsdp / "model.safetensors"), load_file(Path(hwrun.DEFAULT_MODEL) / "model.safetensors")
+        assert saved.keys() == base.keys() and all(saved[k].shape == base[k].shape for k in base)
+    else:
+        assert (fsdp / "adapter_model.safetensors").is_file() and not (fsdp / "model.safetensors").exists()
+        model, _ = hwrun.training.load_adapter_model(str(fsdp), hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu"))
+        assert any("lora_B" in k for k, _ in model.named_parameters())
+
+
+@pytest.mark.slow
+@pytest.mark.facts("X18")
+def test_a_world_size_2_checkpoint_resumes_at_world_size_1(runs):
+    resumed = runs / "resumed"
+    losses = _losses(resumed)
+    assert [s for s, _ in losses] == list(range(1, STEPS + 1))  # steps 1-10 at world size 2, 11-20 at 1
+    straight = _losses(runs / "fsdp-lora")
+    _close(losses[:10], straight[:10], range(1, 11))
+    _close(losses[10:], straight[10:], range(11, STEPS + 1))  # restored weights, AdamW state and data position
+    assert all(math.isfinite(loss) for _, loss in losses)
+    shards = sorted(p.name for p in (resumed / "checkpoint-20" / "pytorch_model_fsdp_0").iterdir())
+    assert shards == [".metadata", "__0_0.distcp"]  # written by the one process
+    assert (resumed / "adapter_model.safetensors").is_file()
