@@ -51,6 +51,20 @@ def _damaged_adapter(folder: str) -> dict[str, str | bytes]:
             f"{folder}/hwrun_output.json": json.dumps(record)}
 
 
+def _foreign_adapter(folder: str, base: str, values: bytes) -> dict[str, str | bytes]:
+    """A LoRA adapter folder hwrun did not write (no record): its config names `base`; one float32 tensor."""
+    header = json.dumps({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": {
+        "dtype": "F32", "shape": [len(values) // 4], "data_offsets": [0, len(values)]}}).encode()
+    config = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"], "task_type": "CAUSAL_LM",
+              "base_model_name_or_path": base}
+    return {f"{folder}/adapter_model.safetensors": len(header).to_bytes(8, "little") + header + values,
+            f"{folder}/adapter_config.json": json.dumps(config)}
+
+
+NAN, ONE = b"\x00\x00\xc0\x7f", b"\x00\x00\x80\x3f"  # float32 NaN and 1.0, little-endian
+GENERATE_ADAPTER = ("generate", "--device", "cpu", "--model", "adapter", "The king said", "--max-new-tokens", "4")
+
+
 def _model_without_positions(folder: str) -> dict[str, str | bytes]:
     """The shipped tiny model with `max_position_embeddings: 0` in its config.json."""
     source = Path(DEFAULT_MODEL)
@@ -86,6 +100,14 @@ CASES: tuple[Case, ...] = (
           "story.txt", "--output", "out"), "silently-accepted", "trained a smaller batch than asked",
          "one-line error: the data packs into fewer blocks than one step takes", "batch_size=1000000000",
          files={"story.txt": STORY}),
+    Case("hwrun-generate-adapter-base-missing", "hwrun.cli.main", GENERATE_ADAPTER, "unclear-error",
+         "blamed on --model: \"model='/elsewhere/gone-base' does not exist ... omit --model\"",
+         "one-line error naming adapter_config.json's base_model_name_or_path and the fix",
+         "(base_model_name_or_path in", files=_foreign_adapter("adapter", "/elsewhere/gone-base", ONE * 4)),
+    Case("hwrun-generate-adapter-nan", "hwrun.cli.main", GENERATE_ADAPTER, "silently-accepted",
+         "PEFT loaded the NaN weights: generated nothing, exit 0",
+         "one-line error before loading naming the tensor and how many values are not finite",
+         "holds 2 NaN or infinite value(s) of 4", files=_foreign_adapter("adapter", DEFAULT_MODEL, (ONE + NAN) * 2)),
     Case("hwdist-launch-shell-script", "hwdist", ("launch", "--kind", "cpu", "script.sh"), "traceback-from-cli",
          "torchrun's ChildFailedError report (python ran a shell script)", "one-line error before torchrun starts",
          "'script.sh' is a /bin/sh script"),
