@@ -322,7 +322,8 @@ BAD = [
     ("/v1/completions", {"model": MODEL_ID, "prompt": "x", "max_tokens": 1000}, "context_length_exceeded",
      "max_tokens"),
     ("/v1/completions", {"model": MODEL_ID, "prompt": "the king " * 400}, "context_length_exceeded", "prompt"),
-    ("/v1/completions", {"model": MODEL_ID, "prompt": "x", "n": 2}, "unsupported_parameter", "n"),
+    ("/v1/completions", {"model": MODEL_ID, "prompt": "x", "n": 17}, "invalid_value", "n"),
+    ("/v1/completions", {"model": MODEL_ID, "prompt": "x", "n": 3}, "invalid_value", "n"),  # > --max-concurrency 2
     ("/v1/completions", {"model": MODEL_ID, "prompt": "x", "stop": [1]}, "invalid_value", "stop"),
     ("/v1/completions", {"model": MODEL_ID, "prompt": "x", "ignore_eos": 1}, "invalid_type", "ignore_eos"),
     ("/v1/chat/completions", {"model": MODEL_ID, "messages": "hello"}, "invalid_type", "messages"),
@@ -331,8 +332,12 @@ BAD = [
     ("/v1/completions", b'{"model": "x", "prompt": ' + b"[" * 40 + b"]" * 40 + b"}", "invalid_json", None),
     ("/v1/chat/completions", {"model": MODEL_ID, "messages": [{"role": "bot", "content": "x"}]}, "invalid_value",
      "messages[0].role"),
-    ("/v1/chat/completions", {"model": MODEL_ID, "messages": [{"role": "user", "content": "x"}], "n": 3},
-     "unsupported_parameter", "n"),
+    ("/v1/chat/completions", {"model": MODEL_ID, "messages": [{"role": "user", "content": "x"}], "n": 0},
+     "invalid_value", "n"),
+    ("/v1/chat/completions", {"model": MODEL_ID, "messages": [{"role": "user", "content": "x"}], "best": 1},
+     "unknown_parameter", "best"),
+    ("/v1/chat/completions", {"model": MODEL_ID, "messages": [{"role": "user", "content": "x"}],
+                              "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools_unsupported", "tools"),
 ]
 
 
@@ -619,10 +624,13 @@ def _endless_loader(backend):
     return loader
 
 
-def test_after_the_grace_period_requests_still_running_are_cancelled_and_the_server_stops(chat_model):
+def test_after_the_grace_period_running_requests_end_with_an_error_event_and_done(chat_model):
+    """Issue 42.5: a stream still running `--grace-seconds` after SIGTERM ends with an OpenAI error event and
+    `data: [DONE]` (uvicorn used to cancel it mid-stream); a whole answer gets a 503; the server stops."""
     backend = EndlessBackend()
+    lines: list[str] = []
     config = ServeConfig(port=0, model_id=MODEL_ID, grace_seconds=1)
-    srv = ServerThread(config, hwrun.plan(str(chat_model)), loader=_endless_loader(backend), say=lambda line: None)
+    srv = ServerThread(config, hwrun.plan(str(chat_model)), loader=_endless_loader(backend), say=lines.append)
     srv.start(timeout=60)
     connection = http.client.HTTPConnection("127.0.0.1", srv.state.port, timeout=30)
     connection.request("POST", "/v1/completions", body=json.dumps(
@@ -630,17 +638,24 @@ def test_after_the_grace_period_requests_still_running_are_cancelled_and_the_ser
         headers={"Content-Type": "application/json"})
     response = connection.getresponse()
     assert response.status == 200 and response.readline().startswith(b"data: {")
+    whole: dict = {}
+    waiter = threading.Thread(target=lambda: whole.update(zip(("status", "headers", "text"), _http(
+        srv, "POST", "/v1/completions", {"model": MODEL_ID, "prompt": "Hi", "max_tokens": 500000}, key=None))))
+    waiter.start()
+    _wait(lambda: len(backend.active) == 2, 30, "both requests to run")
     started = time.monotonic()
     srv.drain()
+    events = [line for line in response.read().split(b"\n\n") if line]  # the stream ends: read to its end
     srv.thread.join(30)
+    waiter.join(30)
     assert not srv.thread.is_alive() and 1 <= time.monotonic() - started < 20
-    assert len(backend.cancelled) == 1 and not backend.active
-    assert srv.state.metrics.requests[("completions", "cancelled")] == 1
-    try:
-        rest = response.read()
-    except http.client.IncompleteRead as exc:  # the connection was cut mid-stream
-        rest = exc.partial
-    assert b"[DONE]" not in rest
+    assert events[-1] == b"data: [DONE]"
+    error = json.loads(events[-2][len(b"data: "):])["error"]
+    assert error["code"] == "shutting_down" and "--grace-seconds" in error["message"]
+    assert whole["status"] == 503 and json.loads(whole["text"])["error"]["code"] == "shutting_down"
+    assert len(backend.cancelled) == 2 and not backend.active
+    assert srv.state.metrics.requests[("completions", "error")] == 2
+    assert any("grace period over: 2 request(s)" in line for line in lines)
     connection.close()
 
 

@@ -560,3 +560,23 @@ def test_a_request_ended_at_shutdown_streams_an_error_event_and_done(tokenizer):
     chunks = _chunks(asyncio.run(go()))
     assert chunks[-1] == "[DONE]" and chunks[-2]["error"]["code"] == "shutting_down"
     assert "grace" in chunks[-2]["error"]["message"] and run.rid in state.engine.cancelled
+
+
+def test_tools_with_a_template_that_cannot_show_them_or_an_unknown_format_are_400s(tokenizer):
+    from hwrun.serve.request import encode
+    from hwrun.serve.tools.choice import choose_tool_support
+
+    state = types.SimpleNamespace(tokenizer=tokenizer, max_model_len=512, config=types.SimpleNamespace(model_id="m"))
+    for template, choice, words in [(PLAIN_TEMPLATE, None, "does not render `tools`"),
+                                    (PLAIN_TEMPLATE, "required", "does not render `tools`"),
+                                    (PLAIN_TEMPLATE.replace("{{ bos_token }}", "{{ bos_token }}{{ tools | tojson }}"),
+                                     None, "none of the formats")]:
+        tokenizer.chat_template = template
+        state.tool_support = choose_tool_support(tokenizer)
+        with pytest.raises(RequestError, match=words) as info:
+            encode(state, _chat(tools=TOOLS, tool_choice=choice))
+        assert info.value.param == "tools" and "--tool-parser" in info.value.message
+    # an unknown format still serves a constrained choice: the calls come from the grammar, not a parser
+    assert encode(state, _chat(tools=TOOLS, tool_choice="required"))
+    assert encode(state, _chat(tools=TOOLS, tool_choice="none"))  # tools the model is told not to call: no check
+    tokenizer.chat_template = None

@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 
 #: The `endpoint` label of each request kind in `/metrics`.
 ENDPOINTS = {"completion": "completions", "chat": "chat_completions", "responses": "responses"}
+#: An engine error that starts with this is a refusal written for the client (`Backend.refusal`): its text is
+#: passed on (a 400 for a whole answer), not hidden behind the generic failure message.
+REFUSED_PREFIX = "refused: "
 #: No tokenizer gives fewer than one token per this many characters: a longer prompt cannot fit the context.
 CHARS_PER_TOKEN_CAP = 64
 
@@ -64,10 +67,11 @@ def encode(state: ServeState, parsed: ParsedRequest) -> list[int]:
     options: dict[str, Any] = dict(parsed.chat_template_kwargs)
     if parsed.tools.tools and parsed.tools.choice != "none":
         support = state.tool_support
-        if support is None or support.parser is None:
+        # a constrained choice (required, a named function) needs no parser, only a template that shows the tools
+        if support is None or not support.renders or (support.parser is None and not parsed.tools.constrained):
             why = support.why if support is not None else "the model is not loaded yet"
             raise RequestError(f"`tools` cannot be served by this model: {why}. hwrun serve reads tool calls "
-                               "from the model's chat template format (--tool-parser hermes, llama3_json or "
+                               "in the format of the model's chat template (--tool-parser hermes, llama3_json or "
                                "mistral names it when the template does not).", param="tools",
                                code="tools_unsupported")
         options["tools"] = [tool.as_template() for tool in parsed.tools.tools]
@@ -301,6 +305,9 @@ class Run:
                     self.error, self.error_code = self.cut, "shutting_down"
                 elif failed.finish_reason == "cancelled":
                     self.error = "the request was cancelled by the server (shutting down)."
+                elif (failed.error or "").startswith(REFUSED_PREFIX):  # the backend cannot run it: say why
+                    self.error = f"this server's engine cannot run the request: {failed.error[len(REFUSED_PREFIX):]}"
+                    self.error_code = "unsupported_by_engine"
                 else:  # the details stay in the log; the client gets a generic message and the request id
                     logger.error("request %s failed in the engine: %s", self.rid, failed.error or "(no detail)")
                     self.error = f"{GENERIC_FAILURE} (request {self.rid})."
@@ -409,6 +416,8 @@ class Run:
 
     def error_response(self) -> Response:
         """The failed request's answer: 503 when the server ended it, else 500."""
+        if self.error_code == "unsupported_by_engine":
+            return JSONResponse(error_body(self.error or "", code=self.error_code), status_code=400)
         return JSONResponse(error_body(self.error or "", error_type="server_error", code=self.error_code),
                             status_code=503 if self.outcome == "cancelled" else 500)
 
