@@ -640,7 +640,8 @@ def test_after_the_grace_period_running_requests_end_with_an_error_event_and_don
     assert response.status == 200 and response.readline().startswith(b"data: {")
     whole: dict = {}
     waiter = threading.Thread(target=lambda: whole.update(zip(("status", "headers", "text"), _http(
-        srv, "POST", "/v1/completions", {"model": MODEL_ID, "prompt": "Hi", "max_tokens": 500000}, key=None))))
+        srv, "POST", "/v1/completions", {"model": MODEL_ID, "prompt": "Hi", "max_tokens": 500000}, key=None),
+        strict=True)))
     waiter.start()
     _wait(lambda: len(backend.active) == 2, 30, "both requests to run")
     started = time.monotonic()
