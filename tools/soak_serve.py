@@ -67,12 +67,17 @@ class SoakReport:
     peak: Reading | None = None
     exit_code: int | None = None
     problems: list[str] = field(default_factory=list)
+    started_utc: str = ""
+    cores: int = 0  # the cores this process may use
+    load_average: tuple[float, float] = (0.0, 0.0)  # the 1-minute load average at the start and at the end
 
     def summary(self) -> str:
         """A few lines for the terminal."""
         total = sum(self.requests.values())
-        lines = [f"soak: {self.streams} streams, {self.seconds:.0f} s after a {self.warmup_seconds:.0f} s warm-up, "
-                 f"seed {self.seed}: {total} requests {self.requests}; server counted {self.server}"]
+        lines = [f"soak ({self.started_utc}, {self.cores} cores, load {self.load_average[0]} -> "
+                 f"{self.load_average[1]}): {self.streams} streams, {self.seconds:.0f} s after a "
+                 f"{self.warmup_seconds:.0f} s warm-up, seed {self.seed}: {total} requests {self.requests}; server "
+                 f"counted {self.server}"]
         for name, reading in (("baseline", self.baseline), ("final", self.final), ("peak", self.peak)):
             if reading:
                 lines.append(f"  {name:8} front {reading.front_rss_mib:.1f} MiB, {reading.front_fds} fds; core "
@@ -237,7 +242,10 @@ def _load(server: Server, streams: int, seconds: float, seed: int, timeout: floa
 def soak(seconds: float, streams: int = 64, *, warmup_seconds: float = 30, seed: int = 0,
          request_timeout: float = 60, rss_bound_mib: float = RSS_BOUND_MIB, fd_slack: int = FD_SLACK) -> SoakReport:
     """Run the soak and return its report (`report.problems` empty: it passed)."""
-    report = SoakReport(streams, seconds, warmup_seconds, seed)
+    report = SoakReport(streams, seconds, warmup_seconds, seed, started_utc=time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                         time.gmtime()),
+                        cores=len(os.sched_getaffinity(0)))
+    load_at_start = os.getloadavg()[0]
     server = Server("--max-concurrency", str(min(streams, 16)), "--max-queue", str(streams), "--grace-seconds", "10")
     lock, peaks = threading.Lock(), []
     try:
@@ -262,6 +270,7 @@ def soak(seconds: float, streams: int = 64, *, warmup_seconds: float = 30, seed:
             server.kill()
     report.peak = Reading(*(max(getattr(r, name) for r in peaks) for name in Reading.__dataclass_fields__)) \
         if peaks else None
+    report.load_average = (round(load_at_start, 1), round(os.getloadavg()[0], 1))
     _judge(report, rss_bound_mib, fd_slack)
     return report
 

@@ -24,6 +24,7 @@ class Mechanism:
 
 HWRUN = "packages/hwrun/tests/"
 HWDIST = "packages/hwdist/tests/"
+NITS = "tests/reliability/test_issue42_nits.py"
 
 MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism(
@@ -73,6 +74,23 @@ MECHANISMS: tuple[Mechanism, ...] = (
         "data, r within the hidden size, bool-typed fields True/False",
         (HWRUN + "test_hwrun_train_bounds.py",)),
     Mechanism(
+        "42.6", "hang-unbounded", "`hwrun chat` against a server that accepts but never answers waited 600 s per "
+        "request (one socket timeout for everything)",
+        "`hwrun.serve.client.ApiClient` connects within `--connect-timeout` (10 s) and then reads with "
+        "`--read-timeout` (120 s, hwrun serve's --stall-seconds) between any two bytes; either expiring is a "
+        "ChatClientError naming the URL, what was awaited and the option (tested against a port that never completes "
+        "the connection, one that never answers, and a stream that stalls mid-answer)",
+        (HWRUN + "test_hwrun_chat_client.py",)),
+    Mechanism(
+        "42.6", "traceback-from-cli", "malformed Server-Sent Events: a chunk that is not a JSON object (AttributeError "
+        "as an internal error), invalid JSON (ValueError), an error given as a string; lines that are not events and "
+        "a stream that ended without `data: [DONE]` taken silently as a whole answer",
+        "the client reads the stream as the SSE specification has it (`data:` lines joined per event, comments and "
+        "event/id/retry fields ignored, a line over 1 MiB refused) and checks the Content-Type; anything else, an "
+        "event that is not a JSON object, an error event (its message and code shown, the conversation goes on), "
+        "non-UTF-8 bytes and an end before `[DONE]` are ChatClientErrors naming the URL, the line and what came",
+        (HWRUN + "test_hwrun_chat_client.py",)),
+    Mechanism(
         "42.7", "traceback-from-cli", "`hwdist launch` with a script that is not Python, a log folder that cannot be "
         "created, a master port in use: torchrun's tracebacks; --nproc-per-node unbounded",
         "`hwdist.cli_checks`: the script's shebang read and its source compiled by this interpreter, the log "
@@ -90,4 +108,41 @@ MECHANISMS: tuple[Mechanism, ...] = (
         "GracefulStop finishes the step, saves a checkpoint and exits 0; --resume finishes the run (a real "
         "`hwrun train` process signalled from outside)",
         (HWRUN + "test_hwrun_train_faults.py", HWRUN + "test_hwrun_train_run.py")),
+    Mechanism(
+        "42 faults", "hang-unbounded", "hours of streams with clients leaving at any point: requests left running, "
+        "memory or open files growing in the HTTP front or the engine process",
+        "a request's state lives in the front's `runs` and the engine's slots until it finishes or its client leaves "
+        "(`Run.abandon` cancels it in the engine); the soak (`tools/soak_serve.py`, bounded in CI: 32 streams, 40 s) "
+        "checks every request finished or was cancelled by its client, the server counted each once, nothing runs "
+        "when the load stops, RSS within 16 MiB and descriptors at the idle baseline, SIGTERM exit 0 (figures below)",
+        (HWRUN + "test_hwrun_serve_soak.py",)),
+    Mechanism(
+        "42 faults", "data-lost", "SIGTERM while `hwrun serve` is in a long prefill; kill -9 of its engine process "
+        "while it streams",
+        "the drain: new requests get 503, the ones in flight run to their end within --grace-seconds and are then "
+        "cut with a `shutting_down` error event and `[DONE]`; the engine process is stopped and the exit is 0. An "
+        "engine process that dies ends every request in flight with an error event and `[DONE]` (a 500 for a whole "
+        "answer) within seconds, /health 503 \"failed\"",
+        (HWRUN + "test_hwrun_serve_soak_faults.py", HWRUN + "test_hwrun_serve.py")),
+    Mechanism(
+        "42.8", "silently-accepted", "hl-smi output with a header and no rows, module IDs past 0..7 or ids past "
+        "int()'s digit limit read as a mapping; a NaN adapter generated nothing with exit 0; a misspelt compile "
+        "backend kept (torch refused it only when compiling, after the model loaded); one Gaudi process with several "
+        "modules listed said nothing of the idle ones",
+        "each checked where the value enters: `hwenv.parse_hl_smi_csv` (no rows, module ID < 8, at most 6 digits, a "
+        "BOM skipped); `hwrun.model.adapters.check_finite` reads every float of the adapter's safetensors (numpy over "
+        "a memory map, no torch) at plan() and load(); `hwcompile.route_backend` looks a name it would keep up in "
+        "torch's registry and names the closest (Gaudi reroutes it with its warning, as Transformers does); "
+        "`hwdist.gaudi_world` logs which listed modules stay idle (not refused: the container runtime writes "
+        "HABANA_VISIBLE_MODULES for every mounted card) and `idle_modules` gives a launcher the list",
+        (NITS,)),
+    Mechanism(
+        "42.8", "unclear-error", "hl-smi exiting non-zero with an empty reason (and a non-UTF-8 byte as a decode "
+        "traceback); `Accelerator(count='2')` a TypeError from a comparison; an adapter's missing base blamed on "
+        "`--model`",
+        "hl-smi's stderr, else its stdout, else \"it printed nothing\" with the fix, its bytes decoded by hwenv; "
+        "`Accelerator.__post_init__` checks kind, count and bf16 types (AcceleratorFieldError naming the value); "
+        "`adapter_base_model` resolves the base before the plan does and names base_model_name_or_path in "
+        "adapter_config.json and the fix",
+        (NITS,)),
 )

@@ -1,9 +1,11 @@
 """The mechanisms table (mechanisms.py, rendered into docs/reliability.md) names real classes and test files."""
 
+import sys
 from pathlib import Path
 
-import mechanisms
-import reliability_case
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib puts no test folder on the path
+import mechanisms  # noqa: E402
+import reliability_case  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
