@@ -128,11 +128,12 @@ def parse_responses(body: dict[str, Any], served: ServedModels) -> tuple[ParsedR
     metadata = body.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise RequestError("`metadata` must be an object of strings.", param="metadata", code="invalid_type")
-    from .protocol import _template_kwargs
+    from .protocol import _optional, _template_kwargs, _token_ids
 
     parsed = ParsedRequest(kind="responses", model=model, prompt=None, messages=messages, max_tokens=max_tokens,
                            sampling=sampling, stop=(), stream=bool(stream), include_usage=False,
-                           ignore_eos=bool(body.get("ignore_eos")), adapter=adapter, tools=tools,
+                           ignore_eos=_optional(body, "ignore_eos", bool, False), adapter=adapter, tools=tools,
+                           stop_token_ids=_token_ids(body, "stop_token_ids", served.vocab_size),
                            chat_template_kwargs=_template_kwargs(body.get("chat_template_kwargs")),
                            response_format=fmt)
     meta = ResponsesMeta(
