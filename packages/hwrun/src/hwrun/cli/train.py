@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 from typing import Any
 
 from .main import TORCH_THREADS_HELP
@@ -102,7 +103,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="torch.compile the model (default: on for accelerators, off on CPU)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code")
     p.add_argument("--torch-threads", type=int, default=None, metavar="N", help=TORCH_THREADS_HELP)
+    p.add_argument("--eval-fraction", type=float, default=0.0, metavar="F",
+                   help="hold out this share of the packed blocks (the last ones, e.g. 0.1) and report the eval loss "
+                        "on them (in the output, loss.png and the TensorBoard logs)")
+    p.add_argument("--eval-steps", type=int, default=None, metavar="N",
+                   help="evaluate every N steps (default: --save-steps, or a fifth of --max-steps if smaller)")
+    p.add_argument("--report-to", default=None, metavar="NAME[,NAME]",
+                   help="log to these trackers through Transformers (tensorboard, wandb, mlflow, trackio, ...) "
+                        "instead of hwrun's own TensorBoard event files in OUTPUT/hwrun-tensorboard/; none: neither")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (loss lines only)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bars: neither the Hub download's (shown by default) nor the training bar")
     p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
                    help="log every decision; print the traceback with an error (same as hwrun -v)")
     p.set_defaults(func=run_train)
@@ -138,6 +149,8 @@ def _run_train(args: argparse.Namespace) -> int:
         raise TrainingConfigError(f"--torch-threads {args.torch_threads} must be an integer >= 1 (leave it out to let "
                                   "hwrun decide).")
 
+    _hub_progress(args.quiet)  # before planning: plan() downloads a Hub model
+    report = _report_to(args.report_to)
     run_plan = train_plan(args.model, device=args.device, dtype=args.dtype, attention=args.attention,
                           compile=args.compile, trust_remote_code=args.trust_remote_code)
     note_plan(run_plan)
@@ -162,10 +175,12 @@ def _run_train(args: argparse.Namespace) -> int:
     # in place of Transformers' bar, which printed every log as a dict
     from ..training.progress import StepBar
 
-    bar = None if args.no_progress or not sys.stderr.isatty() else StepBar()
+    bar = None if args.no_progress or args.quiet or not sys.stderr.isatty() else StepBar()
     overrides = _sharding_overrides(run_plan, args)
     if args.lr_scheduler is not None:
         overrides["lr_scheduler_type"] = args.lr_scheduler
+    if report is not None:
+        overrides["report_to"] = report
     try:
         with torch_threads_set(run_plan, args.torch_threads):  # hwrun generate's and serve's rule (hwrun plan's row)
             result = train(
@@ -177,7 +192,7 @@ def _run_train(args: argparse.Namespace) -> int:
                 overwrite=args.overwrite, on_nonfinite=args.on_nonfinite,
                 max_data_bytes=args.max_data_size or DEFAULT_MAX_DATA_BYTES,
                 text_field=args.text_field, messages_field=args.messages_field, chat_template=args.chat_template,
-                packing=not args.no_packing,
+                packing=not args.no_packing, eval_fraction=args.eval_fraction, eval_steps=args.eval_steps,
                 disable_tqdm=True,  # a TrainingArguments keyword: Transformers' own bar and its dict lines off
                 **overrides,
             )
@@ -206,10 +221,49 @@ def _run_train(args: argparse.Namespace) -> int:
         return 0
     kind = "merged model" if result.merged else ("LoRA adapter" if result.lora else "model")
     print(f"done: {result.global_step} steps, final loss {last}; {kind} saved in {result.output_dir}")
+    if result.eval_losses:
+        step, loss = result.eval_losses[-1]
+        print(f"eval loss {loss:.4f} at step {step} ({result.reasons.get('eval', 'held-out split')})")
     if result.loss_plot:
         print(f"loss curve: {result.loss_plot}")
+    from ..training.events import EVENTS_DIR
+
+    if (Path(result.output_dir) / EVENTS_DIR).is_dir() and report is None:
+        print(f"TensorBoard logs: {Path(result.output_dir) / EVENTS_DIR} (tensorboard --logdir {result.output_dir})")
     print(f'generate with: hwrun generate --model {result.output_dir} "Once upon a time"')
     return 0
+
+
+def _hub_progress(quiet: bool) -> None:
+    """Hub download progress bars on (a first download can be several GB), off with --quiet. Transformers' own bars
+    (weight loading) stay off; HF_HUB_DISABLE_PROGRESS_BARS=1 set by the user still wins (huggingface_hub warns)."""
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+
+    if quiet:
+        disable_progress_bars()
+    else:
+        enable_progress_bars()
+
+
+def _report_to(text: str | None) -> list[str] | None:
+    """`--report-to`: the trackers named, each one Transformers can use here (installed), checked before any work."""
+    if text is None:
+        return None
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if names == ["none"]:
+        return ["none"]
+    from transformers.integrations import get_available_reporting_integrations
+
+    from ..training import TrainingConfigError
+
+    available = get_available_reporting_integrations()
+    missing = [name for name in names if name not in available]
+    if not names or missing:
+        raise TrainingConfigError(
+            f"--report-to {text!r}: {', '.join(missing) or 'no name'} cannot be used here (installed trackers: "
+            f"{', '.join(available) or 'none'}). Fix: install it (e.g. pip install tensorboard), pick one of those, "
+            "or leave --report-to out for hwrun's own TensorBoard event files.")
+    return names
 
 
 def _sharding_overrides(run_plan: Any, args: argparse.Namespace) -> dict[str, Any]:

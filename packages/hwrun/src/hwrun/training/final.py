@@ -103,12 +103,13 @@ def _write_final(trainer: Any, model: Any, tokenizer: Any, staging: Any, found: 
     return merged, published.kept
 
 
-def write_plot(points: list, found: output.OutputSurvey, title: str) -> tuple[str | None, str | None]:
-    """The loss plot into output_dir/loss.png unless a user's file holds that name: (path, reason it was not)."""
+def write_plot(points: list, found: output.OutputSurvey, title: str, evals: list = ()) -> tuple[str | None, str | None]:
+    """The loss plot (training loss, and the eval loss when there is one) into output_dir/loss.png unless a user's
+    file holds that name: (path, reason it was not)."""
     from .plot import write_loss_plot
 
     if not found.may_replace("loss.png"):
         return None, f"loss.png in {found.path} is not hwrun's; the plot was not written"
-    path = write_loss_plot(points, found.path / "loss.png", title=title)
+    path = write_loss_plot(points, found.path / "loss.png", title=title, eval_points=evals)
     output.record(found.path, ["loss.png"])
     return str(path), None

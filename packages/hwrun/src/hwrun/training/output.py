@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 #: hwrun's record of the files it wrote into an output folder.
 OUTPUT_MANIFEST = "hwrun_output.json"
 #: Names that only hwrun uses (staging folders, write probes): always its own.
-OWN_PREFIXES = (STAGING_PREFIX, ".hwrun-")
+OWN_PREFIXES = (STAGING_PREFIX, ".hwrun-", "hwrun-tensorboard")  # the last: hwrun.training.events.EVENTS_DIR
 #: Top-level names a run may write: the final model (adapter or merged), its tokenizer, PEFT's model card,
 #: the loss plot, and the checkpoints (globs).
 WRITTEN_NAMES = (*FINAL_FILES, "adapter", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -342,9 +342,12 @@ def clear_earlier(found: OutputSurvey) -> list[str]:
 
 
 def release(path: Path, existed: bool) -> None:
-    """After a failed run: a folder this run created and left holding only its record is removed again."""
+    """After a failed run: a folder this run created and left holding only its record (and its event logs) is removed
+    again."""
     if existed or not path.is_dir():
         return
-    if {entry.name for entry in path.iterdir()} <= {OUTPUT_MANIFEST}:
+    events = "hwrun-tensorboard"  # hwrun.training.events.EVENTS_DIR
+    if {entry.name for entry in path.iterdir()} <= {OUTPUT_MANIFEST, events}:
+        shutil.rmtree(path / events, ignore_errors=True)
         (path / OUTPUT_MANIFEST).unlink(missing_ok=True)
         path.rmdir()

@@ -68,6 +68,7 @@ class TrainResult:
     reasons: Mapping[str, str] = field(default_factory=dict)
     already_finished: bool = False
     skipped_steps: tuple[int, ...] = ()
+    eval_losses: tuple[tuple[int, float], ...] = ()
 
 
 def train_plan(model: str | None = None, device: Any = "auto", dtype: str = "auto", attention: str = "auto",
@@ -297,6 +298,56 @@ def _finished_result(where: OutputPlan, run: RunSettings) -> TrainResult:
         losses=tuple(loss_points(state.get("log_history", []))), lora=run.settings is not None,
         merged=bool((final.get("run") or {}).get("merged", False)), resumed_from=where.resume_from,
         loss_plot=str(plot) if plot.is_file() else None, reasons=dict(where.reasons), already_finished=True)
+
+
+def _check_eval(fraction: Any, steps: Any, events: Any) -> None:
+    """eval_fraction in [0, 0.5), eval_steps a positive int (and only with a fraction), events a bool."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 0.5:
+        raise TrainingConfigError(f"eval_fraction={fraction!r} (--eval-fraction) must be a number in [0, 0.5): the "
+                                  "share of the packed blocks held out for evaluation. Fix: e.g. 0.1, or 0 for none.")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise TrainingConfigError(f"eval_steps={steps!r} (--eval-steps) must be an integer >= 1.")
+    if steps is not None and not fraction:
+        raise TrainingConfigError(f"eval_steps={steps} given without eval_fraction: there is no held-out split to "
+                                  "evaluate. Fix: add eval_fraction (--eval-fraction 0.1), or drop eval_steps.")
+    if not isinstance(events, bool):
+        raise TrainingConfigError(f"events={events!r} must be True or False.")
+
+
+def _split_eval(dataset: Any, run: RunSettings, reasons: dict) -> tuple[Any, Any]:
+    """(train, eval) datasets: the last `eval_fraction` of the packed blocks held out (at least one; at least one
+    optimizer step's worth left to train on), or (dataset, None)."""
+    if not run.eval_fraction:
+        return dataset, None
+    import copy
+
+    total = len(dataset) if hasattr(dataset, "blocks") else None
+    if total is None:
+        raise TrainingConfigError("eval_fraction needs hwrun's packed data (a file or Hub id as data=); a ready "
+                                  "dataset has no blocks to hold out. Fix: pass eval_dataset= yourself, or data as a file.")
+    held = max(1, round(total * run.eval_fraction))
+    if total - held < 1:
+        raise TrainingConfigError(f"eval_fraction={run.eval_fraction} of {total} packed blocks leaves none to train on. "
+                                  "Fix: more data, a smaller --block-size or a smaller --eval-fraction.")
+    parts = []
+    for part in (slice(0, total - held), slice(total - held, total)):
+        piece = copy.copy(dataset)
+        for name in ("blocks", "labels", "positions"):  # PackedDataset's and SupervisedBlocks' tensors
+            value = getattr(dataset, name, None)
+            if hasattr(value, "shape"):
+                setattr(piece, name, value[part])
+        parts.append(piece)
+    reasons["eval"] = (f"{held} of {total} packed blocks held out for evaluation (the last {run.eval_fraction:.0%}), "
+                       f"evaluated every {_eval_every(run)} steps")
+    return parts[0], parts[1]
+
+
+def _eval_every(run: RunSettings) -> int:
+    if run.eval_steps is not None:
+        return run.eval_steps
+    if run.max_steps and run.max_steps > 0:
+        return max(1, min(run.save_steps, run.max_steps // 5 or 1))
+    return run.save_steps
 
 
 def _check_keywords(overrides: Mapping[str, Any]) -> None:
@@ -531,9 +582,10 @@ class Training:
     output: Any = None
 
 
-def _trainer(model: Any, tokenizer: Any, dataset: Any, args: Any, run: RunSettings) -> Training:
+def _trainer(model: Any, tokenizer: Any, dataset: Any, args: Any, run: RunSettings, eval_dataset: Any = None
+             ) -> Training:
     """HwTrainer with hwrun's callbacks: the caller's, then SIGTERM/SIGINT saving, the non-finite guard
-    (after the saver: it can veto that save), the loss lines."""
+    (after the saver: it can veto that save), the loss lines, the TensorBoard event log."""
     from transformers import default_data_collator
 
     from .guard import NonFiniteGuard
@@ -542,15 +594,27 @@ def _trainer(model: Any, tokenizer: Any, dataset: Any, args: Any, run: RunSettin
 
     stopper = GracefulStop()
     guard = NonFiniteGuard(run.on_nonfinite, check_weights=not is_sharded(args))
-    trainer = HwTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                        data_collator=default_data_collator,
-                        callbacks=[*run.callbacks, stopper, guard, LossLog(run.echo)])
+    callbacks = [*run.callbacks, stopper, guard, LossLog(run.echo)]
+    if run.events and not _reports(args):
+        from .events import EVENTS_DIR, EventLog
+
+        world = max(1, args.world_size)
+        callbacks.append(EventLog(Path(args.output_dir) / EVENTS_DIR,
+                                  _tokens_per_step(dataset, run.batch_size, run.grad_accum, world)))
+    trainer = HwTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_dataset,
+                        processing_class=tokenizer, data_collator=default_data_collator, callbacks=callbacks)
     trainer.hw_run = dict(run.record)
     if run.echo is not None:
         from transformers.trainer_callback import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)  # LossLog's lines replace its raw log dicts
     return Training(trainer, stopper, guard)
+
+
+def _reports(args: Any) -> bool:
+    """Whether the arguments report to a tracker (report_to other than "none"): then hwrun writes no events."""
+    chosen = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
+    return any(name not in (None, "none") for name in chosen)
 
 
 def _train(training: Training, where: OutputPlan, run: RunSettings) -> None:
@@ -617,7 +681,7 @@ def _save(training: Training, tokenizer: Any, plan: RunPlan, run: RunSettings, w
     import signal
 
     from .final import save_final, write_plot
-    from .plot import loss_points
+    from .plot import eval_points, loss_points
     from .sharding import release_zero3
 
     trainer, path = training.trainer, where.found.path
@@ -640,9 +704,10 @@ def _save(training: Training, tokenizer: Any, plan: RunPlan, run: RunSettings, w
         reasons["nonfinite"] = (f"on_nonfinite='skip': {len(training.guard.skipped)} step(s) with non-finite "
                                 f"gradients changed no weight: {training.guard.skipped}")
     points = loss_points(trainer.state.log_history)
+    evals = eval_points(trainer.state.log_history)
     plot_path = None
     if run.plot and trainer.is_world_process_zero():
-        plot_path, why_not = write_plot(points, where.found, f"hwrun train: {Path(plan.model).name}")
+        plot_path, why_not = write_plot(points, where.found, f"hwrun train: {Path(plan.model).name}", evals)
         if why_not:
             reasons["plot"] = why_not
     world = max(1, training.trainer.args.world_size)
@@ -652,7 +717,7 @@ def _save(training: Training, tokenizer: Any, plan: RunPlan, run: RunSettings, w
         lora=run.settings is not None, merged=merged, interrupted=interrupted, resumed_from=where.resume_from,
         loss_plot=plot_path, tokens_per_step=_tokens_per_step(dataset, run.batch_size, run.grad_accum, world),
         train_runtime=metrics.get("train_runtime"), metrics=metrics, reasons=reasons,
-        skipped_steps=tuple(training.guard.skipped))
+        skipped_steps=tuple(training.guard.skipped), eval_losses=tuple(evals))
 
 
 def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlora: bool = False,
@@ -666,6 +731,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
           overwrite: bool = False, on_nonfinite: str = "stop", max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
           text_field: str | None = None, messages_field: str | None = None,
           chat_template: str | os.PathLike | None = None, packing: bool = True,
+          eval_fraction: float = 0.0, eval_steps: int | None = None, events: bool = True,
           **training_overrides: Any) -> TrainResult:
     """Fine-tune `plan.model` on `data` (text file, JSONL with "text", folder of .txt, or a
     ready dataset) with Trainer; LoRA when `lora` is given or `qlora=True`, else full fine-tuning.
@@ -697,14 +763,19 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     """
     options = {name: value for name, value in locals().items()
                if name not in ("plan", "data", "training_overrides")}
+    _check_eval(eval_fraction, eval_steps, events)
     run = _validate(plan, data, options)
     _check_keywords(training_overrides)
     where = _prepare_output(plan, run)
     if where.finished == "done":
         return _finished_result(where, run)
     dataset, data_tokenizer, run = _prepare_data(plan, data, run, where)
-    args = _arguments(plan, run, where.found.path, training_overrides)
     reasons = dict(where.reasons)
+    dataset, eval_dataset = _split_eval(dataset, run, reasons)
+    if eval_dataset is not None:
+        training_overrides = {"eval_strategy": "steps", "eval_steps": _eval_every(run),
+                              "per_device_eval_batch_size": run.batch_size, **training_overrides}
+    args = _arguments(plan, run, where.found.path, training_overrides)
     plan, zero3 = _sharding(plan, args, reasons)
     try:
         model, tokenizer = _load(plan, run, data_tokenizer, reasons)
@@ -714,7 +785,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
         stack = PatchStack()
         try:
             model = _patch(model, dataset, plan, args, run, stack, reasons)
-            training = _trainer(model, tokenizer, dataset, args, run)
+            training = _trainer(model, tokenizer, dataset, args, run, eval_dataset)
             _train(training, where, run)
         finally:
             stack.undo()  # the model as it was loaded again, whether training finished or failed
