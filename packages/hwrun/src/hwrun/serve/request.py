@@ -130,7 +130,7 @@ class Choice:
 
     def __init__(self, index: int, run: Run) -> None:
         self.index = index
-        self.text = TextStream(run.state.tokenizer, run.parsed.stop, drop_ids=run.state.drop_ids)
+        self.text = TextStream(run.state.tokenizer, run.parsed.stop, drop_ids=getattr(run.state, "drop_ids", None))
         self.parser = run.new_parser()
         self.tokens = 0
         self.done = False
@@ -320,16 +320,21 @@ class Run:
                 self._finish()
                 return
 
+    def _forget(self) -> None:
+        runs = getattr(self.state, "runs", None)  # (a state made by hand in a test may keep none)
+        if runs is not None:
+            runs.discard(self)
+
     def _finish(self) -> None:
         self.finish_reason, self.done = self.choices[0].finish_reason, True
-        self.state.runs.discard(self)
+        self._forget()
         self.state.metrics.duration.observe(time.perf_counter() - self.arrived)
         self.state.metrics.count_request(ENDPOINTS[self.kind], "ok" if self.error is None else "error")
 
     def abandon(self) -> None:
         """The client left (or the server gave up): cancel in the engine and count it. Idempotent: nothing
         happens once the request finished or was abandoned."""
-        self.state.runs.discard(self)
+        self._forget()
         if not self.done:
             self.done = True
             self.state.engine.cancel(self.rid)
