@@ -52,3 +52,15 @@ def test_gaudi_groups_of_two_and_four_only():
     with fake_gaudi(8, visible_modules="6,7"):
         check = check_process_count(2, hwenv.detect())
         assert check.modules == (6, 7) and "HABANA_VISIBLE_MODULES=6,7" in check.reason
+
+
+def test_launch_passes_the_scripts_own_options_unabbreviated(capsys):
+    """`hwdist launch -m hwrun.cli train --device auto`: `--device` is the script's, not an abbreviation of ours."""
+    import json
+
+    from hwdist.cli import main
+
+    assert main(["launch", "--dry-run", "--kind", "cpu", "--nproc-per-node", "2", "-m", "hwrun.cli", "train",
+                 "--device", "auto", "--dev", "x"]) == 0
+    argv = json.loads(capsys.readouterr().out)["argv"]
+    assert argv[-6:] == ["hwrun.cli", "train", "--device", "auto", "--dev", "x"]

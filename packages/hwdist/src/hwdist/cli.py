@@ -39,9 +39,12 @@ def _dest(flag: str) -> str:
 
 
 def _launch_parser(sub: argparse._SubParsersAction) -> None:
+    # allow_abbrev=False: the script's own options (`--device` of `-m hwrun.cli train`) must not be read as
+    # abbreviations of ours (`--devices`, `--device-count`): argparse matches prefixes before it sees the script
     p = sub.add_parser("launch", help="run SCRIPT with torchrun, one process per selected device",
                        description="Run SCRIPT under torchrun (python -m torch.distributed.run), one process per "
-                                   "selected device (G16), the selection's variables set for that command only.")
+                                   "selected device (G16), the selection's variables set for that command only.",
+                       allow_abbrev=False)
     p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, help="processes on this node (default: selected devices; 1 on CPU)")
     p.add_argument("--devices", help="device ids in the kind's grammar: XPU affinity mask ('0,2'), Gaudi module IDs, "
                    "CUDA/ROCm indices")
