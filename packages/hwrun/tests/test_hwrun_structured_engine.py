@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+from types import SimpleNamespace
 
 import hwrun
 import jsonschema
@@ -21,6 +22,7 @@ from hwrun.inference.structured import (
     choose_backend,
     structured_compiler,
 )
+from hwrun.inference.structured import bitmask as bitmask_module
 from hwrun.inference.structured import compiler as compiler_module
 from transformers import AutoTokenizer
 
@@ -202,6 +204,29 @@ def test_schemas_that_cannot_be_enforced_are_refused_with_the_problem(compiler, 
     assert isinstance(caught.value, GenerateError) and isinstance(caught.value, ValueError)
 
 
+def test_batch_fill_equals_filling_row_by_row(compiler, tokenizer, texts):
+    specs = [StructuredOutput("json_object"), StructuredOutput.json_schema(TOOL_CALL), StructuredOutput.json_schema(NESTED)]
+    matchers = [compiler.matcher(specs[i % 3]) for i in range(7)]
+    rng = random.Random(0)
+    one = allocate_bitmask(1, compiler.vocab.vocab_size)
+    for index, matcher in enumerate(matchers):  # each at its own point of its grammar
+        for _ in range(index * 5):
+            matcher.fill(one, 0)
+            matcher.accept(rng.choice(allowed_ids(one[0], compiler.vocab.vocab_size)))
+    assert not matchers[3].accept(tokenizer.eos_token_id if not matchers[3].finished else 0)  # a failed one
+    rows = [(9 - index, matcher) for index, matcher in enumerate(matchers)]  # rows 3..9; 0..2 unconstrained
+    together = allocate_bitmask(10, compiler.vocab.vocab_size)
+    compiler.fill(together, rows)
+    apart = allocate_bitmask(10, compiler.vocab.vocab_size)
+    for row, matcher in rows:
+        matcher.fill(apart, row)
+    assert torch.equal(together, apart)
+    assert (together[:3] == -1).all()
+    other = structured_compiler(tokenizer, compiler.vocab.vocab_size, backend=compiler.backend)
+    with pytest.raises(StructuredOutputError, match="made by another compiler"):
+        other.fill(together, rows[:1])
+
+
 def test_compiled_grammars_are_cached_per_spec(compiler):
     spec = StructuredOutput.json_schema(TOOL_CALL)
     first = compiler.compiled(spec)
@@ -254,7 +279,10 @@ def test_bad_vocabulary_and_stop_ids_are_refused(tokenizer):
         structured_compiler(tokenizer, len(tokenizer), stop_token_ids=[99999])
 
 
-def test_apply_bitmask_matches_the_bit_layout():
+@pytest.mark.parametrize("byteorder", ["little", "big"])
+def test_apply_bitmask_matches_the_bit_layout(monkeypatch, byteorder):
+    """Both forms (a byte table on little-endian hosts, shifted words otherwise) against the layout bit by bit."""
+    monkeypatch.setattr(bitmask_module, "sys", SimpleNamespace(byteorder=byteorder))
     generator = torch.Generator().manual_seed(0)
     for vocab in (1, 31, 32, 33, 100, 3112):
         logits = torch.randn(3, vocab, generator=generator)

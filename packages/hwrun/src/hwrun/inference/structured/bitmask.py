@@ -8,6 +8,7 @@ requests share the step with constrained ones.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from ...errors import GenerateError
@@ -46,8 +47,20 @@ def apply_bitmask(logits: Any, bitmask: Any) -> Any:
     if bitmask.device != logits.device:
         raise GenerateError(f"bitmask is on {bitmask.device} and logits on {logits.device}: copy the bitmask to the "
                             "logits' device before the step.")
-    # The shifts are made by a kernel on the device each call (no host copy, so a graph capture records them too);
-    # >> is arithmetic on int32, so the top bit of a negative word still reads as 1 after the & 1.
-    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
-    blocked = ((bitmask.unsqueeze(-1) >> shifts) & 1).eq(0).view(rows, -1)[:, :vocab]
-    return logits.masked_fill_(blocked, float("-inf"))
+    return logits.masked_fill_(blocked_tokens(bitmask)[:, :vocab], float("-inf"))
+
+
+def blocked_tokens(bitmask: Any) -> Any:
+    """A bool [rows, 32 * words] tensor, True where the token's bit is clear. Each byte of the bitmask is looked up in
+    a 256 x 8 table (little-endian: byte k of word i holds tokens 32*i + 8*k ... + 7): one byte of temporaries per
+    token where shifting each word 32 ways makes eight. The table is made by kernels on the device each call (no host
+    copy, so a graph capture records it too)."""
+    import torch
+
+    rows, device = bitmask.shape[0], bitmask.device
+    if sys.byteorder != "little":  # the word's bytes are not in token order: shift each word instead
+        shifts = torch.arange(32, dtype=torch.int32, device=device)
+        return ((bitmask.unsqueeze(-1) >> shifts) & 1).eq(0).view(rows, -1)
+    byte = torch.arange(256, dtype=torch.int32, device=device)
+    table = ((byte.unsqueeze(-1) >> torch.arange(8, dtype=torch.int32, device=device)) & 1).eq(0)
+    return table[bitmask.contiguous().view(torch.uint8).int()].view(rows, -1)

@@ -92,6 +92,22 @@ class StructuredCompiler:
                 self._cache.popitem(last=False)
         return compiled
 
+    def fill(self, bitmask: Any, rows: Sequence[tuple[int, Matcher]]) -> None:
+        """Fill `bitmask[row]` for every (row, matcher) of this compiler at once, on the grammar engine's own threads
+        (both release the GIL while they work, so the engine may run this beside the model's forward pass)."""
+        live = []
+        for row, matcher in rows:
+            if matcher.vocab is not self.vocab:
+                raise StructuredOutputError("compiler.fill got a matcher made by another compiler: fill each "
+                                            "compiler's matchers through that compiler.")
+            matcher.check_bitmask(bitmask, row)
+            if matcher.stopped:
+                bitmask[row].copy_(self._stop_row)
+            else:
+                live.append((row, matcher))
+        if live:
+            self._engine.fill_many(bitmask, live)
+
     def matcher(self, spec: StructuredOutput) -> Matcher:
         """A new `Matcher` for one request under `spec` (compiled once per spec); `StructuredOutputError` names a
         schema that cannot be enforced, before the request starts."""

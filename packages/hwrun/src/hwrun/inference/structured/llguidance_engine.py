@@ -32,8 +32,11 @@ class LLGuidanceCompiler:
     name = NAME
 
     def __init__(self, tokenizer: Any, vocab: VocabInfo, threads: int) -> None:
+        import llguidance
+
         self.vocab = vocab
         self._tokenizer = ll_tokenizer(tokenizer, vocab)
+        self._executor = llguidance.LLExecutor(threads)
 
     def compile(self, spec: StructuredOutput) -> Any:
         """A prototype `LLMatcher` at the start of `spec`'s grammar; `StructuredOutputError` names the schema problem."""
@@ -53,6 +56,11 @@ class LLGuidanceCompiler:
     def matcher(self, compiled: Any, stop_row: Any) -> Matcher:
         """A fresh matcher at the start of `compiled`'s grammar (a copy of the prototype)."""
         return LLGuidanceMatcher(self.vocab, stop_row, compiled.deep_copy())
+
+    def fill_many(self, bitmask: Any, rows: list[tuple[int, Any]]) -> None:
+        """Fill each (row, matcher)'s row of `bitmask` in parallel (llguidance's `LLExecutor`)."""
+        self._executor.unsafe_compute_mask_ptr([(matcher._matcher, row) for row, matcher in rows],
+                                               bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0])
 
 
 class LLGuidanceMatcher(Matcher):

@@ -11,8 +11,9 @@ from .vocab import VocabInfo
 
 
 class Matcher:
-    """A request's grammar state. After a rejected token (`accept` returned False) the matcher has `failed`: `fill`
-    then allows only the stop ids, so the request ends; it never moves again. Subclasses wrap one engine's matcher."""
+    """A request's grammar state. After a rejected token (`accept` returned False) the matcher has `failed`; after it or
+    a stop id, `fill` allows only the stop ids, so the request ends; it never moves again. Subclasses wrap one engine's
+    matcher."""
 
     def __init__(self, vocab: VocabInfo, stop_row: Any) -> None:
         self.vocab = vocab
@@ -28,8 +29,8 @@ class Matcher:
 
     def fill(self, bitmask: Any, row: int) -> None:
         """Write the tokens allowed next into `bitmask[row]` (a CPU int32 [rows, ceil(vocab/32)] tensor)."""
-        self._check(bitmask, row)
-        if self.failed:
+        self.check_bitmask(bitmask, row)
+        if self.stopped:
             bitmask[row].copy_(self._stop_row)
         else:
             self._fill(bitmask, row)
@@ -42,6 +43,11 @@ class Matcher:
         self._finished = None
         self.failed = not ok
         return ok
+
+    @property
+    def stopped(self) -> bool:
+        """True when the grammar cannot move on (it failed, or took a stop id): `fill` then allows only the stop ids."""
+        return self.failed or self._terminated()
 
     @property
     def finished(self) -> bool:
@@ -61,7 +67,8 @@ class Matcher:
         self._fill(self._scratch, 0)
         return not bool((self._scratch[0] & ~self._stop_row).any())
 
-    def _check(self, bitmask: Any, row: int) -> None:
+    def check_bitmask(self, bitmask: Any, row: int) -> None:
+        """Raise `GenerateError` unless `bitmask[row]` is a row this matcher can fill."""
         import torch
 
         words = bitmask_words(self.vocab.vocab_size)

@@ -60,6 +60,7 @@ class XGrammarCompiler:
         import xgrammar
 
         self.vocab = vocab
+        self._batch = xgrammar.BatchGrammarMatcher(threads)
         self._compiler = xgrammar.GrammarCompiler(tokenizer_info(tokenizer, vocab), max_threads=threads,
                                                   cache_enabled=False)
 
@@ -79,6 +80,11 @@ class XGrammarCompiler:
     def matcher(self, compiled: Any, stop_row: Any) -> Matcher:
         """A fresh matcher at the start of `compiled`'s grammar."""
         return XGrammarMatcher(self.vocab, stop_row, compiled)
+
+    def fill_many(self, bitmask: Any, rows: list[tuple[int, Any]]) -> None:
+        """Fill each (row, matcher)'s row of `bitmask` in parallel (xgrammar's `BatchGrammarMatcher`)."""
+        self._batch.batch_fill_next_token_bitmask([matcher._matcher for _, matcher in rows], bitmask,
+                                                  [row for row, _ in rows])
 
 
 class XGrammarMatcher(Matcher):
