@@ -253,13 +253,13 @@ def soak(seconds: float, streams: int = 64, *, warmup_seconds: float = 30, seed:
         _load(server, streams, warmup_seconds, seed + 1, request_timeout, warm, lock, [])
         if not server.wait_idle():
             report.problems.append("requests still running or queued 60 s after the warm-up's clients stopped")
+        time.sleep(1.0)  # the last closed connections' sockets leave the front
         report.baseline = reading(server.pid, server.core)
         before = _server_counts(server)
         _load(server, streams, seconds, seed, request_timeout, report.requests, lock, peaks)
         if not server.wait_idle():
             report.problems.append("requests still running or queued 60 s after the clients stopped")
-        time.sleep(1.0)  # the last closed connections' sockets leave the front
-        report.final = reading(server.pid, server.core)
+        report.final = _settled(server, report.baseline)
         report.server = {key: count - before.get(key, 0) for key, count in _server_counts(server).items()
                          if count - before.get(key, 0)}
     finally:
@@ -273,6 +273,17 @@ def soak(seconds: float, streams: int = 64, *, warmup_seconds: float = 30, seed:
     report.load_average = (round(load_at_start, 1), round(os.getloadavg()[0], 1))
     _judge(report, rss_bound_mib, fd_slack)
     return report
+
+
+def _settled(server: Server, baseline: Reading, timeout: float = 10) -> Reading:
+    """The idle reading once the sockets of the last connections have closed (a leaked descriptor stays past
+    `timeout` seconds; one the front is still closing does not)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = reading(server.pid, server.core)
+        if (now.front_fds <= baseline.front_fds and now.core_fds <= baseline.core_fds) or time.monotonic() > deadline:
+            return now
+        time.sleep(0.5)
 
 
 def _status(pid: int) -> str:
