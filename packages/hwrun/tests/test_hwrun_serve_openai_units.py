@@ -580,3 +580,29 @@ def test_tools_with_a_template_that_cannot_show_them_or_an_unknown_format_are_40
     assert encode(state, _chat(tools=TOOLS, tool_choice="required"))
     assert encode(state, _chat(tools=TOOLS, tool_choice="none"))  # tools the model is told not to call: no check
     tokenizer.chat_template = None
+
+
+def test_models_cards_list_each_adapter_with_the_base_as_parent(tmp_path):
+    from hwrun.serve.state import ServeState
+
+    state = ServeState.__new__(ServeState)
+    state.config = ServeConfig(model_id=MODEL_ID, adapters=(("bible", str(tmp_path)),))
+    state.loaded, state.created = None, 1
+    state.served = ServedModels(MODEL_ID, ("bible",))
+    cards = state.adapter_cards()
+    assert cards == [{"id": "bible", "object": "model", "created": 1, "owned_by": "hwrun", "root": str(tmp_path),
+                      "parent": MODEL_ID, "max_model_len": None,
+                      "hwrun": {"adapter": str(tmp_path), "base": MODEL_ID}}]
+    assert state.card("bible") == cards[0] and state.card("other") is None
+
+
+def test_fields_the_engine_cannot_apply_are_400s_before_any_work():
+    from hwrun.serve.protocol import engine_refusal
+
+    refuses = {"min_p": "only temperature", "structured": "no mask", "adapter": "one set of weights"}
+    engine_refusal(_chat(), refuses, "transformers")  # nothing refused asked for
+    for body, param in [({"min_p": 0.2}, "min_p"), ({"response_format": {"type": "json_object"}}, "response_format"),
+                        ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice"), ({"model": "bible"}, "model")]:
+        with pytest.raises(RequestError, match="not served by this server's transformers engine") as info:
+            engine_refusal(_chat(**body), refuses, "transformers")
+        assert (info.value.param, info.value.code) == (param, "unsupported_by_engine")

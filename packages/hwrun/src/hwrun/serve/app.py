@@ -28,7 +28,7 @@ from ..errors import RequestError
 from .config import MAX_BODY_BYTES
 from .engine import EngineNotReady, EngineRequest, QueueFullError
 from .metrics import CONTENT_TYPE
-from .protocol import error_body, parse_json, parse_request
+from .protocol import engine_refusal, error_body, parse_json, parse_request
 from .request import ENDPOINTS, Run, encode, token_budget
 from .responses import parse_responses, responses_stream, responses_whole
 from .state import ServeState
@@ -224,6 +224,7 @@ async def _generate(request: Request, kind: str) -> Response:
             raise RequestError(f"`n`={parsed.n}: each choice is decoded in a slot of its own, and this server has "
                                f"{state.config.max_concurrency} (--max-concurrency); ask for fewer choices.",
                                param="n", code="invalid_value")
+        engine_refusal(parsed, state.refuses, state.engine_name)
         # in the server's one tokenizer thread: a long prompt does not stall the event loop
         ids = await asyncio.get_running_loop().run_in_executor(state.encoder, encode, state, parsed)
         budget = token_budget(parsed, len(ids), state.max_model_len)

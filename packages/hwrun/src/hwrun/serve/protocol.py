@@ -267,6 +267,34 @@ def parse_request(body: dict[str, Any], kind: str, served_model: str | ServedMod
                          tools=tools, chat_template_kwargs=kwargs, echo=echo, response_format=fmt)
 
 
+#: The request field a client set, per field an engine backend may refuse (`Backend.refuses`).
+ENGINE_FIELDS = {"min_p": "min_p", "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+                 "repetition_penalty": "repetition_penalty", "logit_bias": "logit_bias", "logprobs": "logprobs",
+                 "structured": "response_format", "adapter": "model"}
+_ENGINE_OFF: dict[str, Any] = {"min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                               "repetition_penalty": 1.0, "logit_bias": (), "logprobs": None, "structured": None}
+
+
+def engine_refusal(parsed: ParsedRequest, refuses: Mapping[str, str], engine: str | None) -> None:
+    """A 400 naming the first field of `parsed` the engine's backend cannot apply (`refuses`: field -> why), before
+    any work (the engine would fail the request at admission otherwise)."""
+    for name, why in refuses.items():
+        if name == "adapter":
+            used = parsed.adapter is not None
+        elif name in _ENGINE_OFF:
+            used = getattr(parsed.sampling, name) != _ENGINE_OFF[name]
+        else:
+            continue
+        if used:
+            param = ENGINE_FIELDS[name]
+            if name == "structured" and parsed.tools.constrained:
+                param = "tool_choice"
+            elif name == "structured" and parsed.kind == "responses":
+                param = "text"
+            raise RequestError(f"`{param}`: not served by this server's {engine or ''} engine ({why}).",
+                               param=param, code="unsupported_by_engine")
+
+
 def constrain(tools: ToolSetup, fmt: str, structured: StructuredOutput | None) -> StructuredOutput | None:
     """The constraint of a request: its `response_format`, or the calls a `required` / named `tool_choice`
     forces (not both)."""

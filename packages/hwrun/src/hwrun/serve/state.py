@@ -66,6 +66,7 @@ class ServeState:
         self.drop_ids: frozenset[int] | None = None  # special tokens dropped from text (None: all special ones)
         self.token_texts: Any = None  # `text.TokenTexts` of the tokenizer (logprobs)
         self.defaults: dict[str, float] = {}  # sampling defaults from generation_config.json
+        self.refuses: dict[str, str] = {}  # request fields the engine's backend cannot apply, and why
         self.served = ServedModels(config.model_id, tuple(name for name, _ in config.adapters))
 
     def _build(self) -> Backend:
@@ -92,6 +93,13 @@ class ServeState:
         from .text import TokenTexts, special_ids
         from .tools.choice import choose_tool_support
 
+        self.refuses = dict(ready.info.get("refuses") or getattr(loaded.backend, "refuses", None) or {})
+        if self.config.adapters and "adapter" in self.refuses:
+            from ..errors import ServeConfigError
+
+            raise ServeConfigError(f"--lora: the {loaded.choice.name} engine cannot run per-request adapters "
+                                   f"({self.refuses['adapter']}); serve without --lora, or merge the adapter into "
+                                   "its own model and serve that.")
         support = self.tool_support = choose_tool_support(loaded.tokenizer, self.config.tool_parser)
         make, detok_why = detokenizer_factory(loaded.tokenizer, keep_ids=support.keep_token_ids)
         if support.keep_token_ids:
