@@ -63,7 +63,8 @@ def decode_worker(args: argparse.Namespace) -> None:
             seconds = time.perf_counter() - start
             runs.append((seconds, result.total_new_tokens, max(result.new_tokens)))
         seconds, total, steps = sorted(runs)[len(runs) // 2]
-        rows.append({"ranks": world, "decode": result.decode, "batching": result.batching, "prompts": len(prompts),
+        rows.append({"ranks": world, "path": "tp" if decode == "generate" else "default", "decode": result.decode,
+                     "batching": result.batching, "prompts": len(prompts),
                      "new_tokens": total, "seconds": seconds, "tokens_per_second": total / seconds,
                      "ms_per_token": 1000 * seconds / steps, "runs": runs,
                      "reason": result.decode_reason})
@@ -135,7 +136,8 @@ def decode_rows(args, accel, ranks: list[int]) -> list[dict]:
             continue
         for row in json.loads(out.read_text())["rows"]:
             rows.append(row)
-            print(f"decode  ranks={n} {row['decode']:>8}: {row['tokens_per_second']:9.1f} tokens/s, "
+            print(f"decode  ranks={n} {row['path']:>7} ({row['decode']}, {row['batching']}): "
+                  f"{row['tokens_per_second']:9.1f} tokens/s, "
                   f"{row['ms_per_token']:7.2f} ms/token ({row['prompts']} prompts)", flush=True)
     return rows
 
@@ -208,13 +210,13 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    decode = [r for r in result["decode"] if "error" not in r and r["decode"] == "generate"]
+    decode = [r for r in result["decode"] if "error" not in r and r["path"] == "tp"]
     if decode:
         xs = [r["ranks"] for r in decode]
         axes[0].plot(xs, [r["tokens_per_second"] for r in decode], "o-", label="TP decode (generate)")
         axes[1].plot(xs, [r["ms_per_token"] for r in decode], "o-", label="TP decode (generate)")
     for r in result["decode"]:
-        if "error" not in r and r["decode"] != "generate":
+        if "error" not in r and r["path"] != "tp":
             axes[0].plot([r["ranks"]], [r["tokens_per_second"]], "s", label=f"1 rank, hwrun default ({r['decode']})")
             axes[1].plot([r["ranks"]], [r["ms_per_token"]], "s", label=f"1 rank, hwrun default ({r['decode']})")
     axes[0].set(title="decode tokens/s", xlabel="ranks (tensor parallel)", xscale="log", xticks=list(RANKS))

@@ -142,3 +142,6 @@ class TensorParallelError(PlanError):
 class RankDivergenceError(HwrunError, RuntimeError):
     """Two tensor-parallel ranks produced different tokens for the same step: every rank must run the same decode
     (greedy or seeded), so their sharded caches would no longer agree."""
+
+
+__all__ += ["TensorParallelError", "RankDivergenceError"]
