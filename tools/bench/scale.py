@@ -97,6 +97,7 @@ def launch(script_args: list[str], nproc: int, kind: str, module: bool = False, 
            timeout: float = 900, stream_lines=None) -> tuple[int, str, str]:
     """Run `script script_args` as `nproc` ranks through hwdist's launcher (torchrun --standalone), no shell."""
     import hwdist
+    import hwenv
     from hwdist.launch import child_environment
 
     plan = hwdist.plan_launch(script, script_args, nproc_per_node=nproc, kind=kind, torchrun_args=["--standalone"],
@@ -105,6 +106,10 @@ def launch(script_args: list[str], nproc: int, kind: str, module: bool = False, 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     env.setdefault("HF_HUB_OFFLINE", "1")
+    if not hwenv.get_platform(kind).is_accelerator and "OMP_NUM_THREADS" not in os.environ:
+        from hwdist.launch import usable_cores
+
+        env["OMP_NUM_THREADS"] = str(max(1, usable_cores() // nproc))  # the host's cores shared, as hwrun's ranks do
     if stream_lines is None:
         done = subprocess.run(plan.argv, env=env, capture_output=True, text=True, timeout=timeout)
         return done.returncode, done.stdout, done.stderr
@@ -217,8 +222,8 @@ def plot(result: dict, path: Path) -> None:
         axes[1].plot(xs, [r["ms_per_token"] for r in decode], "o-", label="TP decode (generate)")
     for r in result["decode"]:
         if "error" not in r and r["path"] != "tp":
-            axes[0].plot([r["ranks"]], [r["tokens_per_second"]], "s", label=f"1 rank, hwrun default ({r['decode']})")
-            axes[1].plot([r["ranks"]], [r["ms_per_token"]], "s", label=f"1 rank, hwrun default ({r['decode']})")
+            axes[0].plot([r["ranks"]], [r["tokens_per_second"]], "s", label=f"1 rank, hwrun default ({r['decode']}, {r['batching']})")
+            axes[1].plot([r["ranks"]], [r["ms_per_token"]], "s", label=f"1 rank, hwrun default ({r['decode']}, {r['batching']})")
     axes[0].set(title="decode tokens/s", xlabel="ranks (tensor parallel)", xscale="log", xticks=list(RANKS))
     axes[1].set(title="time per token (ms)", xlabel="ranks (tensor parallel)", xscale="log", xticks=list(RANKS))
     train = result["train"] if isinstance(result["train"], list) else []
@@ -231,15 +236,19 @@ def plot(result: dict, path: Path) -> None:
                   label="efficiency")
         twin.set(ylim=(0, 1.2), ylabel="scaling efficiency")
     else:
-        axes[2].text(0.5, 0.5, result.get("train_skipped") or "no training rows", ha="center", va="center",
-                     wrap=True, transform=axes[2].transAxes, fontsize=8)
+        import textwrap
+
+        axes[2].text(0.5, 0.5, textwrap.fill(result.get("train_skipped") or "no training rows", 48), ha="center",
+                     va="center", transform=axes[2].transAxes, fontsize=8)
     axes[2].set(title="FSDP training tokens/s", xlabel="ranks (FSDP)", xscale="log", xticks=list(RANKS))
     for ax in axes:
         ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.get_xaxis().set_minor_formatter(matplotlib.ticker.NullFormatter())
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    fig.suptitle(f"{result['device']['name']} - {result['model']['parameters'] / 1e9:.2f}B random Llama, "
-                 f"{result['dtype']}", fontsize=10)
+    params = result["model"]["parameters"] or 0
+    size = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.2f}M"
+    fig.suptitle(f"{result['device']['name']} - {size}-parameter random Llama, {result['dtype']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
