@@ -129,6 +129,10 @@ def decode_rows(run_plan) -> list[tuple[str, str, str]]:
     (graph replay or Transformers' loop, and the batching), as `hwrun plan` shows them."""
     from ..inference.decision import planned
 
+    if run_plan.tp > 1:  # tensor-parallel ranks: one static batch through Transformers' generate (hwrun.parallel)
+        from ..parallel.generate import RANK_DECODE_REASON
+
+        return [("decode (tp)", "generate, static batching", RANK_DECODE_REASON)]
     rows = []
     for label, prompts in (("decode (1 prompt)", 1), ("decode (64 prompts)", 64)):
         decision = planned(run_plan, prompts)

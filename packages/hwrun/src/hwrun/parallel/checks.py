@@ -147,8 +147,10 @@ def check_heads(config: dict | None, plan: dict[str, str], tp: int, model_class:
         raise TensorParallelError(f"tp={tp} does not divide {model_class}'s {kv} KV heads (num_key_value_heads; grouped-"
                                   f"query attention): each rank must hold whole KV heads. Use tp in {valid}.")
     if query or keys:
+        values = {k: s for k, s in _styles(plan, ("v_proj", "value")).items() if s.startswith("colwise")}
+        names = sorted({k.rsplit(".", 1)[-1] for k in {**query, **keys, **values}})
         lines.append(f"attention: {heads} query / {kv} KV heads -> {heads // tp} / {kv // tp} per rank "
-                     f"({', '.join(sorted({k.rsplit('.', 1)[-1] for k in {**query, **keys}}))} column-wise)")
+                     f"({', '.join(names)} column-wise)")
     return lines
 
 
