@@ -33,6 +33,13 @@ sys.path[:0] = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 RANKS = (1, 2, 4, 8)
+#: packages/*/src for the child processes too (`-m hwrun.cli` where hwstack is not installed, e.g. a lent GPU)
+SOURCES = os.pathsep.join(str(p) for p in sorted((ROOT / "packages").glob("*/src")))
+
+
+def with_sources(env: dict) -> dict:
+    """`env` with hwstack's source folders first on PYTHONPATH."""
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, (SOURCES, env.get("PYTHONPATH"))))}
 STEP_LINE = re.compile(r"^step (\d+)/(\d+)\s")
 
 
@@ -106,6 +113,7 @@ def launch(script_args: list[str], nproc: int, kind: str, module: bool = False, 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     env.setdefault("HF_HUB_OFFLINE", "1")
+    env = with_sources(env)
     if not hwenv.get_platform(kind).is_accelerator and "OMP_NUM_THREADS" not in os.environ:
         from hwdist.launch import usable_cores
 
@@ -158,7 +166,7 @@ def fsdp_available(accel) -> tuple[bool, str]:
         return False, ("FSDP training runs on accelerators only (hwrun train --fsdp refuses a CPU plan: Accelerate "
                        "builds FSDP only for GPU/XPU/HPU process groups): the training part is skipped")
     done = subprocess.run([sys.executable, "-m", "hwrun.cli", "train", "--help"], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=with_sources(dict(os.environ)))
     if "--fsdp" in done.stdout:
         return True, ""
     return False, "hwrun train has no --fsdp flag in this checkout (issue 37.2 adds it): the training part is skipped"
@@ -271,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-warmup", type=int, default=2, help="steps left out of the training rate")
     parser.add_argument("--train-batch", type=int, default=None)
     parser.add_argument("--train-block", type=int, default=None)
-    parser.add_argument("--train-lines", type=int, default=4000)
+    parser.add_argument("--train-lines", type=int, default=1000, help="lines of generated text (the steps loop over it)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
