@@ -8,7 +8,8 @@ adapts the decoder's step API (`add`, `step` -> `TokenEvent`s, `cancel`, `free_s
 the engine's `Backend` and maps a request's fields onto it: every sampling field of `Sampling` (penalties, bias,
 min-p, logprobs run inside the step), `n` choices (the prompt prefilled once), `stop_token_ids` (with the model's
 EOS unless `ignore_eos`), and `structured` output as one grammar matcher per choice (`hwrun.inference.structured`,
-compiled with the tokenizer given here). Per-request LoRA adapters are refused with the reason.
+compiled with the tokenizer given here), and `adapter`: a LoRA adapter the engine loaded (`EngineCore(adapters=...)`,
+rows of different adapters in one eager step of the model's forward); an engine without them refuses it.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ logger = logging.getLogger(__name__)
 
 #: The decoder methods this backend drives (the slot decoder's step API).
 STEP_API = ("add", "step", "cancel", "start", "free_slots")
-#: Why this backend refuses a request naming a LoRA adapter.
-ADAPTER_REFUSAL = ("per-request LoRA adapters are not run by hwrun's slot engine yet (its fused and graph-captured "
-                   "steps hold one set of weights); serve the adapter merged into its own model")
+#: Why this backend refuses a request naming a LoRA adapter when its engine loaded none.
+ADAPTER_REFUSAL = ("this slot engine loaded no LoRA adapters (start the server with --lora NAME=PATH: the engine then "
+                   "runs the model's own forward eagerly, rows of different adapters in one step)")
 
 
 def step_api_missing(decoder_class: Any) -> list[str]:
@@ -46,7 +47,6 @@ class SlotsBackend:
     it compile grammars for `structured` requests (without one they are refused)."""
 
     name = "slots"
-    refuses = {"adapter": ADAPTER_REFUSAL}  # the request fields it refuses, and why (the front may answer 400)
 
     def __init__(self, decoder: Any, *, sampling_class: Any, eos_token_id: Any = "model", tokenizer: Any = None,
                  structured_backend: str = "auto") -> None:
@@ -57,6 +57,11 @@ class SlotsBackend:
         self.structured_backend = structured_backend
         self._compiler: Any = None
         self._open: dict[str, set[int]] = {}  # request id -> its choices still decoding
+
+    @property
+    def refuses(self) -> dict[str, str]:
+        """The request fields it refuses, and why (the front may answer 400 from these)."""
+        return {} if getattr(self.decoder, "adapters", None) is not None else {"adapter": ADAPTER_REFUSAL}
 
     @property
     def capacity(self) -> int:
@@ -75,7 +80,11 @@ class SlotsBackend:
     def refusal(self, request: EngineRequest) -> str | None:
         """Why this backend cannot run `request`, or None."""
         if request.adapter is not None:
-            return f"adapter={request.adapter!r}: {ADAPTER_REFUSAL}"
+            loaded = getattr(self.decoder, "adapters", None)
+            if loaded is None:
+                return f"adapter={request.adapter!r}: {ADAPTER_REFUSAL}"
+            if request.adapter not in loaded.available:
+                return f"adapter={request.adapter!r} is not loaded here; the engine has {list(loaded.available)}"
         if request.n > self.capacity:
             return (f"n={request.n} choices need {request.n} slots at once; this server has {self.capacity} "
                     "(--max-concurrency)")
@@ -113,7 +122,8 @@ class SlotsBackend:
         sampling = sampling_params(request.sampling, self.sampling_class)
         self.decoder.add(request.request_id, list(request.input_ids), max_new_tokens=request.max_new_tokens,
                          sampling=sampling, eos_token_id=self._eos(request), n=request.n,
-                         matchers=self._matchers(request))
+                         matchers=self._matchers(request),
+                         **({} if request.adapter is None else {"adapter": request.adapter}))
         self._open[request.request_id] = set(range(request.n))
 
     def cancel(self, request_id: str) -> None:

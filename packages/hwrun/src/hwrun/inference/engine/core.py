@@ -1,11 +1,8 @@
 """`EngineCore`: hwrun's engine loop. It composes the rooms (scheduler, model runner, KV-cache manager; the package
-docstring draws them) and keeps the two ways to drive them.
-
-Why this engine: Transformers' continuous batching with sdpa attends every query over the padded keys of all
-requests and plans each step on the host (2,617 tokens/s at 64 prompts on an H200 against 20,386 for a static
-CUDA-graph batch, docs/benchmarks/decode.md). Here each request owns one slot (a cache row at its own position), a
-decode step has fixed shapes, captured once per (rows, cache length) bucket and replayed, and a row attends only to
-its own keys.
+docstring draws them) and keeps the two ways to drive them. Why: Transformers' continuous batching ran 2,617 tokens/s
+at 64 prompts on an H200 against 20,386 for a static CUDA-graph batch (docs/benchmarks/decode.md); here each request
+owns a slot (a cache row at its own position) and a step, captured per bucket, has fixed shapes. `adapters=[(name,
+folder), ...]` loads LoRA adapters that `add(adapter=...)` picks per request (engine.adapters: eager model step).
 
 - **Step-wise** (a server): `add(request_id, input_ids, *, max_new_tokens, sampling=None, eos_token_id="model",
   n=1, matchers=None)` gives each of its `n` choices a free slot (`FastDecodeError` when too few are free, the id
@@ -33,6 +30,7 @@ from typing import Any
 
 from ...errors import FastDecodeError
 from ..decode.sampling import SamplingParams
+from .adapters import AdapterRows, check_adapter, plan_adapters
 from .grammar import constrain, first_masks
 from .graphs import check_compile_allowed, decoder_graph_tools, model_platform
 from .kv_cache import KVCache
@@ -63,7 +61,9 @@ class EngineCore:
                  compile_backend: Any = None, compile_mode: str | None = None, tune: bool = False,
                  check_every: int = 16, prefill_tokens: int = PREFILL_TOKENS, step: str = "auto",
                  platform: Any = None, buckets: Sequence[int] | None = None,
-                 cache_buckets: Sequence[int] | None = None, prefill_chunk: int | None = None) -> None:
+                 cache_buckets: Sequence[int] | None = None, prefill_chunk: int | None = None,
+                 adapters: Sequence[tuple[str, str]] | None = None) -> None:
+        step, use_graphs = plan_adapters(adapters, step, use_graphs, compile_backend)
         self.platform = model_platform(model, platform)
         check_compile_allowed(self.platform, compile_backend)
         self.graph_tools = decoder_graph_tools(self.platform) if use_graphs is not False else None
@@ -72,29 +72,27 @@ class EngineCore:
         cache_buckets = cache_bucket_sizes(max_cache_len, cache_buckets)
         self.step_name, self.step_reason = slot_step_support(model, step, max_cache_len)
         if self.step_name is None:
-            if step == "fused":
-                raise FastDecodeError(f"{self.step_reason}.")
-            raise FastDecodeError(f"hwrun's engine cannot run {type(model).__name__}: {self.step_reason}. "
-                                  "Use decode='generate' (Transformers' generate_batch).")
+            raise FastDecodeError(f"{self.step_reason}." if step == "fused" else f"hwrun's engine cannot run "
+                                  f"{type(model).__name__}: {self.step_reason}. Use decode='generate' (Transformers' "
+                                  "generate_batch).")
         if step == "auto":
             logger.info("engine step: %s", self.step_reason)
         self.prefill_chunk, self.prefill_chunk_reason = prefill_chunk_for(self.platform, prefill_chunk)
         self.model, self.device = model, model.device
         self.slots, self.max_cache_len = slots, max_cache_len
-        self.check_every = max(1, check_every)
-        self.prefill_tokens = max(1, prefill_tokens)
+        self.check_every, self.prefill_tokens = max(1, check_every), max(1, prefill_tokens)
         self.use_graphs = self.graph_tools is not None if use_graphs is None else use_graphs
         self.kv = KVCache(slots, max_cache_len)
+        self.adapters = AdapterRows(model, adapters, slots) if adapters else None
         self.runner = ModelRunner(model, self.step_name, self.kv, platform=self.platform,
                                   graph_tools=self.graph_tools, use_graphs=self.use_graphs,
-                                  compile=(compile_backend, compile_mode, tune))
+                                  compile=(compile_backend, compile_mode, tune), adapters=self.adapters)
         self.scheduler = Scheduler(self.kv, buckets=buckets, cache_buckets=cache_buckets,
                                    prefill_tokens=self.prefill_tokens, prefill_chunk=self.prefill_chunk)
         self.steps = 0  # decode steps run by the last generate() (for reports)
         self.prefills = 0  # prefill forwards (since construction, or since the last generate() began)
         self.moves = 0  # rows moved down to keep the active ones packed (since construction)
-        self.last_rows = 0  # the rows the latest step ran over ...
-        self.last_columns = 0  # ... and the cache positions it attended over
+        self.last_rows = self.last_columns = 0  # the rows the latest step ran over, the cache positions it attended
 
     # ---- what the rooms hold ---------------------------------------------------------------------------------
 
@@ -110,7 +108,7 @@ class EngineCore:
 
     @property
     def graphs(self) -> dict:
-        """The captured steps by (sampled, rows, columns)."""
+        """The captured steps by (kind, rows, columns): kind 0 greedy, 1 sampled, 2 processed, 3 masked."""
         return self.runner.graphs
 
     @property
@@ -153,10 +151,11 @@ class EngineCore:
 
     def add(self, request_id: Any, input_ids: Sequence[int], *, max_new_tokens: int,
             sampling: SamplingParams | None = None, eos_token_id: Any = "model", n: int = 1,
-            matchers: Sequence[Any] | None = None) -> None:
+            matchers: Sequence[Any] | None = None, adapter: str | None = None) -> None:
         """Give each of the `n` choices of `input_ids` the lowest free slot; the next `step()`s prefill the prompt
         once (the other choices copy it) and they join the step that ends it. Choice i > 0 of a seeded request
-        samples with a seed derived from the request's and i. `matchers`: one grammar matcher per choice."""
+        samples with a seed derived from the request's and i. `matchers`: one grammar matcher per choice;
+        `adapter`: a LoRA adapter the engine loaded (None: the base model)."""
         prompt = [int(t) for t in input_ids]
         if request_id in self.active:
             raise FastDecodeError(f"request_id={request_id!r} is already active; use a new id or cancel it first.")
@@ -170,10 +169,11 @@ class EngineCore:
         if not isinstance(sampling, SamplingParams):
             raise FastDecodeError(f"sampling={sampling!r} must be a SamplingParams or None (greedy).")
         self.runner.choice.check(sampling)
+        check_adapter(self.adapters, adapter)
         eos = frozenset(eos_ids(self.model, eos_token_id))
         for request in choices(request_id, prompt, max_new_tokens, eos, sampling, n, matchers):
             self.scheduler.admit(request)
-            self.runner.set_sampling(request.slot, request.sampling, prompt, request.matcher is not None)
+            self.runner.set_sampling(request.slot, request.sampling, prompt, request.matcher is not None, adapter)
 
     def cancel(self, request_id: Any, index: int | None = None) -> None:
         """Drop an active request (every choice, or choice `index`); its slots are free for the next `add()`."""

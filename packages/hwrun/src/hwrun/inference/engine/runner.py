@@ -43,7 +43,8 @@ class ModelRunner:
     `use_graphs`), reads of the produced tokens and row moves."""
 
     def __init__(self, model: Any, step_name: str, kv: KVCache, *, platform: Any, graph_tools: Any,
-                 use_graphs: bool, compile: tuple[Any, str | None, bool] = (None, None, False)) -> None:
+                 use_graphs: bool, compile: tuple[Any, str | None, bool] = (None, None, False),
+                 adapters: Any = None) -> None:
         import torch
 
         self.device = model.device
@@ -54,7 +55,8 @@ class ModelRunner:
         self.position = torch.zeros((self.slots, 1), **long)  # ... and its position
         self.count = torch.zeros((self.slots, 1), **long)  # tokens each slot's request has produced
         self.out = torch.zeros((self.slots, self.max_cache_len), **long)  # those tokens
-        self.step = STEP_KINDS[step_name](model, kv, self.position)
+        self.adapters = adapters  # each slot's LoRA adapter (AdapterRows; the model step only) or None
+        self.step = STEP_KINDS[step_name](model, kv, self.position, adapters)
         self.choice = RowChoice(self.slots, vocab_size(model), self.device)
         self.sampling, self.logits = self.choice.sampling, self.choice.logits
         self.platform, self.graph_tools, self.use_graphs = platform, graph_tools, use_graphs
@@ -190,13 +192,16 @@ class ModelRunner:
             self.out[rows, 0] = first
             self.count[rows, 0] = 1
 
-    def set_sampling(self, slot: int, params: Any, prompt: Any = (), constrained: bool = False) -> None:
-        """Give `slot` the sampling `params` (its seed resolved now), its `prompt` (for the repetition penalty) and
-        whether a grammar constrains it."""
+    def set_sampling(self, slot: int, params: Any, prompt: Any = (), constrained: bool = False,
+                     adapter: str | None = None) -> None:
+        """Give `slot` the sampling `params` (its seed resolved now), its `prompt` (for the repetition penalty),
+        whether a grammar constrains it, and its LoRA `adapter` (None: the base model)."""
         import torch
 
         with torch.inference_mode():
             self.choice.set(slot, params, prompt, constrained)
+        if self.adapters is not None:
+            self.adapters.set(slot, adapter)
 
     def fill_sampling(self, params: Any) -> None:
         """Give every slot the sampling `params` (each drawing its own seed when `params.seed` is None)."""
@@ -246,4 +251,6 @@ class ModelRunner:
             for buffer in (self.token, self.position, self.count, self.out):
                 buffer[target] = buffer[source]
             self.choice.move(source, target)
+            if self.adapters is not None:
+                self.adapters.move(source, target)
             self.kv.move_row(source, target, columns)

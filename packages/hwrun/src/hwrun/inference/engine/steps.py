@@ -112,7 +112,7 @@ class FusedStep:
 
     name = "fused"
 
-    def __init__(self, model: Any, kv: Any, position: Any) -> None:
+    def __init__(self, model: Any, kv: Any, position: Any, adapters: Any = None) -> None:
         from ..decode.fused_step import FusedLlamaStep
 
         self.device = model.device
@@ -152,13 +152,14 @@ class ModelStep:
 
     name = "model"
 
-    def __init__(self, model: Any, kv: Any, position: Any) -> None:
+    def __init__(self, model: Any, kv: Any, position: Any, adapters: Any = None) -> None:
         import torch
 
         from ..decode.slot_cache import attention_kind
 
         config = model.config.get_text_config(decoder=True)
-        self.model = model
+        self.model = model if adapters is None else adapters.model  # a PeftModel over `model` with LoRA adapters
+        self.adapters = adapters  # each slot's adapter name (hwrun.inference.engine.adapters.AdapterRows) or None
         self.device = model.device
         self.max_cache_len = kv.max_cache_len
         self.cache = kv.slot_cache(config.num_hidden_layers, position)
@@ -174,19 +175,21 @@ class ModelStep:
         """Tell the cache the rows and columns of the next decode steps."""
         self.cache.decoding(rows, columns)
 
-    def _forward(self, ids: Any, positions: Any, visible: Any) -> Any:
-        """The model's last-column logits for `ids` at `positions`, each query seeing the keys `visible` says."""
+    def _forward(self, ids: Any, positions: Any, visible: Any, slots: Any = None) -> Any:
+        """The model's last-column logits for `ids` at `positions`, each query seeing the keys `visible` says; with
+        adapters, each batch row runs the adapter of its slot in `slots` (PEFT's mixed-batch `adapter_names`)."""
         from ..decode.slot_cache import visible_mask
 
         mask = visible_mask(visible, self.attention, self.mask_dtype)
+        extra = {} if self.adapters is None else {"adapter_names": self.adapters.names(slots)}
         return self.model(input_ids=ids, position_ids=positions, attention_mask=mask,
-                          **{self.cache_keyword: self.cache}, use_cache=True, logits_to_keep=1).logits[:, -1]
+                          **{self.cache_keyword: self.cache}, use_cache=True, logits_to_keep=1, **extra).logits[:, -1]
 
     def decode(self, token: Any, position: Any, columns: int) -> Any:
         """Logits of one decode step of the first `token.shape[0]` rows; each row sees the columns up to its own
         position (written by this step's update)."""
         keys = self.key_index if columns == self.max_cache_len else self.key_index[:columns]
-        return self._forward(token, position, keys[None, None, :] <= position[:, :, None])
+        return self._forward(token, position, keys[None, None, :] <= position[:, :, None], range(token.shape[0]))
 
     def prefill(self, prompts: list[list[int]], rows: Any) -> Any:
         """Each prompt's last-token logits; their K/V into cache `rows` from column 0."""
@@ -206,7 +209,7 @@ class ModelStep:
         visible = (key <= query) & ((key >= pads[:, None, None]) | (key == query))
         self.cache.prefilling(rows, shift)
         try:
-            return self._forward(ids, positions, visible)
+            return self._forward(ids, positions, visible, None if self.adapters is None else rows.tolist())
         finally:
             self.cache.decoding()
 
@@ -219,7 +222,7 @@ class ModelStep:
         visible = self.key_index[:offset + len(tokens)][None, None, :] <= positions[:, :, None]
         self.cache.extending(row, offset)
         try:
-            return self._forward(ids, positions, visible)
+            return self._forward(ids, positions, visible, [row])
         finally:
             self.cache.decoding()
 
