@@ -216,13 +216,17 @@ def test_response_format_json_schema_and_json_object_give_json(client, stream):
         response = client.chat.completions.create(model=MODEL_ID, messages=ASK, response_format=fmt, seed=3,
                                                   max_tokens=BUDGET, temperature=0.7, stream=stream)
         if stream:
-            text = "".join(c.choices[0].delta.content or "" for c in response if c.choices)
+            chunks = list(response)
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            finish = next(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason)
         else:
-            assert response.choices[0].finish_reason == "stop"
-            text = response.choices[0].message.content
-        value = json.loads(text) if fmt["type"] == "json_schema" else None
-        if value is not None:
-            assert value["city"] in ("Paris", "Rome") and isinstance(value["sunny"], bool) and len(value) == 2
+            text, finish = response.choices[0].message.content, response.choices[0].finish_reason
+        if fmt["type"] == "json_schema":  # bounded by the schema: it always ends within the budget
+            value = json.loads(text)
+            assert finish == "stop" and value["city"] in ("Paris", "Rome") and isinstance(value["sunny"], bool)
+            assert len(value) == 2
+        else:  # any object: a random model may write a string past the budget; JSON all the same
+            assert text.startswith("{") and (finish == "length" or isinstance(json.loads(text), dict))
 
 
 def test_a_malformed_schema_is_a_400_before_any_work(client):

@@ -2,7 +2,8 @@
 any work, and the constraints that make `tool_choice` `required` or a named function produce valid calls.
 
 `required` constrains the answer to vLLM's shape, a JSON array of `{"name", "parameters"}` objects (at least one;
-`anyOf` over the tools; at most one when `parallel_tool_calls` is false); a named function constrains it to that
+`anyOf` over the tools; at most one when `parallel_tool_calls` is false; no other keys: vLLM's schema allows them,
+and a weak model then writes an extra key whose string never ends); a named function constrains it to that
 function's `parameters` object. Either way the arguments parse against the function's schema by construction.
 """
 
@@ -84,7 +85,7 @@ class ToolSetup:
                 defs[name] = value
             variants.append({"properties": {"name": {"type": "string", "enum": [tool.name]},
                                             "parameters": parameters},
-                             "required": ["name", "parameters"]})
+                             "required": ["name", "parameters"], "additionalProperties": False})
         schema: dict[str, Any] = {"type": "array", "minItems": 1,
                                   "items": {"type": "object", "anyOf": variants}}
         if self.max_calls is not None:
