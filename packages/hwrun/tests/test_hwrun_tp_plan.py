@@ -129,3 +129,21 @@ def test_cli_refuses_before_launch_in_one_line(models, capsys, extra, words):
     code = main(["generate", "--model", str(models["llama"]), "--device", "cpu", *extra, "hi"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and words in err[0]
+
+
+@pytest.mark.slow
+def test_a_failing_rank_is_its_own_one_line_error_and_exit_status(tmp_path):
+    """The ranks' torchrun (`hwrun.parallel.torchrun`) ends with the failed rank's status and no traceback box."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "fail.py"
+    script.write_text("import os, sys, time\nif os.environ['RANK'] == '1':\n"
+                      "    print('hwrun: error: boom on rank 1', file=sys.stderr)\n    sys.exit(2)\ntime.sleep(60)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    done = subprocess.run([sys.executable, "-m", "hwrun.parallel.torchrun", "--nproc-per-node=2", "--standalone",
+                           str(script)], env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == ["hwrun: error: boom on rank 1"]

@@ -24,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 #: The module every rank runs: hwrun's own command line.
 CLI_MODULE = "hwrun.cli"
+#: torchrun's entry point as the ranks' launcher runs it (`hwrun.parallel.torchrun`: the same main, quieter).
+TORCHRUN_MODULE = "hwrun.parallel.torchrun"
 #: Variable holding the pid of the `hwrun` command that started the ranks (they exit if it is gone).
 PARENT_MARK = "HWRUN_TP_LAUNCHER"
 
@@ -69,6 +71,9 @@ def rank_launch(plan: Any, argv: Sequence[str], environ: Any = None) -> RankLaun
                                     torchrun_args=["--standalone"], module=True)
     except hwdist.HwdistError as error:
         raise TensorParallelError(f"tp={plan.tp}: {error}") from error
+    argv = list(launch.argv)
+    if argv[1:3] == ["-m", "torch.distributed.run"]:  # torchrun's own main, quiet about what the ranks said
+        argv[2] = TORCHRUN_MODULE
     changes = dict(launch.env)
     changes[RANK_MARK] = "1"
     why = "exported" if "OMP_NUM_THREADS" in env else "hwrun's rule: the host's cores shared by the ranks, 1 on an accelerator"
@@ -79,7 +84,7 @@ def rank_launch(plan: Any, argv: Sequence[str], environ: Any = None) -> RankLaun
     full = child_environment(changes, env, selection=launch.selection)
     reason = (f"{plan.tp} ranks through torchrun --standalone (hwdist launch), OMP_NUM_THREADS="
               f"{full.get('OMP_NUM_THREADS')} ({why}); {plan.parallel.processes}")
-    return RankLaunch(list(launch.argv), changes, full, reason)
+    return RankLaunch(argv, changes, full, reason)
 
 
 def run_ranks(launch: RankLaunch, what: str = "hwrun", *, drain_leader: bool = False) -> int:
@@ -104,8 +109,8 @@ def run_ranks(launch: RankLaunch, what: str = "hwrun", *, drain_leader: bool = F
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if code != 0:
-        print(f"{what}: the ranks stopped with exit status {code} (each rank's own error is above)", file=sys.stderr)
+    if code > 2:  # 1 and 2: a rank said why in one line; beyond that a rank was killed or crashed
+        print(f"{what}: the ranks stopped with exit status {code}", file=sys.stderr)
     return code
 
 
