@@ -89,7 +89,7 @@ def corpus_files(limit: int = CORPUS_BYTES) -> list[Path]:
     return chosen
 
 
-def large_tokenizer(path: Path | None):
+def large_tokenizer(path: Path | None, cache: Path = LARGE_CACHE):
     """A Transformers fast tokenizer of ~128k ids: the one at `path`, else the cached trained BPE (trained now if
     absent); returns (tokenizer, description)."""
     from transformers import PreTrainedTokenizerFast
@@ -98,7 +98,7 @@ def large_tokenizer(path: Path | None):
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(path), f"{path} (given)"
-    if not (LARGE_CACHE / "tokenizer.json").exists():
+    if not (cache / "tokenizer.json").exists():
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"] + [
@@ -111,13 +111,13 @@ def large_tokenizer(path: Path | None):
         files = corpus_files()
         started = time.perf_counter()
         tokenizer.train([str(f) for f in files], trainer)
-        LARGE_CACHE.mkdir(parents=True, exist_ok=True)
-        tokenizer.save(str(LARGE_CACHE / "tokenizer.json"))
-        (LARGE_CACHE / "trained.json").write_text(json.dumps({
+        cache.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(str(cache / "tokenizer.json"))
+        (cache / "trained.json").write_text(json.dumps({
             "files": len(files), "bytes": sum(f.stat().st_size for f in files), "vocab": tokenizer.get_vocab_size(),
             "seconds": round(time.perf_counter() - started, 1)}))
-    made = json.loads((LARGE_CACHE / "trained.json").read_text())
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(LARGE_CACHE / "tokenizer.json"),
+    made = json.loads((cache / "trained.json").read_text())
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(cache / "tokenizer.json"),
                                         bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")
     return tokenizer, (f"byte-level BPE of {len(tokenizer):,} ids trained offline on {made['bytes'] / 2**20:.0f} MiB "
                        f"of local text ({made['files']:,} files: this repository's Markdown, installed Python "
@@ -278,6 +278,13 @@ def time_us(torch, fn, repeats: int = 20, calls: int = 10) -> float:
     return statistics.median(blocks)
 
 
+def table_apply(logits, bitmask):
+    """hwrun's plain-torch form (a 256 x 8 byte table), what `apply_bitmask` runs on accelerators."""
+    from hwrun.inference.structured.bitmask import blocked_tokens
+
+    return logits.masked_fill_(blocked_tokens(bitmask)[:, :logits.shape[1]], float("-inf"))
+
+
 def shift_apply(logits, bitmask):
     """The other plain-torch form, for comparison: each word shifted 32 ways (8 bytes of temporaries per token)."""
     import torch
@@ -314,21 +321,25 @@ def apply_case(platform_, name: str, vocab: int, rows: int, xgrammar) -> dict:
     logits = source.clone()
     reference = apply_bitmask(source.clone(), bitmask)
     row = {"vocab": name, "vocab_size": vocab, "rows": rows,
-           "torch_us": time_us(torch, lambda: apply_bitmask(logits, bitmask)),
+           "apply_bitmask_us": time_us(torch, lambda: apply_bitmask(logits, bitmask)),
+           "torch_us": time_us(torch, lambda: table_apply(logits, bitmask)),
            "torch_shift_us": time_us(torch, lambda: shift_apply(logits, bitmask)),
            "copy_to_device_us": time_us(torch, lambda: bitmask.copy_(host, non_blocking=True)) if accelerator else None}
     if xgrammar is not None:
-        check = source.clone()
-        xgrammar.apply_token_bitmask_inplace(check, bitmask)
-        row["xgrammar_kernel_equal"] = bool(torch.equal(check, reference))
-        row["xgrammar_kernel_us"] = time_us(torch, lambda: xgrammar.apply_token_bitmask_inplace(logits, bitmask))
+        try:
+            check = source.clone()
+            xgrammar.apply_token_bitmask_inplace(check, bitmask)
+            row["xgrammar_kernel_equal"] = bool(torch.equal(check, reference))
+            row["xgrammar_kernel_us"] = time_us(torch, lambda: xgrammar.apply_token_bitmask_inplace(logits, bitmask))
+        except Exception as error:  # noqa: BLE001 - a kernel that cannot run here is a result
+            row["xgrammar_kernel_error"] = f"{type(error).__name__}: {error}"[:300]
     if platform_.graph_api == "cuda_graphs":
         def replay_equal(replay) -> bool:
             logits.copy_(source)
             replay()
             return bool(torch.equal(logits, reference))
 
-        row.update(graph_us(torch, lambda: apply_bitmask(logits, bitmask), replay_equal))
+        row.update(graph_us(torch, lambda: table_apply(logits, bitmask), replay_equal))
         row["graph_shift_us"] = graph_us(torch, lambda: shift_apply(logits, bitmask), replay_equal)["graph_us"]
     return row
 
@@ -344,8 +355,8 @@ def measure_apply(platform_, vocabs: dict[str, int], rows_list: list[int]) -> li
         for rows in rows_list:
             row = apply_case(platform_, name, vocab, rows, xgrammar)
             results.append(row)
-            print(f"  apply_bitmask {name:5s} rows {rows:3d}: torch {row['torch_us']:8.1f} us (shift form "
-                  f"{row['torch_shift_us']:8.1f})"
+            print(f"  apply_bitmask {name:5s} rows {rows:3d}: {row['apply_bitmask_us']:8.1f} us; torch byte table "
+                  f"{row['torch_us']:8.1f} us, shift form {row['torch_shift_us']:8.1f}"
                   + (f", xgrammar kernel {row['xgrammar_kernel_us']:8.1f} us" if "xgrammar_kernel_us" in row else "")
                   + (f", graph replay {row['graph_us']:8.1f} us" if "graph_us" in row else "")
                   + (f", copy {row['copy_to_device_us']:6.1f} us" if row["copy_to_device_us"] else ""), flush=True)
@@ -379,11 +390,13 @@ def markdown(result: dict) -> str:
                     f"{r['fill_cpu_us_p90']:.1f} | {r['fill_cpu_us_p99']:.1f} | {r['accept_cpu_us_mean']:.1f} | "
                     f"{r['tokens']} | {batch.get('row_by_row_ms', float('nan')):.2f} / "
                     f"{batch.get('batched_ms', float('nan')):.2f} |")
-    lines += ["", "| vocabulary | rows | apply_bitmask (byte table) µs | shifted-word form µs | xgrammar kernel µs | "
-              "graph replay µs | host-to-device copy µs |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "| vocabulary | rows | apply_bitmask µs | torch byte-table form µs | torch shifted-word form µs | "
+              "xgrammar kernel µs | byte table, graph replay µs | shifted words, graph replay µs | "
+              "host-to-device copy µs |", "|---|---|---|---|---|---|---|---|---|"]
     for r in result.get("apply_bitmask", []):
         cells = [f"{r[key]:.1f}" if isinstance(r.get(key), float) else "—" for key in (
-            "torch_us", "torch_shift_us", "xgrammar_kernel_us", "graph_us", "copy_to_device_us")]
+            "apply_bitmask_us", "torch_us", "torch_shift_us", "xgrammar_kernel_us", "graph_us", "graph_shift_us",
+            "copy_to_device_us")]
         lines.append(f"| {r['vocab']} ({r['vocab_size']:,}) | {r['rows']} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 
@@ -428,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=150, help="tokens before closing tokens are preferred")
     parser.add_argument("--repeats", type=int, default=5, help="cold compiles and cached matchers timed per schema")
     parser.add_argument("--rows", default="1,64", help="batch rows for apply_bitmask")
+    parser.add_argument("--apply-vocab", default="", help="more vocabulary sizes for apply_bitmask, e.g. 151936")
+    parser.add_argument("--large-cache", type=Path, default=LARGE_CACHE, help="where the trained tokenizer is kept")
     parser.add_argument("--batch", type=int, default=64, help="rows of one step's batched mask fill (0: skip)")
     parser.add_argument("--name", default="structured_output", help="output file stem")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -458,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
                             "BPE (hwrun.DEFAULT_MODEL)")
         elif name == "large":
             started = time.perf_counter()
-            loaded[name] = large_tokenizer(args.large)
+            loaded[name] = large_tokenizer(args.large, args.large_cache)
             print(f"large tokenizer ready in {time.perf_counter() - started:.1f} s: {loaded[name][1]}", flush=True)
         else:
             parser.error(f"--tokenizers takes tiny and/or large, not {name!r}")
@@ -473,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
                                                        args.repeats, args.batch)
             (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2))
     vocabs = {name: len(tok) for name, (tok, _) in loaded.items()}
+    vocabs.update({str(size): int(size) for size in args.apply_vocab.split(",") if size})
     result["apply_bitmask"] = measure_apply(platform_, vocabs, [int(r) for r in args.rows.split(",")])
     result["load_average_end"] = os.getloadavg()
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2))

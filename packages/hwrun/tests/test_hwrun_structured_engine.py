@@ -279,12 +279,17 @@ def test_bad_vocabulary_and_stop_ids_are_refused(tokenizer):
         structured_compiler(tokenizer, len(tokenizer), stop_token_ids=[99999])
 
 
-@pytest.mark.parametrize("byteorder", ["little", "big"])
-def test_apply_bitmask_matches_the_bit_layout(monkeypatch, byteorder):
-    """Both forms (a byte table on little-endian hosts, shifted words otherwise) against the layout bit by bit."""
-    monkeypatch.setattr(bitmask_module, "sys", SimpleNamespace(byteorder=byteorder))
+@pytest.mark.parametrize("form", ["cpu kernel", "little-endian", "big-endian"])
+def test_apply_bitmask_matches_the_bit_layout(monkeypatch, form):
+    """Every form against the layout bit by bit: xgrammar's CPU kernel, and plain torch (a byte table on little-endian
+    hosts, shifted words otherwise), which accelerators run."""
+    if form == "cpu kernel":
+        pytest.importorskip("xgrammar")
+    else:
+        monkeypatch.setattr(bitmask_module, "_CPU_KERNEL", [None])
+        monkeypatch.setattr(bitmask_module, "sys", SimpleNamespace(byteorder=form.split("-")[0]))
     generator = torch.Generator().manual_seed(0)
-    for vocab in (1, 31, 32, 33, 100, 3112):
+    for vocab in (1, 8, 31, 32, 33, 100, 3112):  # xgrammar's CPU kernel is wrong up to 8: the torch form runs there
         logits = torch.randn(3, vocab, generator=generator)
         bitmask = torch.randint(-(2**31), 2**31 - 1, (3, (vocab + 31) // 32), dtype=torch.int32, generator=generator)
         bitmask[1] = -1  # an unconstrained row masks nothing
@@ -298,12 +303,14 @@ def test_apply_bitmask_matches_the_bit_layout(monkeypatch, byteorder):
         assert torch.isfinite(logits[1]).all()
 
 
-def test_apply_bitmask_keeps_the_dtype_and_refuses_a_mask_that_does_not_fit():
-    logits = torch.zeros(2, 40, dtype=torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_apply_bitmask_keeps_the_dtype_and_refuses_a_mask_that_does_not_fit(dtype):
+    logits = torch.zeros(2, 40, dtype=dtype)
     bitmask = allocate_bitmask(2, 40)
     bitmask[0, 1] = 0  # tokens 32..39 of row 0
     apply_bitmask(logits, bitmask)
-    assert logits.dtype == torch.bfloat16 and torch.isinf(logits[0, 32:]).all() and torch.isfinite(logits[0, :32]).all()
+    assert logits.dtype == dtype and torch.isinf(logits[0, 32:]).all() and torch.isfinite(logits[0, :32]).all()
+    assert torch.isfinite(logits[1]).all()
     with pytest.raises(GenerateError, match=r"must be \[2, 2\]"):
         apply_bitmask(logits, allocate_bitmask(2, 100))
     with pytest.raises(GenerateError, match="int32 bitmask"):
