@@ -268,7 +268,8 @@ def test_the_decision_keeps_the_fallbacks_for_what_the_engine_cannot_run(family_
     decision = decide(cpu, stablelm, n_prompts=3, needed=20, decode="graphs")
     assert (decision.batching, decision.runner) == ("static", "static_graphs")
     assert "is_backend_compatible() is False" in decision.batching_reason and "StaticCache" in decision.reason
-    with pytest.raises(GenerateError, match="batching='continuous' cannot run this model"):
+    with pytest.raises(GenerateError, match="batching='continuous' cannot run StableLmForCausalLM: hwrun's engine "
+                       "cannot run it: .*and Transformers' generate_batch neither"):
         decide(cpu, stablelm, n_prompts=3, needed=20, decode="graphs", batching="continuous")
     cuda = hwrun.plan(device=hwenv.Accelerator("cuda", 1, memory=(80 * 2**30,)), compile=True)
     gpt2 = _load(family_dirs, "gpt2")

@@ -45,11 +45,39 @@ def test_quantize_on_load_and_generate(tiny, reference, method, tensor):
 
 
 @needs_torchao
-def test_graph_decode_is_refused_for_torchao_weights_with_the_reason(tiny):
-    from hwrun.errors import GenerateError
+@pytest.mark.parametrize("method", ["int8-weight-only", "int4-weight-only"])
+@pytest.mark.parametrize("batching", ["static", "continuous"])
+def test_hwrun_graph_loops_run_torchao_weights_as_they_are(tiny, method, batching):
+    """Both of hwrun's loops (the static-cache decoder and the engine) run torchao's tensor-subclass weights through
+    the model's own forward (the fused step refuses quantized weights: no dequantized copies), giving Transformers'
+    greedy tokens on the same quantized model (issue 43.2)."""
+    plan = hwrun.plan(tiny, device="cpu", quantization=method)
+    model, tokenizer = hwrun.load(plan)
+    # Transformers' paged-cache runner (generate_batch) refuses torchao weights: its static loop is the reference
+    want = hwrun.generate(plan, PROMPTS, 6, model=model, tokenizer=tokenizer, decode="generate", batching="static")
+    got = hwrun.generate(plan, PROMPTS, 6, model=model, tokenizer=tokenizer, decode="graphs", batching=batching)
+    assert got.decode == "graphs" and got.batching == batching and "model's own forward" in got.decode_reason
+    assert _weight_types(model) != {"Parameter"}  # still quantized after the run: no dequantized copy was swapped in
+    assert got.token_ids == want.token_ids
+
+
+@needs_torchao
+def test_the_engine_serves_torchao_weights(tiny):
+    from hwrun.inference.decision import decide_serving
 
     plan = hwrun.plan(tiny, device="cpu", quantization="int8-weight-only")
-    with pytest.raises(GenerateError, match="torchao weights \\(int8-weight-only: tensor-subclass weights\\)"):
+    model, _ = hwrun.load(plan)
+    decision = decide_serving(plan, model, "slots")
+    assert decision.engine == "slots" and "fused step does not apply: quantized weights" in decision.reason
+
+
+@needs_bnb
+def test_graph_decode_is_refused_for_bitsandbytes_weights_with_the_reason(tmp_path_factory):
+    from hwrun.errors import GenerateError
+
+    tiny = str(build_tiny_model(tmp_path_factory.mktemp("tiny-bnb-refused"), hidden_size=128, heads=4, kv_heads=2))
+    plan = hwrun.plan(tiny, device="cpu", quantization="8bit")
+    with pytest.raises(GenerateError, match="bitsandbytes weights \\(8bit: Linear4bit/Linear8bitLt layers\\)"):
         hwrun.generate(plan, PROMPTS, 2, decode="graphs")
 
 

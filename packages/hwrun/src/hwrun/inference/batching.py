@@ -92,26 +92,41 @@ def continuous_plan_blockers(plan: RunPlan) -> list[str]:
     return blockers
 
 
-def choose_batching(plan: RunPlan, n_prompts: int, requested: str = "auto", *, stream: bool = False) -> BatchingChoice:
-    """Pick static or continuous batching for `n_prompts` prompts on `plan` (validating `requested`)."""
+def engine_plan_blockers(plan: RunPlan) -> list[str]:
+    """Why hwrun's engine (continuous batching over its own cache slots) cannot batch on `plan`, before load: only a
+    model split across devices. Transformers' limits (`continuous_plan_blockers`: device kinds, quantized weights)
+    are its paged-cache runner's, not the engine's; the engine's own (the model's step) are checked after load."""
+    if plan.device_map == "auto":
+        return ["the model is split across devices (device_map='auto'); hwrun's engine needs one device"]
+    return []
+
+
+def choose_batching(plan: RunPlan, n_prompts: int, requested: str = "auto", *, stream: bool = False,
+                    engine: bool = False) -> BatchingChoice:
+    """Pick static or continuous batching for `n_prompts` prompts on `plan` (validating `requested`). `engine`: the
+    continuous batching would be hwrun's engine (graph decode), not Transformers' `generate_batch`, so only the
+    engine's limits apply."""
     if requested not in BATCHING:
         raise GenerateError(f"batching={requested!r} is not a batching mode; use one of {', '.join(BATCHING)}.")
-    blockers = continuous_plan_blockers(plan)
+    blockers = engine_plan_blockers(plan) if engine else continuous_plan_blockers(plan)
+    runner = "hwrun's engine (continuous batching over cache slots)" if engine else \
+        "Transformers' continuous batching (generate_batch, X11)"
     if stream:
         blockers.append("streaming output needs model.generate (generate_batch has no streamer)")
     if requested == "continuous":
         if blockers:
             raise GenerateError(f"batching='continuous' cannot run here: {'; '.join(blockers)}. Use batching='static'.")
-        return BatchingChoice("continuous", "given: Transformers' continuous batching (generate_batch, X11)")
+        return BatchingChoice("continuous", f"given: {runner}")
     if requested == "static":
         return BatchingChoice("static", "given: one left-padded batch through model.generate")
     if n_prompts == 1:
         return BatchingChoice("static", "one prompt: nothing to schedule, model.generate is the shortest path")
     if blockers:
         return BatchingChoice("static", f"{n_prompts} prompts, but {'; '.join(blockers)}: one left-padded batch")
+    freed = "slot" if engine else "KV pages"
     return BatchingChoice(
         "continuous",
-        f"{n_prompts} prompts: continuous batching (X11) frees a finished prompt's KV pages for the next one "
+        f"{n_prompts} prompts: continuous batching (X11) frees a finished prompt's {freed} for the next one "
         "instead of padding every prompt to the longest",
     )
 

@@ -12,7 +12,7 @@ for `hwrun plan`. Nothing else in hwrun chooses a loop: the runners only run wha
 The rule, per caller:
 - `generate()`, `decode="auto"`: hwrun's graph loops where the platform has CUDA or XPU graphs
   (`AUTO_GRAPH_APIS`; Gaudi's HPU graphs record in lazy mode only, where compile is refused, so they are used on
-  `decode="graphs"` only) and the model runs there (no quantized weights, one device, attention the loops
+  `decode="graphs"` only) and the model runs there (plain or torchao weights, one device, attention the loops
   reproduce), compiled or not: without compile the eager step is captured as one graph, which needs no compile
   before the first token (fast by default: Transformers' eager loop decoded 19.1 tok/s on an H100 on 2026-12-06,
   where the compiled graph loop did 813); Transformers' loop otherwise, with the reason.
@@ -94,7 +94,9 @@ def _plan_blockers(plan: RunPlan) -> list[str]:
     if plan.quantization:  # which method, and why (hwrun.model.quantization.decode_blocker)
         from ..model.quantization import decode_blocker
 
-        blockers.append(decode_blocker(plan.quantization))
+        blocker = decode_blocker(plan.quantization)
+        if blocker is not None:
+            blockers.append(blocker)
     if plan.device_map == "auto":
         blockers.append("the model is split across devices")
     return blockers
@@ -105,6 +107,15 @@ def _loop_name(batching: str, graph: str) -> str:
         return (f"hwrun.inference.engine: continuous batching over cache slots, one {graph} replay per step "
                 "(the fused Llama-family step where it applies, else the model's own forward)")
     return f"static cache + {graph} replay per token (hwrun.inference.decode.static)"
+
+
+def _runs_hwrun_loops(plan: RunPlan, requested: str) -> bool:
+    """Whether `_decode_mode` will pick hwrun's loops for `requested` (without its logging or errors), so the
+    batching choice weighs the limits of the runner that will batch (hwrun's engine, or Transformers')."""
+    if requested == "generate" or _plan_blockers(plan):
+        return False
+    return requested == "graphs" or (graph_api_of(plan) is not None
+                                     and plan.accelerator.platform.graph_api in AUTO_GRAPH_APIS)
 
 
 def _decode_mode(plan: RunPlan, requested: str, batching: str) -> tuple[str, str]:
@@ -152,7 +163,7 @@ def planned(plan: RunPlan, n_prompts: int, *, decode: str = "auto", batching: st
             stream: bool = False) -> DecodeDecision:
     """The decision `generate()` will take for `n_prompts` prompts, as far as it is known before load
     (`hwrun plan` shows it; `decide()` then checks it against the loaded model)."""
-    choice = choose_batching(plan, n_prompts, batching, stream=stream)
+    choice = choose_batching(plan, n_prompts, batching, stream=stream, engine=_runs_hwrun_loops(plan, decode))
     mode, reason = _decode_mode(plan, decode, choice.mode)
     return DecodeDecision(choice.mode, choice.reason, mode, reason)
 
@@ -162,11 +173,13 @@ def decide(plan: RunPlan, model: Any, *, n_prompts: int, needed: int, decode: st
     """How `generate()` decodes `n_prompts` prompts whose longest needs `needed` cache positions (prompt + new
     tokens) with the loaded `model`: the plan's decision checked against the model's class, its attention and
     its family's step. Raises `GenerateError` where an explicit `decode`/`batching` cannot run."""
-    choice = choose_batching(plan, n_prompts, batching, stream=stream)
-    checked = model_batching(choice, batching, model)  # the model class may not run continuous batching
+    engine = _runs_hwrun_loops(plan, decode)
+    choice = choose_batching(plan, n_prompts, batching, stream=stream, engine=engine)
+    # the model class may not run Transformers' continuous batching (hwrun's engine is checked in _fit_graph_decode)
+    checked = choice if engine else model_batching(choice, batching, model)
     mode, reason = _decode_mode(plan, decode, checked.mode)
     if mode == "graphs":
-        checked, mode, reason = _fit_graph_decode(model, checked, decode, batching, reason, needed, n_prompts)
+        checked, mode, reason = _fit_graph_decode(plan, model, checked, decode, batching, reason, needed, n_prompts)
     backend = None
     if mode == "graphs":
         backend, note = graph_compile_backend(plan)
@@ -189,8 +202,8 @@ def static_instead(plan: RunPlan, decision: DecodeDecision, why: str, decode: st
                    "batch", decode=mode, reason=reason)
 
 
-def _fit_graph_decode(model: Any, choice: BatchingChoice, decode: str, batching: str, reason: str, needed: int,
-                      n_prompts: int) -> tuple[BatchingChoice, str, str]:
+def _fit_graph_decode(plan: RunPlan, model: Any, choice: BatchingChoice, decode: str, batching: str, reason: str,
+                      needed: int, n_prompts: int) -> tuple[BatchingChoice, str, str]:
     """(batching, decode mode, reason) for graph decode, checked against the loaded model.
 
     Both graph loops run any family the model's own forward can decode for them: the fused Llama-family step
@@ -202,14 +215,12 @@ def _fit_graph_decode(model: Any, choice: BatchingChoice, decode: str, batching:
     from .decode.fused_step import fused_step_support
     from .engine.steps import attention_blocker, slot_step_support
 
-    theirs = "model.generate_batch" if choice.mode == "continuous" else "model.generate"
     blocker = attention_blocker(model, -(-needed // CACHE_BUCKET) * CACHE_BUCKET)
     if blocker is not None:
         if decode == "graphs":
             raise GenerateError(f"decode='graphs' cannot run {type(model).__name__}: it {blocker}. "
                                 "Use decode='generate'.")
-        logger.info("graph decode not used: %s %s; falling back to %s", type(model).__name__, blocker, theirs)
-        return choice, "generate", f"{theirs} ({type(model).__name__} {blocker})"
+        return _transformers_loop(plan, model, choice, batching, n_prompts, f"{type(model).__name__} {blocker}")
     unsupported = fused_step_support(model)
     if unsupported is None:
         return choice, "graphs", f"{reason}; step: the fused Llama-family step (q/k/v and gate/up as one matrix each)"
@@ -225,8 +236,28 @@ def _fit_graph_decode(model: Any, choice: BatchingChoice, decode: str, batching:
         static = BatchingChoice("static", f"{n_prompts} prompts and decode='graphs', but {engine_cannot}: the static "
                                 "graph decoder, prompts of one length batched together, others one by one")
         return static, "graphs", f"given: static cache + graph replay per token (hwrun.inference.decode.static); {own}"
-    logger.info("continuous graph decode not used: %s; falling back to model.generate_batch", engine_cannot)
-    return choice, "generate", f"model.generate_batch ({engine_cannot})"
+    return _transformers_loop(plan, model, choice, batching, n_prompts, engine_cannot)
+
+
+def _transformers_loop(plan: RunPlan, model: Any, choice: BatchingChoice, batching: str, n_prompts: int,
+                       why: str) -> tuple[BatchingChoice, str, str]:
+    """(batching, "generate", reason) when hwrun's loops cannot run `model` (`why`): Transformers' loop for the
+    same batching where it runs the model; a continuous batch Transformers' `generate_batch` cannot run either
+    (its device, quantized weights, the model's class) becomes one static batch, or an error when it was asked for."""
+    if choice.mode != "continuous":
+        logger.info("graph decode not used: %s; falling back to model.generate", why)
+        return choice, "generate", f"model.generate ({why})"
+    theirs_cannot = transformers_blockers(plan, model)
+    if not theirs_cannot:
+        logger.info("continuous graph decode not used: %s; falling back to model.generate_batch", why)
+        return choice, "generate", f"model.generate_batch ({why})"
+    if batching == "continuous":
+        raise GenerateError(f"batching='continuous' cannot run {type(model).__name__}: {why}, and Transformers' "
+                            f"generate_batch neither ({'; '.join(theirs_cannot)}). Use batching='static'.")
+    logger.info("%s, and generate_batch neither (%s); one static batch", why, "; ".join(theirs_cannot))
+    static = BatchingChoice("static", f"{n_prompts} prompts, but {why}, and Transformers' generate_batch neither "
+                            f"({'; '.join(theirs_cannot)}): one left-padded batch")
+    return static, "generate", f"model.generate ({why})"
 
 
 def graph_compile_backend(plan: RunPlan) -> tuple[Any, str]:

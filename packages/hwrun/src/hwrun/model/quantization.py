@@ -424,19 +424,21 @@ def torchao_config(name: str, device_type: str, config: dict | None = None) -> A
     return Int4WeightOnlyConfig(group_size=group_size, int4_packing_format=getattr(Int4PackingFormat, layout_name))
 
 
-def decode_blocker(value: str) -> str:
-    """Why hwrun's graph decode loops (and its serving engine) do not run a plan quantized with `value`: named by
-    method and library, for `inference.decision`. They were built for plain `nn.Linear` weights: the fused Llama step
-    concatenates q/k/v and gate/up weights into new tensors (`decode/fused_step.py` refuses quantized models rather
-    than build dequantized copies), and the graph loops have not been run on quantized kernels; Transformers' own
-    loop runs the quantized layers as they are (no dequantized copy)."""
+def decode_blocker(value: str) -> str | None:
+    """Why hwrun's graph decode loops (and its serving engine) do not run a plan quantized with `value`, or None when
+    they do: named by method and library, for `inference.decision`. torchao's weights are tensor subclasses that the
+    model's own forward runs as they are (torchao builds them for `torch.compile` and graphs), so both loops run them
+    through that step; the fused Llama step is never used for them (`decode/fused_step.py` refuses quantized models
+    rather than build dequantized copies). Other libraries' quantized layers (bitsandbytes' Linear4bit/Linear8bitLt,
+    AWQ/GPTQ kernels) have not been run inside hwrun's graph loops: Transformers' loop runs them."""
     from .quantization_table import METHODS, method_name
 
     name = method_name(value)
     method = METHODS.get(name)
     library = method.library if method else "an unknown library"
-    kind = ("Linear4bit/Linear8bitLt layers" if library == "bitsandbytes"
-            else "tensor-subclass weights" if library == "torchao" else "quantized layers")
-    return (f"{library} weights ({value}: {kind}): hwrun's graph loops run plain Linear weights only and have not "
-            "been run on quantized kernels, and its fused step would need dequantized copies; Transformers' loop "
-            "runs them as they are")
+    if library == "torchao":
+        return None
+    kind = "Linear4bit/Linear8bitLt layers" if library == "bitsandbytes" else "quantized layers"
+    return (f"{library} weights ({value}: {kind}): hwrun's graph loops run plain Linear weights and torchao's "
+            "tensor-subclass weights, and have not been run on these layers' kernels (its fused step would need "
+            "dequantized copies); Transformers' loop runs them as they are")
