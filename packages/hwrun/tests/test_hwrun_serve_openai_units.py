@@ -606,3 +606,22 @@ def test_fields_the_engine_cannot_apply_are_400s_before_any_work():
         with pytest.raises(RequestError, match="not served by this server's transformers engine") as info:
             engine_refusal(_chat(**body), refuses, "transformers")
         assert (info.value.param, info.value.code) == (param, "unsupported_by_engine")
+
+
+def test_sampling_defaults_are_read_from_generation_config(tmp_path):
+    import shutil
+
+    from hwrun.serve.state import generation_defaults
+
+    folder = tmp_path / "m"
+    shutil.copytree(hwrun.DEFAULT_MODEL, folder)
+    plan = types.SimpleNamespace(model=str(folder))
+    defaults, why = generation_defaults(plan)
+    assert defaults == {} and "sets none of temperature" in why  # the tiny model's: do_sample, max_new_tokens only
+    (folder / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "max_new_tokens": 40}))
+    defaults, why = generation_defaults(plan)
+    assert defaults == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
+    assert why.startswith("temperature=0.6, top_p=0.95, top_k=20, min_p=0.0 from the model's generation_config.json")
+    (folder / "generation_config.json").unlink()
+    assert generation_defaults(plan) == ({}, "OpenAI's (the model has no generation_config.json)")
