@@ -147,3 +147,20 @@ def test_a_failing_rank_is_its_own_one_line_error_and_exit_status(tmp_path):
                           timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == ["hwrun: error: boom on rank 1"]
+
+
+def test_weights_per_rank_are_counted_and_must_fit_one_device(models):
+    """Per rank: the split weights' 1/tp slice plus what stays whole (from the safetensors headers and the plan),
+    held to one device's budget like a single-device plan (85%)."""
+    roomy = hwenv.Accelerator("cuda", 2, memory=(80 * 1024,) * 2, bf16=True)
+    plan = hwrun.plan(str(models["llama"]), device=roomy, tp=2, dtype="bfloat16")
+    whole, rank = plan.weight_bytes, None
+    import re
+
+    found = re.search(r"([\d.]+) KiB per rank", plan.reasons["tensor_parallel"])
+    rank = float(found.group(1)) * 1024
+    assert whole / 2 < rank < whole  # the embeddings and norms stay whole on every rank
+    assert "offloads" not in plan.reasons["device_map"]
+    with pytest.raises(TensorParallelError, match="more than one cuda device's budget"):
+        hwrun.plan(str(models["llama"]), device=hwenv.Accelerator("cuda", 2, memory=(40 * 1024,) * 2, bf16=True),
+                   tp=2, dtype="bfloat16")

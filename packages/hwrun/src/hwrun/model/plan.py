@@ -439,7 +439,9 @@ def plan(
     quant = plan_quantization(quantization, accel, dtype_name, model_config(source))
     reasons["quantization"] = quant.reason
     nbytes, how = weight_bytes(source, dtype_name, quant.size_key)
-    device_map, reasons["device_map"] = choose_device_map(accel, nbytes, how)
+    # tp > 1: no device_map (each rank loads its shards; below), so no single-device split or offload is chosen
+    device_map, reasons["device_map"] = (choose_device_map(accel, nbytes, how) if tp == 1
+                                         else (None, f"weights {_size(nbytes)} ({how})"))
 
     try:
         choice = hwattn.resolve_attention(accel, attention, model_config=model_config(source))
@@ -476,15 +478,18 @@ def plan(
     parallel = None
     if tp > 1:
         from ..parallel.checks import plan_tensor_parallel
+        from .source import DTYPE_BYTES, safetensors_tensors
 
         parallel = plan_tensor_parallel(accel, model_config(source), tp, weight_bytes=nbytes,
                                         planned_elsewhere=not isinstance(device, str), quantization=quant.value,
-                                        adapter=adapter)
+                                        adapter=adapter, fit_fraction=FIT_FRACTION,
+                                        tensors=safetensors_tensors(source.safetensors) if source.safetensors else None,
+                                        per_element=DTYPE_BYTES.get(dtype_name))
         reasons["tensor_parallel"] = parallel.reason
         device_map = None
         reasons["device_map"] = (f"none: with tp={tp} each rank loads only its shards onto its own device (local rank "
                                  f"r on device r; Transformers' tensor parallelism and device_map are exclusive); "
-                                 f"the weights' estimate: {reasons['device_map']}")
+                                 f"{reasons['device_map']}")
     reasons["trust_remote_code"] = ("given: the model's own Python code will run" if trust_remote_code
                                     else "off: only Transformers' built-in model code runs")
     return RunPlan(

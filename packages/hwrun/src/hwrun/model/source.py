@@ -160,6 +160,24 @@ def _cached_hub_config(repo_id: str) -> dict | None:
     return None
 
 
+def safetensors_tensors(files: tuple[Path, ...]) -> list[tuple[str, int]]:
+    """(tensor name, number of elements) of every tensor in safetensors headers (headers only; the files were checked
+    whole by `safetensors_elements` when the plan read them)."""
+    tensors = []
+    for file in files:
+        with open(file, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+        for name, info in header.items():
+            if name == "__metadata__" or not isinstance(info, dict):
+                continue
+            count = 1
+            for dim in info.get("shape", ()):
+                count *= int(dim)
+            tensors.append((name, count))
+    return tensors
+
+
 def safetensors_elements(files: tuple[Path, ...]) -> tuple[int, int]:
     """(number of elements, bytes on disk) summed over the tensors in safetensors headers (header only)."""
     elements = 0

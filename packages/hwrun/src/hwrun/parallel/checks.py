@@ -177,9 +177,38 @@ def describe_split(config: dict | None, plan: dict[str, str], tp: int) -> list[s
     return lines
 
 
+#: Parallel styles that leave every rank a 1/tp slice of the weight (the others keep it whole).
+SPLIT_STYLES = ("colwise", "rowwise", "colwise_rep", "colwise_gather_output", "unit_colwise", "unit_rowwise",
+                "rowwise_rep", "rowwise_split_input", "embedding_rowwise", "embedding_colwise", "packed_colwise",
+                "packed_rowwise", "moe_tp_experts")
+
+
+def _matches(name: str, pattern: str) -> bool:
+    """Whether a weight name (`model.layers.3.mlp.up_proj.weight`) belongs to a plan key (`model.layers.*.mlp.up_proj`)."""
+    import re
+
+    regex = re.escape(pattern).replace(r"\*", r"\d+")
+    return re.fullmatch(rf"{regex}(\.[A-Za-z_]+)?", name) is not None
+
+
+def bytes_per_rank(tensors: list[tuple[str, int]], plan: dict[str, str], tp: int, per_element: float) -> int:
+    """Bytes one rank holds: the split weights' 1/tp slice (rounded up), everything else whole. A weight named with
+    another prefix than the plan's (`model.`) is matched by its name after the first dot too."""
+    split = [key for key, style in plan.items() if style in SPLIT_STYLES]
+    total = 0.0
+    for name, count in tensors:
+        bare = name.split(".", 1)[1] if "." in name else name
+        if any(_matches(name, key) or _matches(f"model.{bare}", key) for key in split):
+            total += -(-count // tp) * per_element
+        else:
+            total += count * per_element
+    return int(total)
+
+
 def plan_tensor_parallel(accel: hwenv.Accelerator, config: dict | None, tp: int, *, weight_bytes: int | None,
                          planned_elsewhere: bool, quantization: str | None = None,
-                         adapter: str | None = None) -> TensorParallelPlan:
+                         adapter: str | None = None, tensors: list[tuple[str, int]] | None = None,
+                         per_element: float | None = None, fit_fraction: float = 0.85) -> TensorParallelPlan:
     """Check `tp` processes for this model on `accel` (devices, backend, the model class's plan, its heads) and say
     how the model is split; TensorParallelError for anything that would fail after launch."""
     import hwdist
@@ -209,7 +238,11 @@ def plan_tensor_parallel(accel: hwenv.Accelerator, config: dict | None, tp: int,
                                   "from_pretrained cannot split it. Run it with tp=1 (or device_map='auto' across "
                                   "devices), or pick a model family that has one.")
     split = [*check_heads(config, plan, tp, model_class), *describe_split(config, plan, tp)]
-    size = "" if weight_bytes is None else f"; weights {weight_bytes / 2**30:.2f} GiB in all"
+    size = "" if weight_bytes is None else f"; weights {_size(weight_bytes)} in all"
+    if tensors and per_element:
+        rank_bytes = bytes_per_rank(tensors, plan, tp, per_element)
+        size += f", {_size(rank_bytes)} per rank (safetensors headers and the plan)"
+        check_fit(accel, rank_bytes, tp, fit_fraction, model_class)
     reason = (f"tp={tp}: {processes.reason}; backend {backend.name} ({backend.reason}); {model_class}'s own "
               f"tensor-parallel plan, loaded with from_pretrained(distributed_config=DistributedConfig(tp_size={tp})): "
               f"every rank holds 1/{tp} of the split layers and runs every step, an all-reduce after each row-wise "
@@ -217,3 +250,25 @@ def plan_tensor_parallel(accel: hwenv.Accelerator, config: dict | None, tp: int,
     if processes.kind != kind:  # pragma: no cover - check_process_count keeps the kind
         logger.warning("process check for %s answered for %s", kind, processes.kind)
     return TensorParallelPlan(tp, backend.name, processes.reason, model_class, plan, tuple(split), reason)
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def check_fit(accel: hwenv.Accelerator, rank_bytes: int, tp: int, fit_fraction: float, model_class: str) -> None:
+    """Refuse a split whose per-rank weights exceed one device's budget (the same budget the single-device plan uses),
+    where the device's memory is known."""
+    per_device = accel.memory_per_device if accel.platform.is_accelerator else None
+    if not per_device:
+        return
+    budget = int(per_device * fit_fraction)
+    if rank_bytes > budget:
+        raise TensorParallelError(
+            f"tp={tp}: each rank would hold {_size(rank_bytes)} of {model_class}'s weights, more than one "
+            f"{accel.kind} device's budget ({_size(budget)}: {fit_fraction:.0%} of {_size(per_device)}, the rest for "
+            "the KV cache and activations). Split across more devices (a larger tp that divides the heads) or use "
+            "smaller weights.")
