@@ -27,7 +27,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "serve", help="serve MODEL over an OpenAI-compatible HTTP API (continuous batching, SSE streaming)",
         description="Load MODEL once with hwrun's plan, warm the engine, and serve POST /v1/completions, "
-                    "POST /v1/chat/completions, GET /v1/models, GET /health and GET /metrics. Binds 127.0.0.1 "
+                    "POST /v1/chat/completions, POST /v1/responses, GET /v1/models, GET /health and GET /metrics "
+                    "(tools, structured output, n, logprobs: hwrun's README, Serve). Binds 127.0.0.1 "
                     "unless --host says otherwise. SIGTERM or Ctrl-C finishes in-flight requests (up to "
                     "--grace-seconds) and exits 0.")
     p.add_argument("model", nargs="?", default=None, help="local folder or Hub id (default: the shipped tiny model)")
