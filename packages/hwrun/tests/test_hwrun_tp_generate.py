@@ -84,3 +84,38 @@ def test_cli_generate_tp2_starts_its_ranks_and_prints_once(families):
                            decode="generate")
     assert printed["token_ids"] == alone.token_ids
     assert "tp=2 x cpu" in done.stderr
+
+
+def test_tp4_greedy_equals_tp1(tmp_path):
+    """World size 4 on the 2-core machine (small: one family, 4 KV heads so that 4 divides them)."""
+    import transformers
+    from hwrun.testing import build_tokenizer
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    tokenizer = build_tokenizer()
+    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+           "pad_token_id": tokenizer.pad_token_id}
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                      max_position_embeddings=128, tie_word_embeddings=False, **ids)
+    import torch
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0.0, 0.2)
+    model.generation_config = GenerationConfig(**ids)
+    path = tmp_path / "llama4"
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER.replace('tp=2', 'tp=4'))
+    done = launch_cpu_workers(script, str(tmp_path), json.dumps(PROMPTS[:1]), str(path), nproc=4, timeout=420)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text())[str(path)] for r in range(4)]
+    alone = hwrun.generate(hwrun.plan(str(path), device="cpu"), PROMPTS[:1], NEW_TOKENS, batching="static",
+                           decode="generate")
+    assert all(rank["greedy"] == alone.token_ids for rank in ranks)
+    assert ranks[0]["weight"] == [8, 32]  # one of the 4 query heads (head dim 8) per rank
