@@ -9,7 +9,8 @@ machine has), through hwrun's own paths: `hwrun.plan(tp=N)` -> `load` -> `genera
 Decode rows: per rank count, tokens/s (all prompts) and time per token (one decode step of the batch), median of
 `--repeats` timed runs after a warm-up, every rank running Transformers' generate on its shards (the path `hwrun
 generate --tp N` runs); at one rank also hwrun's default decode path (graphs where the device has them) for
-reference. Training rows: tokens/s from the `step N/M` lines' arrival times (after `--train-warmup` steps), global
+reference. Training rows (LoRA on an FSDP-sharded base by default, `--train-mode full` for every weight): tokens/s
+from the `step N/M` lines' arrival times (after `--train-warmup` steps), global
 tokens per step = batch x block x ranks, and scaling efficiency = tokens/s at N / (N x tokens/s at 1). When
 `hwrun train` has no `--fsdp` the training part is skipped and the JSON says why.
 
@@ -195,7 +196,7 @@ def train_rows(args, accel, ranks: list[int]) -> list[dict]:
         command = ["train", "--fsdp", "--model", str(args.model), "--data", str(data), "--output", str(output),
                    "--max-steps", str(args.train_steps), "--batch-size", str(args.train_batch), "--block-size",
                    str(args.train_block), "--save-steps", str(10 * args.train_steps), "--device", args.device,
-                   "--no-progress", "--no-compile", "--lr", "1e-5"]
+                   "--no-progress", "--no-compile", "--lr", "1e-5", *(["--lora"] if args.train_mode == "lora" else [])]
         code, stdout, stderr = launch(command, n, accel.kind, module=True, script="hwrun.cli",
                                       stream_lines=on_line)
         steady = [(s, t) for s, t in arrivals if s > args.train_warmup]
@@ -205,7 +206,7 @@ def train_rows(args, accel, ranks: list[int]) -> list[dict]:
             continue
         seconds = (steady[-1][1] - steady[0][1]) / (steady[-1][0] - steady[0][0])
         tokens = args.train_batch * args.train_block * n
-        row = {"ranks": n, "seconds_per_step": seconds, "tokens_per_step": tokens, "tokens_per_second": tokens / seconds,
+        row = {"ranks": n, "mode": args.train_mode, "seconds_per_step": seconds, "tokens_per_step": tokens, "tokens_per_second": tokens / seconds,
                "steps_timed": steady[-1][0] - steady[0][0]}
         base = row["tokens_per_second"] if n == 1 else base
         row["scaling_efficiency"] = None if base is None else row["tokens_per_second"] / (n * base)
@@ -279,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-warmup", type=int, default=2, help="steps left out of the training rate")
     parser.add_argument("--train-batch", type=int, default=None)
     parser.add_argument("--train-block", type=int, default=None)
+    parser.add_argument("--train-mode", choices=("lora", "full"), default="lora",
+                        help="lora (default: FSDP shards the frozen base, only the adapter is saved, so the run stays "
+                             "short) or full (every weight trains; the gathered model is saved at the end)")
     parser.add_argument("--train-lines", type=int, default=1000, help="lines of generated text (the steps loop over it)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
