@@ -625,3 +625,18 @@ def test_sampling_defaults_are_read_from_generation_config(tmp_path):
     assert why.startswith("temperature=0.6, top_p=0.95, top_k=20, min_p=0.0 from the model's generation_config.json")
     (folder / "generation_config.json").unlink()
     assert generation_defaults(plan) == ({}, "OpenAI's (the model has no generation_config.json)")
+
+
+@pytest.mark.parametrize("text", ['{"name": "f", "arguments": {"a": [1, {"b": "}\\\\\\""}], "c": null}}',
+                                  '{ }', '{"a": 1, "b": true}', '{"a" 1}', '{"a": "x"  x}', '{"s": "a\\"}"}'])
+def test_the_incremental_scanners_agree_with_a_full_scan_at_every_length(text):
+    from hwrun.serve.tools.jsonscan import ObjectScanner, ValueScanner, scan_object, value_end
+
+    scanner, values = ObjectScanner(0), ValueScanner(0)
+    for size in range(1, len(text) + 1):
+        prefix = text[:size]
+        incremental, full = scanner.advance(prefix), scan_object(prefix, 0)
+        assert incremental.end == full.end and incremental.bad == full.bad, size
+        if not full.bad:
+            assert incremental.members == full.members, size
+        assert values.advance(prefix) == value_end(prefix, 0), size

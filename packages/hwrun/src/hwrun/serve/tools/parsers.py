@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .jsonscan import WHITESPACE, scan_object, skip_ws, value_end
+from .jsonscan import WHITESPACE, ObjectScanner, ValueScanner, skip_ws, value_end
 
 #: The tool-call formats hwrun reads (`--tool-parser`), by vLLM's names.
 PARSERS = ("hermes", "llama3_json", "mistral")
@@ -89,29 +89,29 @@ class _Call:
         self.raw_prefix = raw_prefix  # the marker before its JSON (content again if the call proves invalid)
         self.raw = ""
         self.valid = False
+        self.scanner: ObjectScanner | ValueScanner | None = None  # reads its JSON once, as it grows
 
     def progress(self, text: str, start: int | None, end: int | None) -> str:
         """The argument text beyond what was sent, for the value spanning `text[start:end]` (end None: growing).
-        An object or array streams as it grows; a string (arguments sent as a JSON string) or a scalar only whole."""
+        An object or array streams as it grows (only the new characters are sliced); a string (arguments sent as
+        a JSON string) or a scalar goes whole."""
         if start is None or start >= len(text):
             return ""
         head = text[start]
         if head in "{[":
-            available = text[start:end] if end is not None else text[start:]
-        elif end is None:
+            new = text[start + len(self.arguments):end if end is not None else len(text)]
+            self.arguments += new
+            return new
+        if end is None or self.arguments:
             return ""
-        elif head == '"':
+        available = text[start:end]
+        if head == '"':
             try:
-                available = json.loads(text[start:end])
+                available = json.loads(available)
             except ValueError:
-                available = text[start:end]
-        else:
-            available = text[start:end]
-        if not available.startswith(self.arguments):  # cannot happen for raw text; a decoded string is whole
-            return ""
-        new = available[len(self.arguments):]
+                pass
         self.arguments = available
-        return new
+        return available
 
     def close(self) -> None:
         """The call's JSON is complete: it is a call when its name is a string and its arguments a JSON object."""
@@ -170,7 +170,9 @@ class ToolParser:
                      out: list[CallDelta]) -> tuple[int | None, bool]:
         """Progress of a `{"name": ..., "<args key>": ...}` object opening at `text[start]`: (its end or None,
         whether the text broke JSON's rules)."""
-        scan = scan_object(text, start)
+        if not isinstance(call.scanner, ObjectScanner):
+            call.scanner = ObjectScanner(start)
+        scan = call.scanner.advance(text)
         if call.name is None and "name" in scan.members:
             s, e = scan.members["name"]
             if e is not None:
@@ -482,8 +484,12 @@ class MistralParser(_SequenceParser):
                 self.named = _Call(self.TAG, name=self.buf[i:at].strip() or None)
                 self.call_start = at + len(self.ARGS_TAG)
             start = skip_ws(self.buf, self.call_start)
-            end = value_end(self.buf, start)
-            self._emit_call(self.named, self.buf, start, end, out)
+            if start >= len(self.buf):
+                return "", out
+            if self.named.scanner is None:
+                self.named.scanner = ValueScanner(start)
+            end = self.named.scanner.advance(self.buf)
+            self._emit_call(self.named, self.buf, self.named.scanner.start, end, out)
             if end is None:
                 return "", out
             call, self.named = self.named, None
@@ -516,15 +522,21 @@ class NamedParser(ToolParser):
     def push(self, text: str) -> tuple[str, list[CallDelta]]:
         self.buf += text
         out: list[CallDelta] = []
-        start = skip_ws(self.buf, 0)
-        if start < len(self.buf):
-            self._emit_call(self.call, self.buf, start, value_end(self.buf, start), out)
+        if self.call.scanner is None:
+            start = skip_ws(self.buf, 0)
+            if start >= len(self.buf):
+                return "", out
+            self.call.scanner = ValueScanner(start)
+        scanner = self.call.scanner
+        self._emit_call(self.call, self.buf, scanner.start, scanner.advance(self.buf), out)
         return "", out
 
     def finish(self) -> tuple[str, list[CallDelta]]:
         out: list[CallDelta] = []
         start = skip_ws(self.buf, 0)
-        end = value_end(self.buf, start) if start < len(self.buf) else None
+        scanner = self.call.scanner
+        end = scanner.advance(self.buf) if isinstance(scanner, ValueScanner) else (
+            value_end(self.buf, start) if start < len(self.buf) else None)
         if end is not None:
             self._end_call(self.call, self.buf, out)
         else:  # cut short (max_tokens): not a call; a whole answer keeps the text as content
