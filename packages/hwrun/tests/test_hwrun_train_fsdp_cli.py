@@ -66,13 +66,27 @@ def _command(data, out, *extra):
             "--no-progress", "--output", str(out), *extra]
 
 
-def _launch(root: Path, nproc: int, commands: list[list[str]]) -> None:
+def _launch(root: Path, nproc: int | None, commands: list[list[str]]):
+    """The commands in one worker: under `hwdist launch` with `nproc` processes, or (None) one plain process, no
+    launcher (as a user types `hwrun train`)."""
+    import os
+    import subprocess
+    import sys
+
     from hwrun.testing import launch_cpu_workers
 
     worker = root / "worker.py"
     worker.write_text(WORKER, encoding="utf-8")
-    done = launch_cpu_workers(worker, json.dumps(commands), nproc=nproc, timeout=540)
+    if nproc is not None:
+        done = launch_cpu_workers(worker, json.dumps(commands), nproc=nproc, timeout=540)
+    else:
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+        env.update(OMP_NUM_THREADS="1", HWENV_DEVICE="cpu")
+        done = subprocess.run([sys.executable, str(worker), json.dumps(commands)], env=env, capture_output=True,
+                              text=True, timeout=540)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
 
 
 def _losses(out: Path, step: int = STEPS) -> list[tuple[int, float]]:
@@ -90,8 +104,8 @@ def _close(losses, reference, steps):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """World size 2 (--fsdp, --batch-size 1 per rank): LoRA and full fine-tuning for 20 steps, and LoRA stopped at
-    10 steps. World size 1: the same two runs without FSDP at --batch-size 2, and the 10-step LoRA run resumed with
-    --fsdp (a process group of one) to 20."""
+    10 steps. Then one plain process (no launcher): the same two runs without FSDP at --batch-size 2, and the 10-step
+    LoRA run resumed with --fsdp to 20 (the CLI forms its process group of one)."""
     root = tmp_path_factory.mktemp("fsdp-cli")
     text = (Path(hwrun.DEFAULT_MODEL) / "sample_train.txt").read_text(encoding="utf-8")[:9000]
     data = root / "data.txt"
@@ -100,10 +114,11 @@ def runs(tmp_path_factory):
     _launch(root, 2, [_command(data, root / "fsdp-lora", *lora, "--fsdp", "--batch-size", "1", "--max-steps", "20"),
                       _command(data, root / "fsdp-full", *full, "--fsdp", "--batch-size", "1", "--max-steps", "20"),
                       _command(data, root / "resumed", *lora, "--fsdp", "--batch-size", "1", "--max-steps", "10")])
-    _launch(root, 1, [_command(data, root / "one-lora", *lora, "--batch-size", "2", "--max-steps", "20"),
+    alone = _launch(root, None, [_command(data, root / "one-lora", *lora, "--batch-size", "2", "--max-steps", "20"),
                       _command(data, root / "one-full", *full, "--batch-size", "2", "--max-steps", "20"),
                       _command(data, root / "resumed", *lora, "--fsdp", "--batch-size", "2", "--max-steps", "20",
                                "--resume")])
+    assert "--fsdp in one process (no launcher): a process group of 1" in alone.stdout
     return root
 
 
