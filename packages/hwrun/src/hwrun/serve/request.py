@@ -75,6 +75,8 @@ def encode(state: ServeState, parsed: ParsedRequest) -> list[int]:
                                "mistral names it when the template does not).", param="tools",
                                code="tools_unsupported")
         options["tools"] = [tool.as_template() for tool in parsed.tools.tools]
+    elif parsed.tools.tools and state.tool_support is not None and state.tool_support.renders:
+        options["tools"] = [tool.as_template() for tool in parsed.tools.tools]  # `none`: shown, not called (vLLM)
     try:
         text = tokenizer.apply_chat_template([dict(m) for m in parsed.messages or ()], add_generation_prompt=True,
                                              tokenize=False, **options)
