@@ -27,7 +27,7 @@ _ONE_SCHEMA = ("items", "additionalProperties", "not", "contains", "propertyName
                "additionalItems", "unevaluatedProperties", "unevaluatedItems")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
-EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 @dataclass(frozen=True)
