@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import hwrun
@@ -138,6 +139,44 @@ def test_random_allowed_tokens_give_valid_json(compiler, tokenizer, texts, schem
         assert isinstance(value, dict), text
         if schema is not None:
             jsonschema.validate(value, schema)  # formats are annotations here: the engines check their syntax only
+
+
+@pytest.fixture(scope="module")
+def byte_fallback_tokenizer():
+    """A Llama-2 / Mistral-style tokenizer (SentencePiece BPE: "▁" for spaces, <0xNN> byte tokens), trained here on
+    the shipped text: the grammar engines read this vocabulary differently from a byte-level one."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    text = (Path(hwrun.DEFAULT_MODEL) / "sample_train.txt").read_text()
+    trained = Tokenizer(models.BPE())
+    trained.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    trained.train_from_iterator([text], trainers.BpeTrainer(vocab_size=600, show_progress=False))
+    learned = json.loads(trained.to_str())["model"]
+    # as SentencePiece models convert: <unk> <s> </s>, the 256 byte tokens, then the learned pieces (normal tokens)
+    pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    pieces += sorted(learned["vocab"], key=learned["vocab"].get)
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in learned["merges"]]
+    tokenizer = Tokenizer(models.BPE({piece: i for i, piece in enumerate(pieces)}, merges, unk_token="<unk>",
+                                     byte_fallback=True, fuse_unk=True))
+    tokenizer.normalizer = trained.normalizer
+    tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                           decoders.Strip(" ", 1, 0)])
+    tokenizer.add_special_tokens(["<unk>", "<s>", "</s>"])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_a_byte_fallback_tokenizer_gives_valid_json_too(byte_fallback_tokenizer, backend):
+    pytest.importorskip(backend)
+    tokenizer = byte_fallback_tokenizer
+    assert "<0xE2>" in tokenizer.tokenize("€") and tokenizer.decode(tokenizer.encode("€ {", add_special_tokens=False)) == "€ {"
+    compiler = structured_compiler(tokenizer, len(tokenizer) + 4, backend=backend)
+    texts = [tokenizer.decode([i]) for i in range(len(tokenizer))]
+    for seed in range(4):
+        value = json.loads(tokenizer.decode(drive(compiler.matcher(StructuredOutput.json_schema(TOOL_CALL)), texts,
+                                                  seed)))
+        jsonschema.validate(value, TOOL_CALL)
 
 
 def test_padded_and_special_ids_are_never_allowed(compiler, tokenizer, texts):
