@@ -640,3 +640,41 @@ def test_the_incremental_scanners_agree_with_a_full_scan_at_every_length(text):
         if not full.bad:
             assert incremental.members == full.members, size
         assert values.advance(prefix) == value_end(prefix, 0), size
+
+
+def test_responses_stream_events_carry_text_logprobs_and_a_call_in_order(tokenizer):
+    from hwrun.serve.request import Run
+    from hwrun.serve.responses import parse_responses, responses_stream
+
+    parsed, meta = parse_responses({"model": MODEL_ID, "input": "hi", "top_logprobs": 1, "tools": [
+        {"type": "function", "name": "get_weather", "parameters": TOOLS[0]["function"]["parameters"]}],
+        "include": ["message.output_text.logprobs"]}, SERVED)
+    run = Run(_state(tokenizer), "responses", parsed, 4, 0.0)
+    ids = _ids(tokenizer, 'ok<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>')
+    lps = tuple(TokenLogprob(-1.0, ((i, -1.0),)) for i in ids)
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        loop.call_soon(run.deliver, EngineEvent(run.rid, tuple(ids[:2]), logprobs=lps[:2]))
+        loop.call_soon(run.deliver, EngineEvent(run.rid, tuple(ids[2:]), True, "stop", logprobs=lps[2:]))
+        return [chunk async for chunk in responses_stream(run, meta)]
+
+    events = []
+    for chunk in asyncio.run(go()):
+        name, data = chunk.decode().split("\n", 1)
+        event = json.loads(data[len("data: "):])
+        assert name == f"event: {event['type']}"
+        events.append(event)
+    kinds = [e["type"] for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-1] == "response.completed" and [e["sequence_number"] for e in events] == list(range(len(events)))
+    text_done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert text_done["text"] == "ok" and text_done["logprobs"][0]["logprob"] == -1.0
+    assert kinds.index("response.output_text.done") < kinds.index("response.function_call_arguments.delta")
+    done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+    assert json.loads(done["arguments"]) == {"city": "Rome"} and done["name"] == "get_weather"
+    output = events[-1]["response"]["output"]
+    assert [item["type"] for item in output] == ["message", "function_call"]
+    assert output[1]["call_id"].startswith("call_") and output[1]["status"] == "completed"
+    assert events[-1]["response"]["usage"]["output_tokens"] == len(ids)
