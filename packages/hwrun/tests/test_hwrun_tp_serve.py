@@ -28,7 +28,8 @@ LOCKSTEP_WORKER = textwrap.dedent('''
     import json, sys
     import hwdist
     from hwrun.errors import RankDivergenceError
-    from hwrun.parallel.lockstep import LeaderBackend, follow
+    import time
+    from hwrun.parallel.lockstep import LeaderBackend, control_group, follow
     from hwrun.serve.engine import EngineEvent, EngineRequest
     from hwrun.serve.protocol import Sampling
 
@@ -62,12 +63,15 @@ LOCKSTEP_WORKER = textwrap.dedent('''
             self.calls.append(["close"])
 
     out = sys.argv[1]
-    context = hwdist.init()
+    context = hwdist.init(timeout=2)  # the engine calls' group must outlast it: an idle server sends nothing
+    group = control_group()
     for scenario in ("same", "diverge"):
         backend = Scripted(lie_at=2 if scenario == "diverge" and context.rank == 1 else None)
         error = None
         if context.rank == 0:
-            leader = LeaderBackend(backend)
+            leader = LeaderBackend(backend, group)
+            if scenario == "same":
+                time.sleep(4)  # idle past the default group's timeout
             leader.add(EngineRequest("a", (1, 2), 8, Sampling(temperature=0.0)))
             leader.add(EngineRequest("b", (3,), 8, Sampling(temperature=0.9)))  # sampled, no seed
             try:
@@ -81,13 +85,14 @@ LOCKSTEP_WORKER = textwrap.dedent('''
             leader.close()
         else:
             try:
-                follow(backend)
+                follow(backend, group)
             except RankDivergenceError as exc:
                 error = str(exc)
         with open(f"{out}/{scenario}{context.rank}.json", "w") as handle:
             json.dump({"calls": backend.calls, "error": error}, handle)
         if scenario == "same":
-            hwdist.barrier()
+            dist_barrier = __import__("torch.distributed", fromlist=["barrier"]).barrier
+            dist_barrier(group=group)
     hwdist.shutdown()
 ''')
 
@@ -104,6 +109,7 @@ def test_seeded_gives_unseeded_sampled_requests_a_seed_only():
 
 @pytest.mark.slow
 def test_lockstep_over_gloo_repeats_rank0s_calls_and_stops_a_diverging_rank(tmp_path):
+    """Also: rank 0 idles 4 s before its first call, past the 2 s timeout of the ranks' default group."""
     script = tmp_path / "worker.py"
     script.write_text(LOCKSTEP_WORKER)
     done = launch_cpu_workers(script, str(tmp_path), timeout=180)

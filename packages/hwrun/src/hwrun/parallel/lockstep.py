@@ -26,16 +26,20 @@ logger = logging.getLogger(__name__)
 
 #: The calls rank 0 broadcasts (`close` ends the followers).
 CALLS = ("add", "cancel", "step", "close")
+#: How long a follower waits for rank 0's next call: an idle server sends none (the process group's own timeout,
+#: 10 minutes by default, would end an idle server). A rank 0 that dies closes its connections, which ends the wait
+#: at once ("Connection closed by peer"), and torchrun stops the other ranks.
+CONTROL_TIMEOUT_DAYS = 365
 
 
 def control_group() -> Any:
-    """The group the engine calls go over: the default group when it is gloo (CPU), else a new gloo group of every
-    rank (call it on every rank, at the same point: creating a group is collective)."""
+    """The group the engine calls go over: a gloo group of every rank (the host carries them whatever the devices'
+    backend) whose timeout an idle server never reaches. Call it on every rank at the same point (collective)."""
+    from datetime import timedelta
+
     import torch.distributed as dist
 
-    if dist.get_backend() == "gloo":
-        return None
-    return dist.new_group(backend="gloo")
+    return dist.new_group(backend="gloo", timeout=timedelta(days=CONTROL_TIMEOUT_DAYS))
 
 
 def _broadcast(message: Any, group: Any) -> Any:
