@@ -158,6 +158,19 @@ def test_bad_eval_options_are_refused_before_any_work(tmp_path, options, match):
     assert not (tmp_path / "out").exists()
 
 
+def test_an_eval_split_that_leaves_less_than_a_step_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the option was rejected")
+
+    monkeypatch.setattr("hwrun.training.run._load_model", refuse)
+    data = tmp_path / "d.txt"
+    data.write_text("The king said to the queen that the castle was cold. " * 12, encoding="utf-8")
+    plan = hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu")
+    with pytest.raises(TrainingConfigError, match=r"eval_fraction=0.4 holds out \d+ of \d+ packed blocks, leaving"):
+        hwrun.train(plan, data, lora=True, block_size=32, batch_size=4, eval_fraction=0.4, output_dir=tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
 def test_report_to_a_tracker_that_is_not_installed_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("transformers.integrations.get_available_reporting_integrations", lambda: ["mlflow"])
     assert main(["train", "--data", str(tmp_path / "d.txt"), "--report-to", "tensorboard", "--output",

@@ -326,9 +326,13 @@ def _split_eval(dataset: Any, run: RunSettings, reasons: dict) -> tuple[Any, Any
         raise TrainingConfigError("eval_fraction needs hwrun's packed data (a file or Hub id as data=); a ready "
                                   "dataset has no blocks to hold out. Fix: pass eval_dataset= yourself, or data as a file.")
     held = max(1, round(total * run.eval_fraction))
-    if total - held < 1:
-        raise TrainingConfigError(f"eval_fraction={run.eval_fraction} of {total} packed blocks leaves none to train on. "
-                                  "Fix: more data, a smaller --block-size or a smaller --eval-fraction.")
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    per_step = run.batch_size * run.grad_accum * (int(world) if world.isdigit() and int(world) > 0 else 1)
+    if total - held < per_step:
+        raise TrainingConfigError(
+            f"eval_fraction={run.eval_fraction} holds out {held} of {total} packed blocks, leaving {total - held} to "
+            f"train on, fewer than one optimizer step's {per_step} (batch size x accumulation x processes). Fix: more "
+            "data, a smaller --block-size or --batch-size, or a smaller --eval-fraction.")
     parts = []
     for part in (slice(0, total - held), slice(total - held, total)):
         piece = copy.copy(dataset)
