@@ -118,7 +118,7 @@ def launch(script_args: list[str], nproc: int, kind: str, module: bool = False, 
     if not hwenv.get_platform(kind).is_accelerator and "OMP_NUM_THREADS" not in os.environ:
         from hwdist.launch import usable_cores
 
-        env["OMP_NUM_THREADS"] = str(max(1, usable_cores() // nproc))  # the host's cores shared, as hwrun's ranks do
+        env["OMP_NUM_THREADS"] = str(max(1, (usable_cores() - 1) // nproc))  # one core left to the host, the rest shared
     if stream_lines is None:
         done = subprocess.run(plan.argv, env=env, capture_output=True, text=True, timeout=timeout)
         return done.returncode, done.stdout, done.stderr
@@ -162,7 +162,9 @@ def error_lines(stderr: str) -> str:
     return "\n".join(lines[-5:]) if lines else stderr[-2000:]
 
 
-def fsdp_available(accel) -> tuple[bool, str]:
+def fsdp_available(accel, sharding: str = "fsdp") -> tuple[bool, str]:
+    if sharding == "ddp":  # data parallel: every device kind, the CPU too (the smoke run of this part)
+        return True, ""
     if not accel.platform.is_accelerator:
         return False, ("FSDP training runs on accelerators only (hwrun train --fsdp refuses a CPU plan: Accelerate "
                        "builds FSDP only for GPU/XPU/HPU process groups): the training part is skipped")
@@ -193,7 +195,7 @@ def train_rows(args, accel, ranks: list[int]) -> list[dict]:
             if found:
                 arrivals.append((int(found.group(1)), now))
 
-        command = ["train", "--fsdp", "--model", str(args.model), "--data", str(data), "--output", str(output),
+        command = ["train", *(["--fsdp"] if args.train_sharding == "fsdp" else []), "--model", str(args.model), "--data", str(data), "--output", str(output),
                    "--max-steps", str(args.train_steps), "--batch-size", str(args.train_batch), "--block-size",
                    str(args.train_block), "--save-steps", str(10 * args.train_steps), "--device", args.device,
                    "--no-progress", "--no-compile", "--lr", "1e-5", *(["--lora"] if args.train_mode == "lora" else [])]
@@ -206,12 +208,12 @@ def train_rows(args, accel, ranks: list[int]) -> list[dict]:
             continue
         seconds = (steady[-1][1] - steady[0][1]) / (steady[-1][0] - steady[0][0])
         tokens = args.train_batch * args.train_block * n
-        row = {"ranks": n, "mode": args.train_mode, "seconds_per_step": seconds, "tokens_per_step": tokens, "tokens_per_second": tokens / seconds,
+        row = {"ranks": n, "mode": args.train_mode, "sharding": args.train_sharding, "seconds_per_step": seconds, "tokens_per_step": tokens, "tokens_per_second": tokens / seconds,
                "steps_timed": steady[-1][0] - steady[0][0]}
         base = row["tokens_per_second"] if n == 1 else base
         row["scaling_efficiency"] = None if base is None else row["tokens_per_second"] / (n * base)
         rows.append(row)
-        print(f"fsdp    ranks={n}: {row['tokens_per_second']:9.1f} tokens/s, {seconds * 1000:8.1f} ms/step"
+        print(f"{args.train_sharding:<7} ranks={n}: {row['tokens_per_second']:9.1f} tokens/s, {seconds * 1000:8.1f} ms/step"
               + (f", efficiency {row['scaling_efficiency']:.2f}" if row["scaling_efficiency"] is not None else ""),
               flush=True)
     return rows
@@ -238,18 +240,22 @@ def plot(result: dict, path: Path) -> None:
     train = result["train"] if isinstance(result["train"], list) else []
     good = [r for r in train if "error" not in r]
     if good:
-        axes[2].plot([r["ranks"] for r in good], [r["tokens_per_second"] for r in good], "o-", label="FSDP tokens/s")
+        sharding = good[0].get("sharding", "fsdp").upper()
+        axes[2].plot([r["ranks"] for r in good], [r["tokens_per_second"] for r in good], "o-",
+                     label=f"{sharding} tokens/s ({good[0].get('mode', 'lora')})")
         twin = axes[2].twinx()
         eff = [r for r in good if r.get("scaling_efficiency") is not None]
         twin.plot([r["ranks"] for r in eff], [r["scaling_efficiency"] for r in eff], "s--", color="C1",
                   label="efficiency")
-        twin.set(ylim=(0, 1.2), ylabel="scaling efficiency")
+        twin.set(ylim=(0, max([1.2] + [1.1 * r["scaling_efficiency"] for r in eff])), ylabel="scaling efficiency")
+        twin.legend(loc="lower right", fontsize=8)
     else:
         import textwrap
 
         axes[2].text(0.5, 0.5, textwrap.fill(result.get("train_skipped") or "no training rows", 48), ha="center",
                      va="center", transform=axes[2].transAxes, fontsize=8)
-    axes[2].set(title="FSDP training tokens/s", xlabel="ranks (FSDP)", xscale="log", xticks=list(RANKS))
+    name = (good[0].get("sharding", "fsdp") if good else "fsdp").upper()
+    axes[2].set(title=f"{name} training tokens/s", xlabel=f"ranks ({name})", xscale="log", xticks=list(RANKS))
     for ax in axes:
         ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.get_xaxis().set_minor_formatter(matplotlib.ticker.NullFormatter())
@@ -283,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-mode", choices=("lora", "full"), default="lora",
                         help="lora (default: FSDP shards the frozen base, only the adapter is saved, so the run stays "
                              "short) or full (every weight trains; the gathered model is saved at the end)")
+    parser.add_argument("--train-sharding", choices=("fsdp", "ddp"), default="fsdp",
+                        help="fsdp (default: hwrun train --fsdp) or ddp (plain data parallel; runs on CPU too)")
     parser.add_argument("--train-lines", type=int, default=1000, help="lines of generated text (the steps loop over it)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
@@ -347,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.skip_train:
         result["train"], result["train_skipped"] = [], "--skip-train"
     else:
-        available, why = fsdp_available(accel)
+        available, why = fsdp_available(accel, args.train_sharding)
         if available:
             result["train"] = train_rows(args, accel, ranks)
         else:
