@@ -177,32 +177,43 @@ def drive(matcher, texts: list[str], seed: int, budget: int, limit: int = 4000) 
 
 def batch_step(compiler, spec, texts: list[str], rows: int, repeats: int) -> dict:
     """One decode step's masks for `rows` requests of `spec`, each at its own point of the grammar: row by row
-    (`matcher.fill`) and all at once (`compiler.fill`, the engine's threads), wall clock in ms (median of repeats)."""
+    (`matcher.fill`) and all at once (`compiler.fill`, the engine's threads), wall clock in ms (median of repeats).
+    Every timed fill meets a state never filled before (each matcher takes a token after each fill): a repeated
+    state would be llguidance's cached mask."""
     import torch
     from hwrun.inference.structured import allocate_bitmask
 
     vocab = compiler.vocab.vocab_size
     shifts = torch.arange(32, dtype=torch.int32)
     bitmask = allocate_bitmask(rows, vocab)
-    matchers = []
-    for row in range(rows):  # advance each by a different number of random allowed tokens
-        rng, matcher = random.Random(row), compiler.matcher(spec)
+    rngs = [random.Random(row) for row in range(rows)]
+    matchers = [compiler.matcher(spec) for _ in range(rows)]
+
+    def advance(row: int) -> None:
+        """One random allowed token for `row` (a new matcher once the last one is done)."""
+        if matchers[row].stopped or matchers[row].finished:
+            matchers[row] = compiler.matcher(spec)
+        matchers[row].fill(bitmask, row)
+        matchers[row].accept(pick(allowed_ids(bitmask[row], shifts, vocab), texts, rngs[row], False))
+
+    for row in range(rows):  # spread the rows over the grammar
         for _ in range(row % 40):
-            matcher.fill(bitmask, row)
-            token = pick(allowed_ids(bitmask[row], shifts, vocab), texts, rng, False)
-            if token in matcher.stop_token_ids or not matcher.accept(token) or matcher.finished:
-                break
-        matchers.append(matcher)
-    pairs = list(enumerate(matchers))
+            advance(row)
     one, together = [], []
     for _ in range(repeats):
+        pairs = list(enumerate(matchers))
         started = time.perf_counter()
         for row, matcher in pairs:
             matcher.fill(bitmask, row)
         one.append((time.perf_counter() - started) * 1e3)
+        for row in range(rows):
+            advance(row)
+        pairs = list(enumerate(matchers))
         started = time.perf_counter()
         compiler.fill(bitmask, pairs)
         together.append((time.perf_counter() - started) * 1e3)
+        for row in range(rows):
+            advance(row)
     return {"rows": rows, "row_by_row_ms": statistics.median(one), "batched_ms": statistics.median(together)}
 
 
@@ -402,31 +413,35 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    """Per-token mask time (mean and p99) per engine, schema and tokenizer."""
+    """Per-token mask time (mean bar, p99 tick) and cold compile time, per engine, schema and tokenizer."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tokenizers = list(result["tokenizers"])
-    fig, axes = plt.subplots(1, len(tokenizers), figsize=(6 * len(tokenizers), 4), squeeze=False)
-    for ax, tok in zip(axes[0], tokenizers, strict=True):
+    fig, axes = plt.subplots(2, len(tokenizers), figsize=(6 * len(tokenizers), 7), squeeze=False)
+    for column, tok in enumerate(tokenizers):
         engines = result["tokenizers"][tok]["engines"]
         width = 0.8 / max(1, len(engines))
         for index, (backend, data) in enumerate(engines.items()):
             names = list(data["schemas"])
             xs = [i + index * width for i in range(len(names))]
-            means = [data["schemas"][n]["fill_cpu_us_mean"] for n in names]
-            p99 = [data["schemas"][n]["fill_cpu_us_p99"] for n in names]
-            ax.bar(xs, means, width, label=f"{backend} mean")
-            ax.scatter(xs, p99, marker="_", s=300, color="black", zorder=3,
-                       label="p99" if index == len(engines) - 1 else None)
-            ax.set_xticks([i + width * (len(engines) - 1) / 2 for i in range(len(names))], names)
-        ax.set_yscale("log")
-        ax.set_ylabel("µs of CPU per token's mask (mean, p99)")
-        ax.set_title(f"{tok}: {result['tokenizers'][tok]['vocab_size']:,} ids")
-        ax.legend(fontsize=8)
-    fig.suptitle(f"Structured output: per-token mask time on {result['device_name']}")
+            rows = [data["schemas"][n] for n in names]
+            axes[0][column].bar(xs, [r["fill_cpu_us_mean"] for r in rows], width, label=f"{backend} mean")
+            axes[0][column].scatter(xs, [r["fill_cpu_us_p99"] for r in rows], marker="_", s=300, color="black",
+                                    zorder=3, label="p99" if index == len(engines) - 1 else None)
+            axes[1][column].bar(xs, [r["compile_cold_ms"] for r in rows], width, label=backend)
+            for ax in (axes[0][column], axes[1][column]):
+                ax.set_xticks([i + width * (len(engines) - 1) / 2 for i in range(len(names))], names)
+        axes[0][column].set_ylabel("µs of CPU per token's mask")
+        axes[0][column].set_title(f"{tok}: {result['tokenizers'][tok]['vocab_size']:,} ids")
+        axes[1][column].set_ylabel("cold compile (ms)")
+        for ax in (axes[0][column], axes[1][column]):
+            ax.set_yscale("log")
+            ax.legend(fontsize=8)
+    fig.suptitle(f"Structured output on {result['device_name']} (xgrammar {result['versions']['xgrammar']}, "
+                 f"llguidance {result['versions']['llguidance']})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -23,8 +23,8 @@ BACKENDS = ("xgrammar", "llguidance")
 #: What "auto" picks when both are installed, and why (docs/benchmarks/structured_output.md has the figures).
 AUTO_ORDER = ("llguidance", "xgrammar")
 AUTO_REASON = ("llguidance: it refuses the schema keywords it does not enforce where xgrammar 0.2.9 compiles several "
-               "without enforcing them, compiles a schema in 0.6-9 ms where xgrammar takes 130-1,060 ms at a 128k "
-               "vocabulary, and its mask costs 26-70 us a token there against xgrammar's 19-199 "
+               "without enforcing them, compiles a schema in 0.6-28 ms where xgrammar takes 63-1,249 ms at a 128k "
+               "vocabulary, and its mask costs 20-117 us a token there against xgrammar's 19-253 "
                "(docs/benchmarks/structured_output.md)")
 #: Compiled grammars kept per engine (least recently used dropped first).
 CACHE_SIZE = 256
