@@ -151,12 +151,12 @@ def test_a_70b_llama_on_eight_gaudi_cards_is_one_card_per_process_not_a_split(fa
     assert "split across" not in reason and "it does not split" in reason
     assert "a process uses only its own Gaudi card" in reason and "HPUGuardImpl.h" in reason
     assert "of the 8 visible devices accelerate keeps hpu and offloads the rest to CPU memory" in reason
-    assert "QLoRA (quantization='4bit'" in reason and "not available yet; see issue 37" in reason
+    assert "QLoRA (quantization='4bit'" in reason and "tensor parallelism with one process per card: tp=N" in reason
     assert "mem_get_info" in reason  # where the card size came from
     assert hwrun.from_pretrained_kwargs(plan)["device_map"] == "auto"
     one = hwrun.plan(cached_70b, device=hwenv.Accelerator("hpu", 1, names=("GAUDI3",), memory=(128 * GiB,)))
     assert one.device_map == "auto" and "offloads the rest to CPU" in one.reasons["device_map"]
-    assert "not available yet; see issue 37" in one.reasons["device_map"]
+    assert "tensor parallelism with one process per card: tp=N" in one.reasons["device_map"]
     # a platform whose processes use every visible device still splits (X9), and says nothing of issue 37
     xpus = hwrun.plan(cached_70b, device=hwenv.Accelerator("xpu", 4, memory=(64 * GiB,) * 4))
     assert "split across the 4 selected devices" in xpus.reasons["device_map"]

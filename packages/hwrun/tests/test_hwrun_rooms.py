@@ -16,13 +16,14 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 ALLOWED = {
     "errors": set(),
     "devices": {"errors"},
-    "model": {"errors", "devices"},
-    "inference": {"errors", "devices", "model"},
-    "training": {"errors", "devices", "model"},
-    "serve": {"errors", "devices", "model", "inference"},
-    "cli": {"errors", "devices", "model", "inference", "training", "serve"},
-    "testing": {"errors", "devices", "model", "inference", "training", "__init__"},
-    "__init__": {"errors", "devices", "model", "inference", "training"},
+    "parallel": {"errors", "devices"},  # tensor parallelism: checks, rank launch, lockstep (under model: plan uses it)
+    "model": {"errors", "devices", "parallel"},
+    "inference": {"errors", "devices", "parallel", "model"},
+    "training": {"errors", "devices", "parallel", "model"},
+    "serve": {"errors", "devices", "parallel", "model", "inference"},
+    "cli": {"errors", "devices", "parallel", "model", "inference", "training", "serve"},
+    "testing": {"errors", "devices", "parallel", "model", "inference", "training", "__init__"},
+    "__init__": {"errors", "devices", "parallel", "model", "inference", "training"},
 }
 
 

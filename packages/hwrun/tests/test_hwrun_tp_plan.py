@@ -164,3 +164,21 @@ def test_weights_per_rank_are_counted_and_must_fit_one_device(models):
     with pytest.raises(TensorParallelError, match="more than one cuda device's budget"):
         hwrun.plan(str(models["llama"]), device=hwenv.Accelerator("cuda", 2, memory=(40 * 1024,) * 2, bf16=True),
                    tp=2, dtype="bfloat16")
+
+
+def test_the_one_decision_for_a_tp_plan(models):
+    """`decide_serving` answers for tensor-parallel servers too (hwrun's engine on every rank, the model's own
+    forward), and generate()'s graph loops are not run over shards in one process."""
+    from hwrun.errors import EngineStartError, GenerateError
+    from hwrun.inference.decision import decide_serving, planned
+    from transformers import AutoModelForCausalLM
+
+    plan = hwrun.plan(str(models["llama"]), device="cpu", tp=2)
+    model = AutoModelForCausalLM.from_pretrained(models["llama"])
+    decision = decide_serving(plan, model)
+    assert decision.engine == "slots" and "tensor parallel (tp=2)" in decision.reason and "lockstep" in decision.reason
+    assert decide_serving(plan, model, "slots").reason == decision.reason
+    with pytest.raises(EngineStartError, match="--engine transformers with --tp 2"):
+        decide_serving(plan, model, "transformers")
+    with pytest.raises(GenerateError, match="tensor parallel \\(tp=2\\)"):
+        planned(plan, 2, decode="graphs")

@@ -14,6 +14,7 @@ from .errors import (
     EngineStartError,
     FastDecodeError,
     GenerateError,
+    GrammarBackendError,
     HwrunError,
     ModelIntegrityError,
     ModelSourceError,
@@ -21,9 +22,12 @@ from .errors import (
     PlanError,
     QLoRAUnsupportedError,
     QuantizationError,
+    RankDivergenceError,
     RequestError,
     ServeConfigError,
     ServeError,
+    StructuredOutputError,
+    TensorParallelError,
     TrainingConfigError,
     TrainingDataError,
     TrainingDivergedError,
@@ -44,11 +48,14 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "AdapterFormatError", "CheckpointWriteError", "ModelIntegrityError", "TrainingDivergedError", "BatchingChoice", "ChatClientError", "NonFiniteLossError", "CheckpointError", "EngineStartError", "RequestError", "ServeConfigError",
-    "ServeError", "ContinuousBatchingError", "DEFAULT_MODEL", "FastDecodeError", "GenerateError", "GenerationResult", "HwrunError",
-    "ModelSourceError", "PlanError", "QLoRAUnsupportedError", "QuantizationError",
-    "TrainingConfigError", "TrainingDataError", "TrainingError", "RunPlan", "choose_batching", "from_pretrained_kwargs",
-    "generate", "load", "pipeline", "plan", "train", "training_arguments", "__version__",
+    "AdapterFormatError", "ChatClientError", "CheckpointError", "CheckpointWriteError", "ContinuousBatchingError",
+    "EngineStartError", "FastDecodeError", "GenerateError", "GrammarBackendError", "HwrunError",
+    "ModelIntegrityError", "ModelSourceError", "NonFiniteLossError", "PlanError", "QLoRAUnsupportedError",
+    "QuantizationError", "RankDivergenceError", "RequestError", "ServeConfigError", "ServeError",
+    "StructuredOutputError", "TensorParallelError", "TrainingConfigError", "TrainingDataError",
+    "TrainingDivergedError", "TrainingError", "BatchingChoice", "DEFAULT_MODEL", "GenerationResult", "RunPlan",
+    "choose_batching", "from_pretrained_kwargs", "generate", "load", "pipeline", "plan", "train",
+    "training_arguments", "__version__",
 ]
 
 

@@ -99,6 +99,9 @@ def _plan_blockers(plan: RunPlan) -> list[str]:
             blockers.append(blocker)
     if plan.device_map == "auto":
         blockers.append("the model is split across devices")
+    if getattr(plan, "tp", 1) > 1:  # generate --tp runs Transformers' loop on every rank (hwrun.parallel.generate)
+        blockers.append(f"tensor parallel (tp={plan.tp}): each rank holds shards, and hwrun's loops in one process "
+                        "are not run over them by generate() (hwrun serve --tp runs its engine on every rank)")
     return blockers
 
 
@@ -307,6 +310,13 @@ def transformers_blockers(plan: RunPlan, model: Any) -> list[str]:
     return blockers
 
 
+#: Why a tensor-parallel server runs hwrun's engine.
+TP_ENGINE_REASON = ("tensor parallel (tp={tp}): rank 0 schedules and every rank runs hwrun's slot engine step by step "
+                    "in lockstep (hwrun.parallel.lockstep), the model's own forward over the slot cache (the fused "
+                    "step reads whole weights); Transformers' batching manager schedules in a thread of its own on "
+                    "each rank")
+
+
 def decide_serving(plan: RunPlan, model: Any, engine: str = "auto") -> DecodeDecision:
     """How `hwrun serve` decodes live requests with `model`: hwrun's engine or Transformers' continuous batching
     (`engine`: one of `ENGINES`), and why; `EngineStartError` when the one asked for (or every one) cannot run."""
@@ -314,6 +324,17 @@ def decide_serving(plan: RunPlan, model: Any, engine: str = "auto") -> DecodeDec
         raise EngineStartError(f"--engine {engine!r} is not an engine; use one of {', '.join(ENGINES)}.")
     from .engine.steps import slot_step_support
 
+    batching = "live requests join and leave between steps"
+    tp = getattr(plan, "tp", 1)
+    if tp > 1:  # every rank runs hwrun's engine in lockstep (hwrun.parallel.lockstep), the model's own forward
+        if engine == "transformers":
+            raise EngineStartError(f"--engine transformers with --tp {tp}: tensor-parallel ranks run hwrun's slot "
+                                   "engine in lockstep; leave --engine out or pass --engine slots.")
+        step, why = slot_step_support(model, "model")
+        if step is None:
+            raise EngineStartError(f"--tp {tp}: hwrun's engine cannot serve this model: {why}.")
+        return DecodeDecision("continuous", batching, "graphs", TP_ENGINE_REASON.format(tp=tp),
+                              graph_compile_backend(plan)[0])
     step, why = support = slot_step_support(model)
     step_note = f"; step: {why}" if step is not None else ""
     ours = _engine_blockers(plan, support)
@@ -321,7 +342,6 @@ def decide_serving(plan: RunPlan, model: Any, engine: str = "auto") -> DecodeDec
     graphs = graph_api_of(plan)
     kind = plan.accelerator.kind
     backend = graph_compile_backend(plan)[0]
-    batching = "live requests join and leave between steps"
 
     def slots(reason: str) -> DecodeDecision:
         return DecodeDecision("continuous", batching, "graphs", reason, backend)

@@ -79,12 +79,6 @@ def load_backend(plan: RunPlan, config: ServeConfig) -> Loaded:
         raise
 
 
-#: Why a tensor-parallel server runs hwrun's slot engine.
-TP_ENGINE_REASON = ("tensor parallel (tp={tp}): rank 0 schedules and every rank runs hwrun's slot engine step by step "
-                    "in lockstep (hwrun.parallel.lockstep), the model's own forward over the slot cache; Transformers' "
-                    "batching manager schedules in a thread of its own on each rank")
-
-
 def _build(plan: RunPlan, config: ServeConfig) -> tuple[Any, EngineChoice, int, str, tuple[int, ...], Backend]:
     """Load the model and build its (unwarmed) backend: (tokenizer, choice, context, its reason, EOS ids, backend).
     Every tensor-parallel rank runs this, in the same order (each holds its shards; a slot engine each)."""
@@ -95,13 +89,7 @@ def _build(plan: RunPlan, config: ServeConfig) -> tuple[Any, EngineChoice, int, 
     max_len, len_reason = context_limit(config.max_model_len, model_context(model))
     eos = tuple(sorted(_eos_ids(model, tokenizer)))
     tp = getattr(plan, "tp", 1)
-    if tp > 1:
-        if config.engine == "transformers":
-            raise EngineStartError(f"--engine transformers with --tp {tp}: tensor-parallel ranks run hwrun's slot "
-                                   "engine in lockstep; leave --engine out or pass --engine slots.")
-        choice = EngineChoice("slots", TP_ENGINE_REASON.format(tp=tp))
-    else:
-        choice = choose_engine(plan, config.engine, model)
+    choice = choose_engine(plan, config.engine, model)
     backend: Backend | None = None
     if choice.name == "slots":
         try:

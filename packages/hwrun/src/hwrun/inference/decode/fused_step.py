@@ -37,6 +37,8 @@ def fused_step_support(model: Any) -> str | None:
         return "config.pretraining_tp > 1"
     if getattr(model, "is_quantized", False) or getattr(model, "hf_quantizer", None) is not None:
         return "quantized weights"
+    if (getattr(model, "tp_size", None) or 1) > 1:
+        return "tensor-parallel shards: the fused step reads whole weights"
     decoder = model.get_decoder()
     for name in ("embed_tokens", "layers", "norm", "rotary_emb"):
         if not hasattr(decoder, name):
