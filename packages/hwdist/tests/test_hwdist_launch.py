@@ -74,6 +74,28 @@ def test_gaudi_unsupported_group_or_partial_use_is_rejected(fake_gaudi):
         hwdist.launch_command("train.py", devices="0,1,2,3", nproc_per_node=2)
 
 
+@pytest.mark.facts("G8")
+def test_one_process_over_several_modules_given_on_the_command_line_is_refused(fake_gaudi, monkeypatch):
+    """`--devices 0,1 --nproc-per-node 1` leaves a selected card idle: refused (issue 42.8). The same selection
+    from the environment is allowed (the habana container runtime writes HABANA_VISIBLE_MODULES itself)."""
+    fake_gaudi(8)
+    with pytest.raises(hwdist.LaunchError, match="--nproc-per-node 1 uses 1 of the 2 selected Gaudi modules; the "
+                       "others would stay idle: .*--nproc-per-node 2"):
+        hwdist.launch_command("train.py", devices="0,1", nproc_per_node=1)
+    monkeypatch.setenv("HABANA_VISIBLE_MODULES", "0,1")
+    argv, _ = hwdist.launch_command("train.py", nproc_per_node=1)
+    assert "--nproc-per-node=1" in argv
+
+
+@pytest.mark.facts("G8")
+def test_a_bad_selection_inherited_from_the_environment_names_its_variable(fake_gaudi, monkeypatch):
+    fake_gaudi(8)
+    monkeypatch.setenv("HABANA_VISIBLE_MODULES", "0,0")
+    with pytest.raises(hwdist.LaunchError) as info:
+        hwdist.launch_command("train.py")
+    assert "HABANA_VISIBLE_MODULES='0,0'" in str(info.value) and "None" not in str(info.value)
+
+
 @pytest.mark.facts("G8", "G6")
 @pytest.mark.parametrize("by, variable", [("module", "HABANA_VISIBLE_MODULES"), ("index", "HABANA_VISIBLE_DEVICES")])
 def test_gaudi_single_card_launch_starts_one_process(clean_device_env, by, variable):

@@ -69,11 +69,15 @@ def _selection(platform: hwenv.Platform, devices: str | None, by: str, device_co
         where = f" (checked against {source})" if device_count is not None else ""
         hint = ("" if device_count is None or given else
                 " If the command is for another machine, pass --device-count N (its devices per node) or --kind.")
+        if devices is None:  # the selection this environment already makes: name its variables and values
+            env = ", ".join(f"{name}={os.environ[name]!r}" for name in platform.visible_devices if name in os.environ)
+            raise LaunchError(f"the {kind} selection this environment makes ({env or 'no selection variable set'}) "
+                              f"is not usable: {error} Fix or unset it, or pass --devices.") from error
         raise LaunchError(f"cannot select devices {devices!r} on {kind}{where}: {error}{hint}") from error
 
 
 def _nproc(platform: hwenv.Platform, requested: int | None, selection: hwenv.Selection, target: int | None,
-           given: bool, local: int | None) -> int:
+           given: bool, local: int | None, *, devices_given: bool = False) -> int:
     """Processes per node: `requested`, else the selection's device count, else the target's count (G16).
 
     `selection.count` is the number of devices the child will see (hwenv: under
@@ -95,7 +99,16 @@ def _nproc(platform: hwenv.Platform, requested: int | None, selection: hwenv.Sel
                 f"--nproc-per-node {requested} exceeds the {available} {kind} device(s) {what}; run one process "
                 f"per device (G16): pass --nproc-per-node {available} or select more --devices."
             )
-        if rule_for(platform).partial_server_groups and selection.count is not None and 1 < requested < selection.count:
+        partial = rule_for(platform).partial_server_groups and selection.count is not None
+        if partial and devices_given and requested == 1 < selection.count:
+            # one process over several modules given on the command line (from the environment it is allowed: the
+            # habana container runtime writes HABANA_VISIBLE_MODULES for every card a container mounts)
+            raise LaunchError(
+                f"--nproc-per-node 1 uses 1 of the {selection.count} selected Gaudi modules; the others would stay "
+                f"idle: select one module (--devices with one id) or launch {selection.count} processes "
+                f"(--nproc-per-node {selection.count})."
+            )
+        if partial and 1 < requested < selection.count:
             raise LaunchError(
                 f"--nproc-per-node {requested} uses part of the {selection.count} selected Gaudi modules; Intel "
                 f"supports partial-server groups only as selected (G8): select exactly the modules to use."
@@ -253,7 +266,7 @@ def plan_launch(
                     platform.kind, narrowed, devices, index_count)
         index_count = None
     selection = _selection(platform, devices, by or "module", index_count, given)
-    count = _nproc(platform, nproc_per_node, selection, target, given, local)
+    count = _nproc(platform, nproc_per_node, selection, target, given, local, devices_given=devices is not None)
     argv = [sys.executable, *TORCHRUN, f"--nproc-per-node={count}", *torchrun_args]
     if module:
         argv.append("-m")
