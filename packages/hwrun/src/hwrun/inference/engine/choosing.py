@@ -3,9 +3,11 @@ seed: `SamplingRows`; bias, penalties, min-p, grammar bitmask, logprobs ring: `L
 rows needs, and the token choice itself, inside a decode step (views of the first rows: capturable) or after a
 prefill (gathered rows, eager). Device work only where the runner calls it; the host flags say which kind runs.
 
-Step kinds, cheapest first: GREEDY (argmax), SAMPLED (temperature / top-k / top-p / seed), PROCESSED (also each
-row's bias, penalties, min-p and logprobs), MASKED (also each row's grammar bitmask). A kind serves every row the
-kinds below it serve, so one captured graph per (kind, rows, columns) takes any mix of requests.
+Step kinds are bits: SAMPLED (temperature / top-k / top-p / seed; without it every row takes the argmax), PROCESSED
+(each row's bias, penalties, min-p and logprobs) and MASKED (also each row's grammar bitmask; it includes PROCESSED):
+0 greedy, 1 sampled, 2 processed, 3 processed and sampled, 6 masked, 7 masked and sampled. A kind serves every row a
+kind with fewer bits serves, so one captured graph per (kind, rows, columns) takes any mix of requests, and a step of
+greedy rows only never pays for the sampler's sort (greedy + logprobs, greedy tool calls under a grammar).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from typing import Any
 from ..decode.logits import LogitRows, check_vocab
 from ..decode.sampling import SamplingParams, SamplingRows, next_tokens
 
-#: The step kinds (the first item of a step's key; GREEDY and SAMPLED compare equal to False and True).
-GREEDY, SAMPLED, PROCESSED, MASKED = 0, 1, 2, 3
-KIND_NAMES = ("greedy", "sampled", "processed", "masked")
+#: The step kind bits (a kind is the first item of a step's key; GREEDY and SAMPLED equal False and True).
+GREEDY, SAMPLED, PROCESSED, MASKED = 0, 1, 2, 6
+#: Every kind, and its name (the name of a step's code object).
+KINDS = (0, 1, 2, 3, 6, 7)
+KIND_NAMES = {0: "greedy", 1: "sampled", 2: "processed", 3: "processed_sampled", 6: "masked", 7: "masked_sampled"}
 
 
 def vocab_size(model: Any) -> int:
@@ -59,11 +63,10 @@ class RowChoice:
     def kind(self, slots: Any) -> int:
         """The cheapest step kind that serves every one of `slots`."""
         slots = list(slots)
+        kind = SAMPLED if self.sampling.sampling(slots) else GREEDY
         if any(self.constrained[s] for s in slots):
-            return MASKED
-        if any(self.logits.processed[s] for s in slots):
-            return PROCESSED
-        return SAMPLED if self.sampling.sampling(slots) else GREEDY
+            return kind | MASKED
+        return kind | PROCESSED if any(self.logits.processed[s] for s in slots) else kind
 
     def move(self, source: int, target: int) -> None:
         """Row `source`'s settings into row `target`."""
@@ -98,10 +101,13 @@ class RowChoice:
     def decode(self, kind: int, last: Any, rows: int, count: Any, filter: Any = None) -> Any:
         """(rows, 1) next tokens of the first `rows` rows from their step's logits `last` (views: capturable);
         `count` is each row's index of the token being chosen."""
-        if kind >= PROCESSED:
-            processed = self.logits.process(last, rows=rows, mask=kind == MASKED)
-            nxt = next_tokens(processed, *self.sampling.first(rows), count, filter=filter,
-                              min_p=self.logits.min_p[:rows]).unsqueeze(-1)
+        if kind & PROCESSED:
+            processed = self.logits.process(last, rows=rows, mask=kind & MASKED == MASKED)
+            if kind & SAMPLED:
+                nxt = next_tokens(processed, *self.sampling.first(rows), count, filter=filter,
+                                  min_p=self.logits.min_p[:rows]).unsqueeze(-1)
+            else:
+                nxt = processed.argmax(dim=-1, keepdim=True)
             self.logits.record(last, nxt, count, rows=rows)
             return nxt
         if kind == SAMPLED:
@@ -114,9 +120,10 @@ class RowChoice:
 
         kind = self.kind(slots)
         zeros = torch.zeros_like(rows)
-        if kind >= PROCESSED:
-            processed = self.logits.process(logits, index=rows, mask=kind == MASKED)
-            first = next_tokens(processed, *self.sampling.take(rows), zeros, min_p=self.logits.min_p[rows])
+        if kind & PROCESSED:
+            processed = self.logits.process(logits, index=rows, mask=kind & MASKED == MASKED)
+            first = (next_tokens(processed, *self.sampling.take(rows), zeros, min_p=self.logits.min_p[rows])
+                     if kind & SAMPLED else processed.argmax(dim=-1))
             self.logits.record(logits, first, zeros, index=rows)
             return first
         if kind == SAMPLED:

@@ -108,7 +108,7 @@ class EngineCore:
 
     @property
     def graphs(self) -> dict:
-        """The captured steps by (kind, rows, columns): kind 0 greedy, 1 sampled, 2 processed, 3 masked."""
+        """The captured steps by (kind, rows, columns); kinds: hwrun.inference.engine.choosing (0 greedy, 1 sampled)."""
         return self.runner.graphs
 
     @property

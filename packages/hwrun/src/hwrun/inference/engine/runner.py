@@ -10,15 +10,15 @@ and addresses and its own graph. Idle rows among them (free slots, a prompt stil
 writes land on their own row at their own position, which is rewritten before it is read, and clamp at the end.
 A row's sampling noise depends only on its seed and its token counter, both of which move with it.
 
-Four step kinds per bucket (hwrun.inference.engine.choosing: greedy, sampled, processed, masked), chosen per step by
-the rows it runs; one graph of a kind serves any mix of rows below it.
+Six step kinds per bucket (hwrun.inference.engine.choosing: greedy or sampled, plain, processed or masked), chosen per
+step by the rows it runs; one graph of a kind serves any mix of rows a smaller kind serves.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .choosing import GREEDY, KIND_NAMES, MASKED, PROCESSED, SAMPLED, RowChoice, vocab_size
+from .choosing import GREEDY, KIND_NAMES, KINDS, MASKED, PROCESSED, SAMPLED, RowChoice, vocab_size
 from .graphs import FilterChoice, capture_graph, compile_step, with_filter_fallback
 from .kv_cache import KVCache
 from .scheduler import Chunk
@@ -144,7 +144,7 @@ class ModelRunner:
         compilation), restoring the buffers."""
         import torch
 
-        kinds = (GREEDY, SAMPLED, PROCESSED, MASKED)[: 4 if processed else 2 if sampling else 1]
+        kinds = KINDS if processed else (GREEDY, SAMPLED) if sampling else (GREEDY,)
         with torch.inference_mode():
             for key in ((s, r, c) for s in kinds for r in buckets for c in cache_buckets):
                 if self.use_graphs:
