@@ -162,9 +162,10 @@ class EngineCore:
         self.scheduler.check(prompt, max_new_tokens, f"request {request_id!r}")
         check_choices(request_id, n, matchers, self.slots)
         if self.kv.free_slots < n:
-            raise FastDecodeError(f"no free slot for request {request_id!r}: {self.kv.free_slots} of {self.slots} "
-                                  f"slots free for its {n} choice(s); step() until one finishes, cancel one, or "
-                                  "build the engine with more slots.")
+            free = f"all {self.slots} slots are busy" if not self.kv.free_slots else (
+                f"{self.kv.free_slots} of {self.slots} slots free for its {n} choices")
+            raise FastDecodeError(f"no free slot for request {request_id!r}: {free}; step() until one finishes, cancel "
+                                  "one, or build the engine with more slots.")
         sampling = GREEDY if sampling is None else sampling
         if not isinstance(sampling, SamplingParams):
             raise FastDecodeError(f"sampling={sampling!r} must be a SamplingParams or None (greedy).")
@@ -239,8 +240,7 @@ class EngineCore:
             self.scheduler.check(prompt, budget, f"prompt {index}")
         sampling = GREEDY if sampling is None else sampling
         if sampling.logprobs is not None:
-            raise FastDecodeError(f"logprobs={sampling.logprobs}: generate() returns token ids only; add() the "
-                                  "prompts and step() for each token's logprobs.")
+            raise FastDecodeError(f"logprobs={sampling.logprobs}: generate() returns token ids only; use add(), step().")
         self.runner.choice.check(sampling)
         eos = frozenset(eos_ids(self.model, eos_token_id))
         waiting = deque(Request(i, p, b, eos, sampling) for i, (p, b) in enumerate(zip(prompts, budgets, strict=True)))
