@@ -178,3 +178,19 @@ def test_the_transformers_backend_runs_choices_and_stop_ids(loaded):
         backend.close()
     tokens, _, _, reasons = _by_choice(events["r"])
     assert tokens == {0: expected[:3], 1: expected[:3]} and reasons == {0: "stop", 1: "stop"}
+
+
+def test_every_request_field_crosses_the_ipc_unchanged():
+    import msgspec
+    from hwrun.serve.core import request_of
+    from hwrun.serve.engine import add_message
+    from hwrun.serve.ipc import ToCore
+
+    sampling = Sampling(temperature=0.7, top_p=0.9, top_k=40, seed=2**40, min_p=0.05, presence_penalty=0.5,
+                        frequency_penalty=-0.25, repetition_penalty=1.1, logit_bias=((3, -100.0), (7, 2.5)),
+                        logprobs=20, structured=StructuredOutput.json_schema({"type": "object"}))
+    request = EngineRequest("r", (1, 2, 3), 9, sampling, True, n=3, stop_token_ids=(5, 6), adapter="bible")
+    wire = msgspec.msgpack.encode(add_message(request))
+    assert request_of(msgspec.msgpack.Decoder(ToCore).decode(wire)) == request
+    plain = EngineRequest("p", (4,), 2)
+    assert request_of(msgspec.msgpack.Decoder(ToCore).decode(msgspec.msgpack.encode(add_message(plain)))) == plain
