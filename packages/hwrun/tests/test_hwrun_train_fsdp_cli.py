@@ -49,11 +49,15 @@ WORKER = textwrap.dedent('''
     hwrun.training.arguments.FSDP_SUPPORT["cpu"] = True
     from hwrun.cli.main import main
 
+    import os
     from accelerate.state import AcceleratorState, PartialState
 
-    for argv in json.loads(sys.argv[1]):
-        AcceleratorState._reset_state(True)  # each command ended its process group; the next starts its own
+    base = os.environ.get("MASTER_PORT")
+    for index, argv in enumerate(json.loads(sys.argv[1])):
+        AcceleratorState._reset_state(True)  # each command ended its process group; the next starts its own ...
         PartialState._reset_state()
+        if base and index:  # ... on a port of its own: a rank that ends a command first must not join the old store
+            os.environ["MASTER_PORT"] = str(int(base) + index)
         assert main(argv) == 0, argv
 ''')
 

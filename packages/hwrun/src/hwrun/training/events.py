@@ -86,8 +86,8 @@ class EventWriter:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         now = time.time()
-        self.path = self.folder / f"events.out.tfevents.{int(now)}.{socket.gethostname()}.hwrun"
-        self._file: BinaryIO | None = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        self.path = self.folder / f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}.hwrun"
+        self._file: BinaryIO | None = open(self.path, "xb")  # noqa: SIM115 - closed in close(); never an old file
         self._write(encode_event(now, 0, file_version="brain.Event:2"))
 
     def _write(self, record: bytes) -> None:
@@ -119,6 +119,17 @@ def tag_of(key: str) -> str:
     return f"eval/{key.removeprefix('eval_')}" if key.startswith("eval_") else f"train/{key}"
 
 
+def session_folder(root: Path) -> Path:
+    """A new folder under `root` for one training session: its UTC start time, with -2, -3, ... when a session
+    started in the same second (a resume right after a run), so no session ever writes into another's file."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    folder, n = root / stamp, 1
+    while folder.exists():
+        n += 1
+        folder = root / f"{stamp}-{n}"
+    return folder
+
+
 class EventLog(TrainerCallback):
     """Writes every number Trainer logs, plus tokens/s, as TensorBoard scalars under `folder` (main process only);
     `tokens_per_step`: the tokens one optimizer step trains on (0: no tokens/s)."""
@@ -131,7 +142,7 @@ class EventLog(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.is_world_process_zero and self.writer is None:
-            self.writer = EventWriter(self.folder / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+            self.writer = EventWriter(session_folder(self.folder))
             self._last = (time.monotonic(), state.global_step)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
