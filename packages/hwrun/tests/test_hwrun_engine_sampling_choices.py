@@ -184,3 +184,22 @@ def test_a_rejected_token_ends_the_choice_with_an_error_event(llama):
     assert failed.finish_reason == "error" and failed.token_id is None and "grammar rejected token" in failed.error
     assert tokens[("ok", 0)] == _generate(model, ids[1], 4)
     assert engine.free_slots == 2
+
+
+def test_a_replayed_graph_reads_each_steps_mask_from_its_fixed_buffer(llama):
+    from hwenv.platforms import get_platform
+    from hwenv.testing import fake_xpu
+
+    model, ids = llama
+    with fake_xpu(1) as fake:
+        engine = EngineCore(model, slots=2, max_cache_len=48, platform=get_platform("xpu"), buckets=[2])
+        engine.start(processed=True)
+        captured = fake.graph_events.count("capture_begin")
+        grammar = FakeMatcher({15, 42, 300}, length=6)
+        tokens, _ = _run(engine, [dict(request_id="g", input_ids=ids[0], max_new_tokens=10, eos_token_id=None,
+                                       matchers=[grammar]),
+                                  dict(request_id="free", input_ids=ids[2], max_new_tokens=6, eos_token_id=None)])
+        assert fake.graph_events.count("capture_begin") == captured and "replay" in fake.graph_events
+    assert len(tokens[("g", 0)]) == 6 and set(tokens[("g", 0)]) <= {15, 42, 300}
+    assert grammar.accepted == tokens[("g", 0)]
+    assert tokens[("free", 0)] == _generate(model, ids[2], 6)
