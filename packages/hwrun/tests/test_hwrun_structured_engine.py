@@ -356,3 +356,12 @@ def test_apply_bitmask_keeps_the_dtype_and_refuses_a_mask_that_does_not_fit(dtyp
         apply_bitmask(logits, bitmask.to(torch.int64))
     with pytest.raises(GenerateError, match="rows=0 must be an integer >= 1"):
         allocate_bitmask(0, 40)
+
+
+def test_a_json_schema_keeps_its_property_order():
+    """The engines emit properties in schema order: a tool call's "name" must come before its "arguments"."""
+    from hwrun.inference.structured import StructuredOutput
+
+    spec = StructuredOutput.json_schema({"type": "object", "properties": {"name": {}, "arguments": {}}})
+    assert list(spec.schema_dict()["properties"]) == ["name", "arguments"]
+    assert spec == StructuredOutput.json_schema(spec.schema)  # the string form round-trips to the same spec

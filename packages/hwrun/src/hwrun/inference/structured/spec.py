@@ -15,7 +15,8 @@ KINDS = ("json_object", "json_schema")
 @dataclass(frozen=True)
 class StructuredOutput:
     """A constraint on a request's text: `kind` is one of `KINDS`; `schema` is the JSON Schema as a JSON string
-    (canonical: keys sorted, so equal schemas compare and hash equal) for "json_schema", None otherwise."""
+    (compact, keys in the order given: both grammar engines emit an object's properties in schema order, so sorting
+    them would force a tool call to write "arguments" before "name") for "json_schema", None otherwise."""
 
     kind: str
     schema: str | None = None
@@ -33,7 +34,7 @@ class StructuredOutput:
         value = json.loads(schema) if isinstance(schema, str) else schema
         if not isinstance(value, dict):
             raise GenerateError(f"a JSON schema must be a JSON object, not {type(value).__name__}.")
-        return cls("json_schema", json.dumps(value, sort_keys=True, separators=(",", ":")))
+        return cls("json_schema", json.dumps(value, separators=(",", ":")))
 
     def schema_dict(self) -> dict[str, Any] | None:
         """The schema as a dict (None for "json_object")."""
