@@ -738,7 +738,9 @@ def test_an_engine_that_dies_at_runtime_is_not_reported_as_a_start_failure(chat_
 
 
 def _sse_events(raw: str) -> list[str]:
-    return [e[len("data: "):] for e in raw.split("\n\n") if e.startswith("data: ")]
+    """The data of each event in `raw`, which may start inside an event (after a first line read apart: the "\n"
+    that ends it; CI once read the error event right after it, with no token in between, and lost it)."""
+    return [e.strip()[len("data: "):] for e in raw.split("\n\n") if e.strip().startswith("data: ")]
 
 
 def test_an_engine_process_killed_mid_stream_ends_every_request_with_an_error_never_a_hang(chat_model):
