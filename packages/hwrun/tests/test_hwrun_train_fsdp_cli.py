@@ -56,7 +56,9 @@ WORKER = textwrap.dedent('''
     for index, argv in enumerate(json.loads(sys.argv[1])):
         AcceleratorState._reset_state(True)  # each command ended its process group; the next starts its own ...
         PartialState._reset_state()
-        if base and index:  # ... on a port of its own: a rank that ends a command first must not join the old store
+        if base and index:  # ... with a store of its own on its own port, hosted by rank 0: in torchrun's agent
+            # store a second group of the same name met keys of the first and hung (a rank ending first raced ahead)
+            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
             os.environ["MASTER_PORT"] = str(int(base) + index)
         assert main(argv) == 0, argv
 ''')
