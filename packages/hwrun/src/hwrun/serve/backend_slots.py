@@ -28,6 +28,11 @@ ADAPTER_REFUSAL = ("this slot engine loaded no LoRA adapters (start the server w
                    "runs the model's own forward eagerly, rows of different adapters in one step)")
 
 
+#: Why this backend refuses structured output when it was built without the model's tokenizer.
+STRUCTURED_REFUSAL = ("the slot engine was built without the model's tokenizer, which compiling a grammar needs "
+                      "(SlotsBackend(..., tokenizer=...))")
+
+
 def step_api_missing(decoder_class: Any) -> list[str]:
     """The step-API members `decoder_class` lacks (empty when it has them all)."""
     return [name for name in STEP_API if not hasattr(decoder_class, name)]
@@ -60,8 +65,11 @@ class SlotsBackend:
 
     @property
     def refuses(self) -> dict[str, str]:
-        """The request fields it refuses, and why (the front may answer 400 from these)."""
-        return {} if getattr(self.decoder, "adapters", None) is not None else {"adapter": ADAPTER_REFUSAL}
+        """The request fields it refuses, and why (the front answers 400 from these)."""
+        refused = {} if getattr(self.decoder, "adapters", None) is not None else {"adapter": ADAPTER_REFUSAL}
+        if self.tokenizer is None:
+            refused["structured"] = STRUCTURED_REFUSAL
+        return refused
 
     @property
     def capacity(self) -> int:
@@ -89,7 +97,7 @@ class SlotsBackend:
             return (f"n={request.n} choices need {request.n} slots at once; this server has {self.capacity} "
                     "(--max-concurrency)")
         if request.sampling.structured is not None and self.tokenizer is None:
-            return "structured output needs the model's tokenizer in the slot backend (none was given)"
+            return f"structured output: {STRUCTURED_REFUSAL}"
         return None
 
     def _eos(self, request: EngineRequest) -> Any:
