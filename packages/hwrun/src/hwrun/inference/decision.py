@@ -317,14 +317,29 @@ TP_ENGINE_REASON = ("tensor parallel (tp={tp}): rank 0 schedules and every rank 
                     "each rank")
 
 
-def decide_serving(plan: RunPlan, model: Any, engine: str = "auto") -> DecodeDecision:
+def decide_serving(plan: RunPlan, model: Any, engine: str = "auto", *, adapters: int = 0) -> DecodeDecision:
     """How `hwrun serve` decodes live requests with `model`: hwrun's engine or Transformers' continuous batching
-    (`engine`: one of `ENGINES`), and why; `EngineStartError` when the one asked for (or every one) cannot run."""
+    (`engine`: one of `ENGINES`), and why; `EngineStartError` when the one asked for (or every one) cannot run.
+    `adapters`: how many LoRA adapters `--lora` serves per request (hwrun's engine only, eager model steps)."""
     if engine not in ENGINES:
         raise EngineStartError(f"--engine {engine!r} is not an engine; use one of {', '.join(ENGINES)}.")
     from .engine.steps import slot_step_support
 
     batching = "live requests join and leave between steps"
+    if adapters:  # PEFT's mixed-batch forward picks each row's adapter on the host: no graph or compile holds it
+        if engine == "transformers":
+            raise EngineStartError("--engine transformers with --lora: Transformers' continuous batching runs one "
+                                   "model; adapters per request run on hwrun's engine (leave --engine out).")
+        if plan.compile is not None:
+            raise EngineStartError("--compile with --lora: adapters per request run eager model steps (PEFT groups "
+                                   "rows by adapter on the host, which no graph or compiled step holds); leave "
+                                   "--compile out, or merge the adapter into the model and serve that.")
+        step, why = slot_step_support(model, "model")
+        if step is None:
+            raise EngineStartError(f"--lora: hwrun's engine cannot serve this model: {why}.")
+        return DecodeDecision("continuous", batching, "graphs", f"{adapters} LoRA adapter(s) per request: hwrun's "
+                              "engine, the model's own forward with PEFT's mixed-batch adapter_names, eager steps "
+                              "(PEFT groups rows by adapter on the host: no graph can hold that)", None)
     tp = getattr(plan, "tp", 1)
     if tp > 1:  # every rank runs hwrun's engine in lockstep (hwrun.parallel.lockstep), the model's own forward
         if engine == "transformers":

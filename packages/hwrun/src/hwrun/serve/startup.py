@@ -48,12 +48,13 @@ class Loaded:
     previous_threads: int | None = None  # what to restore when the server stops
 
 
-def choose_engine(plan: RunPlan, requested: str, model: Any) -> EngineChoice:
+def choose_engine(plan: RunPlan, requested: str, model: Any, adapters: int = 0) -> EngineChoice:
     """The backend for `model` ("slots" | "transformers") and why, as `hwrun.inference.decision.decide_serving`
-    decides (the one place that decides how hwrun decodes); `requested` is auto, slots or transformers."""
+    decides (the one place that decides how hwrun decodes); `requested` is auto, slots or transformers; `adapters`
+    how many `--lora` adapters are served per request."""
     from ..inference.decision import decide_serving
 
-    decision = decide_serving(plan, model, requested)
+    decision = decide_serving(plan, model, requested, adapters=adapters)
     return EngineChoice(decision.engine, decision.reason)
 
 
@@ -89,13 +90,13 @@ def _build(plan: RunPlan, config: ServeConfig) -> tuple[Any, EngineChoice, int, 
     max_len, len_reason = context_limit(config.max_model_len, model_context(model))
     eos = tuple(sorted(_eos_ids(model, tokenizer)))
     tp = getattr(plan, "tp", 1)
-    choice = choose_engine(plan, config.engine, model)
+    choice = choose_engine(plan, config.engine, model, len(config.adapters))
     backend: Backend | None = None
     if choice.name == "slots":
         try:
-            backend = _slots_backend(plan, model, config, max_len, eos)
+            backend = _slots_backend(plan, model, config, max_len, eos, tokenizer)
         except FastDecodeError as exc:
-            if config.engine == "slots" or tp > 1:
+            if config.engine == "slots" or tp > 1 or config.adapters:
                 raise EngineStartError(f"{'--engine slots' if tp <= 1 else f'--tp {tp}'}: the slot decoder refused "
                                        f"this model: {exc}") from exc
             from ..inference.decision import transformers_blockers
@@ -163,7 +164,8 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return eos_of(model, tokenizer)
 
 
-def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, max_len: int, eos: tuple[int, ...] = ()) -> Backend:
+def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, max_len: int, eos: tuple[int, ...] = (),
+                   tokenizer: Any = None) -> Backend:
     from ..inference.decision import graph_api_of
     from ..inference.decode import SamplingParams
     from ..inference.engine import EngineCore, compiled_buckets
@@ -173,14 +175,16 @@ def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, max_len: int,
     buckets = compiled_buckets(config.max_concurrency, compile_backend is not None)  # each bucket compiles at start
     # tensor-parallel shards run the model's own forward (the fused Llama-family step reads whole weights)
     step = "model" if getattr(plan, "tp", 1) > 1 else "auto"
+    adapters = tuple(config.adapters) or None  # per request: the model step, eager (decide_serving said why)
     decoder = EngineCore(model, slots=config.max_concurrency, max_cache_len=max_len,
-                          use_graphs=graph_api_of(plan) is not None, compile_backend=compile_backend,
-                          platform=plan.accelerator.platform, buckets=buckets, step=step)
+                          use_graphs=None if adapters else graph_api_of(plan) is not None,
+                          compile_backend=compile_backend, platform=plan.accelerator.platform, buckets=buckets,
+                          step=step, adapters=adapters)
     logger.info("slot engine: steps run over %s rows (%s)%s", ", ".join(map(str, decoder.buckets)),
                 "one graph each, greedy and sampled, captured at start" if decoder.use_graphs else "eager steps",
                 "; fewer row buckets because each one is compiled" if buckets is not None else "")
     # the stop ids the transformers engine uses too: the model's, else the tokenizer's EOS
-    backend = SlotsBackend(decoder, sampling_class=SamplingParams, eos_token_id=list(eos) or None)
+    backend = SlotsBackend(decoder, sampling_class=SamplingParams, eos_token_id=list(eos) or None, tokenizer=tokenizer)
     backend.start()
     return backend
 
