@@ -249,8 +249,12 @@ def uniform_noise(seed: Any, counter: Any, vocab: int) -> Any:
 
     key = mix32(mix32(seed ^ 0x9E3779B9) ^ counter.reshape(-1))  # (rows,)
     index = mix32(torch.arange(vocab, device=seed.device, dtype=torch.long) + 0x632BE5AB)  # (vocab,)
-    bits = mix32(key[:, None] ^ index[None, :]) >> 8  # 24 random bits
-    return (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    # 23 random bits: (bits + 0.5) / 2**23 is exact in float32 and lies in [2**-24, 1 - 2**-24]. With 24 bits the
+    # largest value, 16777215.5, rounds to 2**24 in float32, so u was 1.0 once in 2**24 draws: Gumbel noise +inf,
+    # that token chosen whatever its probability (and NaN, also chosen by argmax, where a filter or a grammar mask
+    # had set it to -inf): a 128k-token vocabulary hit it about once every 128 steps
+    bits = mix32(key[:, None] ^ index[None, :]) >> 9
+    return (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 23))
 
 
 def block_cumsum(values: Any, block: int = 64) -> Any:
