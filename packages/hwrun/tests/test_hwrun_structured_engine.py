@@ -365,3 +365,26 @@ def test_a_json_schema_keeps_its_property_order():
     spec = StructuredOutput.json_schema({"type": "object", "properties": {"name": {}, "arguments": {}}})
     assert list(spec.schema_dict()["properties"]) == ["name", "arguments"]
     assert spec == StructuredOutput.json_schema(spec.schema)  # the string form round-trips to the same spec
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_no_free_whitespace_so_a_bounded_schema_gives_bounded_output(backend):
+    """Only the separators ", " and ": ": a model cannot write whitespace until its budget ends."""
+    from hwrun.inference.structured import StructuredOutput, allocate_bitmask, structured_compiler
+    from hwrun.model.source import DEFAULT_MODEL
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(DEFAULT_MODEL)
+    compiler = structured_compiler(tokenizer, len(tokenizer), backend=backend)
+    matcher = compiler.matcher(StructuredOutput.json_schema(
+        {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"], "additionalProperties": False}))
+    bitmask = allocate_bitmask(1, len(tokenizer))
+    for text in ('{"a": ', "true}"):
+        for token in tokenizer.encode(text, add_special_tokens=False):
+            assert matcher.accept(token), text
+        if text.endswith(" "):  # after ": " the value must come: no space, newline or tab is allowed
+            matcher.fill(bitmask, 0)
+            for blank in (" ", "\n", "\t"):
+                for token in tokenizer.encode(blank, add_special_tokens=False):
+                    assert not (int(bitmask[0, token // 32]) >> (token % 32)) & 1, (blank, token)
+    assert matcher.finished

@@ -8,7 +8,7 @@ from typing import Any
 
 from ...errors import StructuredOutputError
 from .matcher import Matcher
-from .spec import StructuredOutput
+from .spec import SEPARATORS, StructuredOutput
 from .vocab import VocabInfo
 
 NAME = "llguidance"
@@ -42,7 +42,9 @@ class LLGuidanceCompiler:
         """A prototype `LLMatcher` at the start of `spec`'s grammar; `StructuredOutputError` names the schema problem."""
         import llguidance
 
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(spec.schema if spec.schema is not None else _OBJECT)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(
+            spec.schema if spec.schema is not None else _OBJECT,
+            overrides={"whitespace_flexible": False, "item_separator": SEPARATORS[0], "key_separator": SEPARATORS[1]})
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer)
         if is_error:
             raise StructuredOutputError(f"the JSON schema cannot be compiled for structured output (llguidance): "

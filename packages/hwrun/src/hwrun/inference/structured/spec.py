@@ -8,6 +8,11 @@ from typing import Any
 
 from ...errors import GenerateError
 
+#: The JSON both grammar engines let a model write: these separators and no other whitespace. With free whitespace
+#: (both engines' default) a weak model can write spaces and newlines until its budget ends ("length", never valid
+#: JSON: the random tiny model did in hwrun serve's tool-choice tests), so a bounded schema gives bounded output.
+SEPARATORS = (", ", ": ")
+
 #: "json_object": any JSON object (OpenAI's JSON mode); "json_schema": JSON matching `schema`.
 KINDS = ("json_object", "json_schema")
 

@@ -8,7 +8,7 @@ from typing import Any
 from ...errors import StructuredOutputError
 from .matcher import Matcher
 from .schema_check import check_schema
-from .spec import StructuredOutput
+from .spec import SEPARATORS, StructuredOutput
 from .vocab import VocabInfo
 
 NAME = "xgrammar"
@@ -70,8 +70,10 @@ class XGrammarCompiler:
             check_schema(spec.schema_dict(), schema_problem)
         try:
             if spec.kind == "json_object":
-                return self._compiler.compile_json_schema('{"type": "object"}', strict_mode=False)
-            return self._compiler.compile_json_schema(spec.schema, strict_mode=True)
+                return self._compiler.compile_json_schema('{"type": "object"}', strict_mode=False,
+                                                          any_whitespace=False, separators=SEPARATORS)
+            return self._compiler.compile_json_schema(spec.schema, strict_mode=True, any_whitespace=False,
+                                                      separators=SEPARATORS)
         except (RuntimeError, ValueError) as error:
             problem = _CPP_PREFIX.sub("", str(error)).strip()
             raise StructuredOutputError(f"the JSON schema cannot be compiled for structured output (xgrammar): "
