@@ -112,3 +112,29 @@ def test_train_prints_step_lines_by_default_and_no_trainer_dicts(files, tmp_path
     assert not any("{'loss'" in line or "'train_runtime'" in line for line in lines + captured.err.splitlines())
     assert not any(line.startswith("kernels: ") for line in lines)  # the default choices: with -v
     assert "FutureWarning" not in captured.err and "Setting accelerator to CPU" not in captured.out
+
+
+def test_quiet_transformers_keeps_the_hubs_download_bars(monkeypatch):
+    """generate/serve/chat --local quiet Transformers' own bars, not the Hub's download bars (a first download can be
+    several GB); HF_HUB_DISABLE_PROGRESS_BARS=1 still turns them off."""
+    import transformers
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+    from hwrun.cli.main import quiet_transformers
+
+    before = transformers.utils.logging.is_progress_bar_enabled(), are_progress_bars_disabled()
+    try:
+        monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+        quiet_transformers()
+        assert not transformers.utils.logging.is_progress_bar_enabled() and not are_progress_bars_disabled()
+        monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        disable_progress_bars()
+        quiet_transformers()
+        assert are_progress_bars_disabled()
+    finally:
+        monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+        (transformers.utils.logging.enable_progress_bar if before[0] else transformers.utils.logging.disable_progress_bar)()
+        (disable_progress_bars if before[1] else enable_progress_bars)()

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -406,13 +407,17 @@ def loads_model_here(args: argparse.Namespace) -> bool:
 
 def quiet_transformers() -> None:
     """Transformers' info/warning logs and its weight-loading progress bars off (they are about the library, not
-    the user's command; `-v` keeps them)."""
+    the user's command; `-v` keeps them). The Hub's download bars stay on: Transformers' switch turns them off too,
+    and a first download can be several GB (HF_HUB_DISABLE_PROGRESS_BARS=1 still turns them off)."""
     try:
         import transformers
+        from huggingface_hub.utils import enable_progress_bars
     except ImportError:  # pragma: no cover
         return
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    if os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "").upper() not in ("1", "ON", "YES", "TRUE"):
+        enable_progress_bars()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
