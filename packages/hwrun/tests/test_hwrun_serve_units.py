@@ -112,7 +112,7 @@ def test_parse_completion_defaults_follow_openai():
     ({"temperature": "hot"}, "temperature", "invalid_type"),
     ({"temperature": 3}, "temperature", "invalid_value"),
     ({"top_p": 0}, "top_p", "invalid_value"),
-    ({"top_k": -1}, "top_k", "invalid_value"),
+    ({"top_k": -2}, "top_k", "invalid_value"),
     ({"top_k": 1.5}, "top_k", "invalid_type"),
     ({"top_k": 2**31}, "top_k", "invalid_value"),
     ({"top_k": 10**30}, "top_k", "invalid_value"),
@@ -120,9 +120,9 @@ def test_parse_completion_defaults_follow_openai():
     ({"stop": 5}, "stop", "invalid_value"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
     ({"stream": "yes"}, "stream", "invalid_type"),
-    ({"n": 2}, "n", "unsupported_parameter"),
-    ({"logprobs": 3}, "logprobs", "unsupported_parameter"),
-    ({"presence_penalty": 0.5}, "presence_penalty", "unsupported_parameter"),
+    ({"n": 17}, "n", "invalid_value"),
+    ({"logprobs": 6}, "logprobs", "invalid_value"),
+    ({"presence_penalty": 2.5}, "presence_penalty", "invalid_value"),
 ])
 def test_every_bad_field_is_a_400_naming_the_field(body, param, code):
     with pytest.raises(RequestError) as info:
@@ -230,7 +230,7 @@ def test_metrics_escape_label_values_and_map_paths_to_a_fixed_set():
     assert endpoint_label('/v1/x0",evil="y\nfake_metric 1') == "other"
     assert endpoint_label("/v1/models/some/model") == "models" and endpoint_label("/metrics") == "metrics"
     assert {endpoint_label(path) for path in ENDPOINT_LABELS} | {endpoint_label("/nope")} == {
-        "completions", "chat_completions", "models", "health", "metrics", "other"}
+        "completions", "chat_completions", "responses", "models", "health", "metrics", "other"}
 
 
 def test_histogram_buckets_are_cumulative():
