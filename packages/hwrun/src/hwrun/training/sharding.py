@@ -103,6 +103,8 @@ FSDP_CONFIG: dict[str, Any] = {"version": 2, "cpu_ram_efficient_loading": True,
 #: HabanaAI's DeepSpeed fork), cpu (gloo; DS_ACCELERATOR=cpu). mps has no collective backend for a process group.
 DEEPSPEED_SUPPORT: dict[str, bool] = {"cuda": True, "rocm": True, "xpu": True, "hpu": True, "cpu": True,
                                       "mps": False}
+#: What the plan adds about DeepSpeed per kind.
+DEEPSPEED_NOTES: dict[str, str] = {"hpu": " (Intel's Gaudi docs install HabanaAI's DeepSpeed fork)"}
 
 #: `--deepspeed zero2|zero3`: the config (Trainer fills the "auto" values from its arguments). ZeRO-3 gathers the
 #: 16-bit weights when it saves, so the final model is one safetensors file.
@@ -118,11 +120,11 @@ DEEPSPEED_CONFIGS: dict[str, dict[str, Any]] = {
 def fsdp_overrides(plan: Any) -> tuple[dict[str, Any], str]:
     """The TrainingArguments keywords of `--fsdp` for the plan's device, and why. On Gaudi, FSDP runs in eager mode
     (Intel's Gaudi FSDP guide: eager with torch.compile), so PT_HPU_LAZY_MODE=1 is refused."""
-    kind = plan.accelerator.kind
-    if kind == "hpu" and os.environ.get("PT_HPU_LAZY_MODE", "").strip() == "1":
+    lazy = plan.accelerator.platform.lazy_mode_variable  # Gaudi's PT_HPU_LAZY_MODE; None where there is no lazy mode
+    if lazy is not None and os.environ.get(lazy, "").strip() == "1":
         raise TrainingConfigError(
-            "--fsdp with PT_HPU_LAZY_MODE=1: Intel Gaudi runs FSDP in eager mode (with torch.compile), not in lazy "
-            "mode. Fix: unset PT_HPU_LAZY_MODE (eager is the default since Gaudi software 1.21) or set it to 0.")
+            f"--fsdp with {lazy}=1: Intel Gaudi runs FSDP in eager mode (with torch.compile), not in lazy "
+            f"mode. Fix: unset {lazy} (eager is the default since Gaudi software 1.21) or set it to 0.")
     why = ("FSDP2 (Accelerate): parameters, gradients and optimizer state sharded over the ranks; rank 0 reads the "
            "weights and broadcasts them (cpu_ram_efficient_loading); checkpoints sharded with "
            "torch.distributed.checkpoint, loadable at another world size; the final model gathered into one file")
@@ -148,5 +150,5 @@ def deepspeed_overrides(plan: Any, stage: str) -> tuple[dict[str, Any], str]:
             raise TrainingConfigError(f"--deepspeed {stage!r} is neither zero2, zero3 nor a DeepSpeed JSON config "
                                       "file. Fix: --deepspeed zero2, --deepspeed zero3, or the path of a config.")
         config = path
-    note = " (Intel's Gaudi docs install HabanaAI's DeepSpeed fork)" if kind == "hpu" else ""
+    note = devices.row(DEEPSPEED_NOTES, kind, "")
     return {"deepspeed": config}, f"DeepSpeed {stage} on {kind}{note}"
