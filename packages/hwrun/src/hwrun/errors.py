@@ -67,6 +67,11 @@ class QLoRAUnsupportedError(TrainingError, ValueError):
     """4-bit QLoRA was asked for on a device that bitsandbytes does not support."""
 
 
+class QuantizedTrainingError(TrainingConfigError):
+    """Training was asked on a base quantized with a method hwrun does not train through (full fine-tuning, or LoRA
+    where PEFT's layer or torch's autograd cannot): refused before the model loads, naming what to use instead."""
+
+
 class CheckpointError(TrainingError, RuntimeError):
     """A checkpoint could not be written or no usable checkpoint exists to resume from."""
 
