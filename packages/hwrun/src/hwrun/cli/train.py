@@ -56,6 +56,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--output", default="hwrun-train", help="output folder (default: hwrun-train)")
     p.add_argument("--lora", action="store_true", help="train LoRA adapters (PEFT) instead of every weight")
     p.add_argument("--qlora", action="store_true", help="LoRA on a 4-bit bitsandbytes base (X15, G11)")
+    p.add_argument("--quantize", default=None, metavar="METHOD",
+                   help="LoRA on a base quantized on load with METHOD: int8-weight-only (torchao), bnb-4bit (= --qlora); "
+                        "a method hwrun does not train through (int4-weight-only, int8-dynamic, float8, ...) is "
+                        "refused before load with the reason (hwrun's README: the quantization table's train column)")
     p.add_argument("--merge", action="store_true", help="save LoRA merged into the base weights")
     p.add_argument("--lora-r", type=int, default=None, help="LoRA rank (default 16; needs --lora or --qlora)")
     p.add_argument("--lora-alpha", type=int, default=None, help="LoRA alpha (default 32; needs --lora or --qlora)")
@@ -152,7 +156,7 @@ def _run_train(args: argparse.Namespace) -> int:
     _hub_progress(args.quiet)  # before planning: plan() downloads a Hub model
     report = _report_to(args.report_to)
     run_plan = train_plan(args.model, device=args.device, dtype=args.dtype, attention=args.attention,
-                          compile=args.compile, trust_remote_code=args.trust_remote_code)
+                          compile=args.compile, quantization=args.quantize, trust_remote_code=args.trust_remote_code)
     note_plan(run_plan)
     print(run_plan.render(), flush=True)
     lora = None
@@ -230,7 +234,8 @@ def _run_train(args: argparse.Namespace) -> int:
 
     if (Path(result.output_dir) / EVENTS_DIR).is_dir() and report is None:
         print(f"TensorBoard logs: {Path(result.output_dir) / EVENTS_DIR} (tensorboard --logdir {result.output_dir})")
-    print(f'generate with: hwrun generate --model {result.output_dir} "Once upon a time"')
+    quantized = f" --quantize {args.quantize}" if args.quantize and result.lora and not result.merged else ""
+    print(f'generate with: hwrun generate --model {result.output_dir}{quantized} "Once upon a time"')
     return 0
 
 

@@ -9,6 +9,9 @@ the overview marks green but hwrun has not run there says so in its reason (only
 tests; GPU rows are the sources' word). Rules finer than the kind (a CUDA compute capability, a Gaudi
 generation, the dtype) are the cell's `check`.
 
+`LORA_TRAINING` is the training column: whether `hwrun train` trains LoRA on a base quantized with the method (PEFT's
+LoRA layers and torch's autograd decide, on every device alike); `hwrun.training.kbit` refuses a "no" before load.
+
 `hwrun.model.quantization` decides with this table; the README's table is generated from it (`markdown()`), and a
 test checks that they agree.
 """
@@ -45,6 +48,18 @@ SOURCES: dict[str, str] = {
                "only) and docs.habana.ai 'Run Inference Using FP8' (a measurement run, then quantize with "
                "QUANT_CONFIG; optimum-habana / vLLM)",
     "hwenv-gen": "hwenv's Gaudi generation table (`hwenv.generation_of`: bnb_4bit, bnb_8bit, fp8)",
+    "peft-torchao": "peft 0.21.2 `tuners/lora/torchao.py`: `dispatch_torchao` wraps every layer whose weight is a "
+                    "torchao `TorchAOBaseTensor` in `TorchaoLoraLinear`, whose `_check_dtype_supported` refuses "
+                    "torchao's `Int4Tensor` only ('only supports int8 weights for now'; its TODO: 'Not required once "
+                    "int4_weight_only is properly supported by torchao')",
+    "torch-autograd": "torch 2.15: `aten::_weight_int4pack_mm`, `_weight_int4pack_mm_for_cpu`, "
+                      "`_weight_int4pack_mm_with_scales_and_zeros` and `_scaled_mm` have no derivative (backward "
+                      "raises 'derivative for aten::... is not implemented'); torchao 0.18's Int8Tensor with "
+                      "`act_quant_kwargs` rounds the input to int8 inside the matmul, so its output does not require "
+                      "grad (both checked by hwrun's tests on the CPU)",
+    "peft-layers": "peft 0.21.2 `tuners/lora/`: LoRA layers for bitsandbytes (bnb.py), GPTQ (gptq.py), AWQ (awq.py), "
+                   "HQQ (hqq.py), Intel Neural Compressor (inc.py) and torchao (torchao.py); none for AutoRound, "
+                   "compressed-tensors or Transformers' fine-grained FP8",
 }
 
 
@@ -275,6 +290,80 @@ QUANTIZATION_TABLE: dict[str, dict[str, Cell]] = {
 NO_ROW = Cell(False, "hwrun has no quantization row for this kind", ())
 
 
+# ---- training: LoRA on a quantized base (`hwrun train --lora --quantize METHOD`, `--qlora`) -------------------
+
+
+@dataclass(frozen=True)
+class Training:
+    """Whether `hwrun train` trains LoRA on a base quantized with a method (the same on every device: PEFT's LoRA
+    layer and torch's autograd decide), why, from which `sources`, and what to use `instead` where it does not.
+    `tested`: run by hwrun's own tests (on the CPU)."""
+
+    trains: bool
+    reason: str
+    sources: tuple[str, ...]
+    instead: str = ""
+    tested: bool = False
+
+
+_TRAIN_INSTEAD = ("--quantize int8-weight-only (torchao int8 weights, LoRA on top), --qlora (bitsandbytes NF4), or "
+                  "--lora on the unquantized model")
+_NOT_TRAINED = "hwrun has not run LoRA training on {what}; refused rather than trained untried"
+
+#: method -> Training. Every method of METHODS has a row (a test checks it); `hwrun.training.kbit` refuses a "no"
+#: before the model loads, with the reason and `instead`.
+LORA_TRAINING: dict[str, Training] = {
+    "int4-weight-only": Training(
+        False, "PEFT's own check (peft 0.21.2 tuners/lora/torchao.py, TorchaoLoraLinear._check_dtype_supported: "
+        "'only supports int8 weights for now') refuses torchao's Int4Tensor; the int4 layouts hwrun loads (Int4OpaqueTensor on the CPU, "
+        "Int4TilePackedTo4dTensor on CUDA, Int4PlainInt32Tensor on XPU) pass that check, but their int4 matmuls have "
+        "no derivative in torch, so backward fails ('derivative for aten::_weight_int4pack_mm_for_cpu is not "
+        "implemented') before any LoRA weight below the first int4 layer gets a gradient",
+        ("peft-torchao", "torch-autograd"), "--qlora (bitsandbytes NF4, also 4-bit weights) or --quantize "
+        "int8-weight-only"),
+    "int8-weight-only": Training(
+        True, "PEFT's TorchaoLoraLinear over torchao's Int8Tensor; the weight-only int8 matmul passes the gradient to "
+        "its input (equal to the dequantized weight's), so every LoRA layer trains; merging goes through an "
+        "unquantized base, as after QLoRA", ("peft-torchao",), tested=True),
+    "int8-dynamic": Training(
+        False, "PEFT wraps it (TorchaoLoraLinear), but torchao's Int8Tensor with dynamic activation quantization "
+        "rounds each input to int8 inside the matmul, so autograd stops there: no gradient flows through the base "
+        "layers, and LoRA layers before them train on nothing (with PEFT's Llama targets q_proj/v_proj: none train)",
+        ("peft-torchao", "torch-autograd"), "--quantize int8-weight-only (the same int8 weights, activations left "
+        "unquantized) or --qlora"),
+    "float8": Training(
+        False, "PEFT wraps torchao's Float8Tensor (TorchaoLoraLinear), but its dynamic float8 matmul (torch._scaled_mm) "
+        "has no derivative, so backward fails below the first float8 layer (not run by hwrun: float8 needs CUDA >= "
+        "8.9 or XPU)", ("peft-torchao", "torch-autograd"), _TRAIN_INSTEAD),
+    "bnb-4bit": Training(
+        True, "QLoRA (--qlora): PEFT's bitsandbytes Linear4bit LoRA layer; hwrun freezes the base and keeps its "
+        "unquantized weights in the plan's dtype (training/kbit.py)", ("peft-layers", "bnb"), tested=True),
+    "bnb-8bit": Training(
+        False, "hwrun trains LoRA on 4-bit bitsandbytes bases only (QLoRA); PEFT has an 8-bit layer, but hwrun has "
+        "not wired or run LoRA on LLM.int8() weights", ("peft-layers",), "--qlora (4-bit NF4)"),
+    "awq": Training(False, _NOT_TRAINED.format(what="AWQ weights (PEFT has a layer: awq.py)"), ("peft-layers",),
+                    _TRAIN_INSTEAD),
+    "gptq": Training(False, _NOT_TRAINED.format(what="GPTQ weights (PEFT has a layer: gptq.py)"), ("peft-layers",),
+                     _TRAIN_INSTEAD),
+    "auto-round": Training(False, _NOT_TRAINED.format(what="AutoRound weights (PEFT has no AutoRound layer)"),
+                           ("peft-layers",), _TRAIN_INSTEAD),
+    "compressed-tensors": Training(
+        False, _NOT_TRAINED.format(what="compressed-tensors weights (PEFT has no compressed-tensors layer)"),
+        ("peft-layers",), _TRAIN_INSTEAD),
+    "hqq": Training(False, f"HQQ does not load in hwrun ({_HQQ_NOT_IN_TF5}); PEFT has a layer (hqq.py)",
+                    ("peft-layers", "tf"), _TRAIN_INSTEAD),
+    "fp8": Training(False, _NOT_TRAINED.format(what="fine-grained FP8 checkpoints (PEFT has no layer for "
+                                                    "Transformers' FP8Linear)"), ("peft-layers",), _TRAIN_INSTEAD),
+    "fp8-inc": Training(False, "hwrun has no Intel Neural Compressor path yet; PEFT has an INC layer (inc.py)",
+                        ("peft-layers", "inc-fp8"), "--qlora on Gaudi 2/3, or --lora on the unquantized model"),
+}
+
+
+def lora_training(method: str) -> Training:
+    """The training row of a method (a table name or a plan value: "4bit" -> "bnb-4bit")."""
+    return LORA_TRAINING[method_name(method)]
+
+
 def cell(kind: str, method: str) -> Cell:
     """The table's cell for `kind` x `method` (`NO_ROW` for a kind with no row)."""
     from .. import devices
@@ -284,9 +373,9 @@ def cell(kind: str, method: str) -> Cell:
 
 def markdown(kinds: tuple[str, ...] = ("cuda", "rocm", "xpu", "hpu", "cpu", "mps")) -> str:
     """The README's table: one line per method, one column per kind ("yes"/"no", "(tested)" where hwrun's tests ran
-    it), then the sources' keys."""
-    header = "| method | library | " + " | ".join(kinds) + " | sources |"
-    lines = [header, "|" + "---|" * (len(kinds) + 3)]
+    it), whether `hwrun train` trains LoRA on such a base, then the sources' keys."""
+    header = "| method | library | " + " | ".join(kinds) + " | train --lora | sources |"
+    lines = [header, "|" + "---|" * (len(kinds) + 4)]
     for name, method in METHODS.items():
         cells = []
         sources: dict[str, None] = {}
@@ -296,7 +385,11 @@ def markdown(kinds: tuple[str, ...] = ("cuda", "rocm", "xpu", "hpu", "cpu", "mps
             sources.update(dict.fromkeys(c.sources))
         runs_somewhere = any(QUANTIZATION_TABLE[kind][name].runs for kind in kinds)
         on = "on load" if method.on_load else "pre-quantized" if runs_somewhere else "not in hwrun yet"
-        lines.append(f"| `{name}` ({on}) | {method.library} | " + " | ".join(cells) + f" | {', '.join(sources)} |")
+        training = LORA_TRAINING[name]
+        sources.update(dict.fromkeys(training.sources))
+        trains = ("yes" if training.trains else "no") + (" (tested)" if training.tested else "")
+        lines.append(f"| `{name}` ({on}) | {method.library} | " + " | ".join(cells) + f" | {trains} | "
+                     f"{', '.join(sources)} |")
     return "\n".join(lines)
 
 
@@ -310,6 +403,9 @@ def reasons_markdown(kinds: tuple[str, ...] = ("cuda", "rocm", "xpu", "hpu", "cp
     for name in METHODS:
         parts = [f"{kind}: {'yes' if (c := QUANTIZATION_TABLE[kind][name]).runs else 'no'}, {c.reason}"
                  for kind in kinds if kind not in REASONS_SKIPPED]
+        training = LORA_TRAINING[name]
+        parts.append(f"train --lora: {'yes' if training.trains else 'no'}, {training.reason}"
+                     + (f" (instead: {training.instead})" if training.instead else ""))
         out.append(f"- `{name}`: " + "; ".join(parts) + ".")
     return "\n".join(out)
 

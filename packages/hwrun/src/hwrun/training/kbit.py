@@ -1,4 +1,5 @@
-"""Preparing a 4-bit (QLoRA) base for training without peft's float32 copies of the unquantized weights.
+"""Quantized bases for training: which ones hwrun trains LoRA on (the table's training column, checked before load),
+and preparing a 4-bit (QLoRA) base without peft's float32 copies of the unquantized weights.
 
 peft's `prepare_model_for_kbit_training` casts every bfloat16/float16 parameter that bitsandbytes did not
 quantize to float32: on a Llama-3.2-1B-shaped model that is the 128256 x 2048 embedding (tied to the
@@ -34,3 +35,42 @@ def prepare_kbit_base(model: Any) -> str:
               f"{', '.join(kept) or 'their dtype'} (peft's prepare_model_for_kbit_training would copy them to float32)")
     logger.info("QLoRA: %s", reason)
     return reason
+
+
+def check_quantized_base(quantization: str | None, *, lora: bool, qlora: bool = False) -> str | None:
+    """Refuse, before the model loads, training on a base quantized with a method hwrun does not train through
+    (QuantizedTrainingError naming the method, why, and what to use instead); for one it trains, the reason line for
+    `train()`'s reasons; None for an unquantized plan. `lora`: the run trains LoRA adapters (else every weight);
+    `qlora`: qlora=True was asked for (a 4-bit bitsandbytes base, so no other method)."""
+    if not quantization:
+        return None
+    from ..errors import QuantizedTrainingError
+    from ..model.quantization_table import METHODS, lora_training, method_name
+
+    name = method_name(quantization)
+    row, library = lora_training(name), METHODS[name].library
+    if qlora and name != "bnb-4bit":
+        raise QuantizedTrainingError(
+            f"qlora=True (--qlora) loads a 4-bit bitsandbytes base, but the plan quantizes with {name} ({library}); "
+            f"pass one of them (--qlora alone, or --lora with --quantize {name}).")
+    if not lora:
+        lora_here = ("train LoRA adapters on it (--lora, train(..., lora=True))" if row.trains
+                     else f"train LoRA on a base hwrun trains through ({row.instead})")
+        raise QuantizedTrainingError(
+            f"full fine-tuning on a base quantized with {name} ({library}): quantized weights cannot be updated by the "
+            f"optimizer. Instead {lora_here}, or fine-tune the unquantized model (no --quantize).")
+    if not row.trains:
+        raise QuantizedTrainingError(
+            f"LoRA training on a base quantized with {name} ({library}) is refused before loading: {row.reason}. Use "
+            f"instead: {row.instead}.")
+    return f"{name} ({library}) base, frozen, LoRA on top: {row.reason}"
+
+
+def fusion_blocker(quantization: str | None) -> str | None:
+    """Why LoRA's gate/up (and q/k/v) projections stay separate on a quantized base, or None for an unquantized one:
+    quantized weights are tensor subclasses or custom layers that cannot be concatenated into one matrix."""
+    if not quantization:
+        return None
+    from ..model.quantization_table import method_name
+
+    return f"not fused: the base weights are quantized ({method_name(quantization)}), not plain Linear weights"

@@ -28,6 +28,8 @@ from ..errors import (
 from . import output
 from .checkpoints import checkpoint_run, choose_resume, finished_at, schedule_change, trainer_state
 from .data import DEFAULT_MAX_DATA_BYTES
+from .kbit import check_quantized_base
+from .kbit import fusion_blocker as quantized_blocker
 from .lora import LoraSettings, lora_config, lora_targets
 from .options import check_all, check_overrides, lora_settings
 from .patching import PatchOptions, PatchStack, patch_base, patch_last, patch_lora
@@ -195,10 +197,8 @@ def _validate(plan: RunPlan, data: Any, options: dict[str, Any]) -> RunSettings:
             "(hwrun.model.load.merge_adapter_folder(adapter, out, plan)) and train the merged model."
         )
     qlora = options["qlora"] or plan.quantization == "4bit"
-    if plan.quantization == "8bit":
-        raise TrainingConfigError("plan.quantization='8bit' cannot be fine-tuned by hwrun; train LoRA on a "
-                                  "4-bit base (qlora=True) or on an unquantized plan.")
     settings = lora_settings(options["lora"], qlora)
+    check_quantized_base(plan.quantization, lora=settings is not None, qlora=options["qlora"])
     if options["merge"] and settings is None:
         raise TrainingConfigError("merge=True needs LoRA (there is no adapter to merge in full fine-tuning); "
                                   "pass lora=True, or drop merge.")
@@ -533,11 +533,13 @@ def _patch(model: Any, dataset: Any, plan: RunPlan, args: Any, run: RunSettings,
         from .kbit import prepare_kbit_base
 
         reasons["4-bit base"] = prepare_kbit_base(model)
+    elif plan.quantization:  # torchao int8 weight-only: PEFT wraps it (TorchaoLoraLinear); the base stays frozen
+        reasons["quantized base"] = check_quantized_base(plan.quantization, lora=True)
     set_seed(run.seed)  # LoRA A matrices are random: same seed, same adapter init, same run
     targets = lora_targets(getattr(model.config, "model_type", "") or "", run.settings.target_modules)
     model = _peft_model(model, lora_config(model.config, run.settings, targets), targets, get_peft_model)
     reasons["lora"] = f"r={run.settings.r} on {_adapted(model.peft_config['default'])} ({targets.reason})"
-    patch_lora(model, options, _fusion_blocker(args, run.qlora), stack, reasons)
+    patch_lora(model, options, _fusion_blocker(args, run.qlora) or quantized_blocker(plan.quantization), stack, reasons)
     _note_unapplied_swiglu(model, choices["swiglu"], "swiglu" in run.kernel_asks, reasons)
     patch_last(model, options, stack, reasons)
     return model
@@ -696,7 +698,9 @@ def _save(training: Training, tokenizer: Any, plan: RunPlan, run: RunSettings, w
                        "resume='auto' (--resume) to continue.", interrupted, trainer.state.global_step, path)
     merged = False
     if interrupted is None:
-        saved = save_final(trainer, tokenizer, where.found, run.settings is not None, run.merge, run.qlora, plan,
+        # a quantized base merges through the unquantized one, as QLoRA does (merging into int8 would round it)
+        saved = save_final(trainer, tokenizer, where.found, run.settings is not None, run.merge,
+                           run.qlora or bool(plan.quantization), plan,
                            zero3, {**run.record, "merged": run.merge and run.settings is not None})
         merged = saved.merged
         if saved.kept:
