@@ -135,8 +135,9 @@ def test_fsdp_at_world_size_2_follows_the_single_process_curve(runs, kind):
     fsdp, one = runs / f"fsdp-{kind}", runs / f"one-{kind}"
     _close(_losses(fsdp), _losses(one), range(1, STEPS + 1))
     checkpoint = fsdp / "checkpoint-20"
-    shards = sorted(p.name for p in (checkpoint / "pytorch_model_fsdp_0").iterdir())
-    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # one shard per rank, not a gathered copy
+    for folder in ("pytorch_model_fsdp_0", "optimizer_0"):  # weights and AdamW state: one DCP shard per rank
+        shards = sorted(p.name for p in (checkpoint / folder).iterdir())
+        assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"], folder  # not a gathered copy
     from hwrun.training import check_checkpoint
 
     assert check_checkpoint(checkpoint, verify=True) is None  # manifest and sha256 cover every rank's shard
@@ -167,3 +168,71 @@ def test_a_world_size_2_checkpoint_resumes_at_world_size_1(runs):
     shards = sorted(p.name for p in (resumed / "checkpoint-20" / "pytorch_model_fsdp_0").iterdir())
     assert shards == [".metadata", "__0_0.distcp"]  # written by the one process
     assert (resumed / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.facts("X18")
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_a_world_size_2_checkpoint_converts_to_safetensors_under_the_state_dict_names(runs, kind, tmp_path):
+    """The two ranks' DCP shards of checkpoint-20 become one safetensors file (in one process): the adapter under
+    PEFT's names, or the model under its state_dict names; step 20's weights are the final model's, so they must
+    equal what the final save gathered, bit for bit."""
+    import torch
+    from hwrun.training.sharded_checkpoints import fsdp_checkpoint_to_safetensors
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    fsdp = runs / f"fsdp-{kind}"
+    written = fsdp_checkpoint_to_safetensors(fsdp / "checkpoint-20", tmp_path)
+    with safe_open(str(written), framework="pt") as handle:
+        converted = {name: handle.get_tensor(name) for name in handle.keys()}
+    if kind == "full":
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        assert written.name == "model.safetensors"
+        config = AutoConfig.from_pretrained(hwrun.DEFAULT_MODEL)
+        with torch.device("meta"):
+            names = AutoModelForCausalLM.from_config(config).state_dict().keys()
+        assert sorted(converted) == sorted(names)  # a tied lm_head.weight too, as the checkpoint holds it
+        final = load_file(fsdp / "model.safetensors")  # the final save stores a tied lm_head once
+    else:
+        assert written.name == "adapter_model.safetensors"
+        final = load_file(fsdp / "adapter_model.safetensors")
+        assert sorted(converted) == sorted(final)  # PEFT's names, e.g. base_model.model.model.layers.0...lora_A.weight
+    assert all(torch.equal(converted[name], final[name]) for name in final)
+
+
+@pytest.mark.slow
+@pytest.mark.facts("X18")
+def test_a_world_size_2_checkpoint_with_a_corrupted_shard_is_refused(runs, tmp_path, monkeypatch, capsys):
+    """Rank 1's model shard of checkpoint-20 changed after the save (same size, one byte): `hwrun train --fsdp
+    --resume` refuses it before the model loads, naming the shard (the manifest's sha256), and so does the
+    conversion; nothing in the folder changes."""
+    import shutil
+
+    from hwrun.cli.main import main
+    from hwrun.training.checkpoints import sha256_of
+    from hwrun.training.sharded_checkpoints import fsdp_checkpoint_to_safetensors
+
+    out = tmp_path / "run"
+    shutil.copytree(runs / "fsdp-lora", out, ignore=shutil.ignore_patterns("checkpoint-10"))
+    shard = out / "checkpoint-20" / "pytorch_model_fsdp_0" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    before = {p: sha256_of(p) for p in out.rglob("*") if p.is_file()}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(name, "x")  # recorded, so the values the CLI sets for its group of one are undone
+        monkeypatch.delenv(name)
+    monkeypatch.setattr("hwrun.training.run._load_model",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("the model loaded")))
+    code = main(_command(runs / "data.txt", out, "--lora", "--lr", "3e-3", "--fsdp", "--batch-size", "2",
+                         "--max-steps", "30", "--resume"))
+    error = capsys.readouterr().err
+    assert code == 2, error
+    assert "No checkpoint" in error and "checkpoint-20: pytorch_model_fsdp_0/__1_0.distcp does not match its sha256" \
+        in error
+    with pytest.raises(hwrun.errors.CheckpointError, match=r"pytorch_model_fsdp_0/__1_0.distcp does not match"):
+        fsdp_checkpoint_to_safetensors(out / "checkpoint-20", tmp_path / "converted")
+    assert not (tmp_path / "converted").exists()
+    assert {p: sha256_of(p) for p in out.rglob("*") if p.is_file()} == before

@@ -8,6 +8,7 @@ process, after the manifest's checksums verify."""
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,9 @@ def read_fsdp_state(checkpoint: str | os.PathLike) -> dict[str, Any]:
     state = {name: torch.empty(entry.size, dtype=entry.properties.dtype)
              for name, entry in reader.read_metadata().state_dict_metadata.items()
              if isinstance(entry, TensorStorageMetadata)}
-    dcp.load(state, storage_reader=dcp.FileSystemReader(shards), no_dist=True)
+    with warnings.catch_warnings():  # DCP warns that it loads in one process even when told to (no_dist)
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=dcp.FileSystemReader(shards), no_dist=True)
     return {(name[len(_STORED_PREFIX):] if name.startswith(_STORED_PREFIX) else name): tensor
             for name, tensor in state.items()}
 

@@ -93,8 +93,9 @@ def fusion_blocker(args: Any, qlora: bool) -> str | None:
 
 #: `hwrun train --fsdp`: FSDP2 through Accelerate (Transformers' fsdp_config keys). Rank 0 alone reads the weights
 #: and broadcasts them (cpu_ram_efficient_loading: the other ranks build the model on the meta device); checkpoints
-#: are sharded with torch.distributed.checkpoint (every rank writes its own shard; a later run at another world size
-#: re-shards them as it loads); the final model is gathered into one safetensors file (or the adapter).
+#: are sharded with torch.distributed.checkpoint (every rank writes its own shard, DCP's .distcp files; a later run at
+#: another world size re-shards them as it loads; sharded_checkpoints.py turns them into safetensors, and says why
+#: they are not safetensors already); the final model is gathered into one safetensors file (or the adapter).
 FSDP_CONFIG: dict[str, Any] = {"version": 2, "cpu_ram_efficient_loading": True,
                                "state_dict_type": "SHARDED_STATE_DICT", "reshard_after_forward": True}
 
