@@ -1,5 +1,6 @@
 """hwrun's training half: `train()` with Transformers' Trainer + PEFT LoRA / 4-bit QLoRA,
-`training_arguments()` for the device, packed data, atomic resumable checkpoints."""
+`training_arguments()` for the device, packed data, atomic resumable checkpoints; `HwrunAccelerateGuard` for your
+own Accelerate loop (`HwrunCallback`, in .callbacks, for your own Trainer)."""
 
 from ..errors import (
     AdapterFormatError,
@@ -17,6 +18,7 @@ from ..model.adapters import (
     save_merged,
 )
 from ..model.load import load_adapter_model
+from .accelerate_loop import HwrunAccelerateGuard
 from .arguments import training_arguments, training_keywords
 from .checkpoints import (
     ResumeChoice,
@@ -51,7 +53,8 @@ from .patches.swiglu import prepare_swiglu, swiglu
 from .run import TrainResult, train, train_plan
 
 __all__ = [
-    "ALL_LINEAR", "AdapterFormatError", "CheckpointError", "DEFAULT_MAX_DATA_BYTES", "NonFiniteLossError",
+    "ALL_LINEAR", "AdapterFormatError", "CheckpointError", "DEFAULT_MAX_DATA_BYTES", "HwrunAccelerateGuard",
+    "NonFiniteLossError",
     "OUTPUT_MANIFEST", "POLICIES", "ResumeChoice", "check_adapter_weights", "choose_resume", "LoraSettings", "LoraTargets", "ModelPatch", "PackedDataset",
     "QLoRAUnsupportedError",
     "TrainResult", "TrainingConfigError", "TrainingDataError", "TrainingError", "apply_fused_loss",

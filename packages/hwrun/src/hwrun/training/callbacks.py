@@ -206,18 +206,9 @@ class HwrunCallback(TrainerCallback):
     def raise_if_diverged(self) -> None:
         """After `trainer.train()`: raise `NonFiniteLossError` (NaN/inf) or `TrainingDivergedError` (a finite
         divergence) naming the step, the value and the rule, when the guard stopped the run."""
-        from ..errors import NonFiniteLossError, TrainingDivergedError
-
-        if self.guard.tripped is None:
-            return
-        step, what, value = self.guard.tripped
-        if self.guard.diverged:
-            raise TrainingDivergedError(f"Training stopped at step {step}: {what} is {value:.4g} ({self.guard.rule}); "
-                                        "nothing was saved after it. Fix: a lower learning rate, then resume from "
-                                        "HwrunCallback.resume_from(output_dir).")
-        raise NonFiniteLossError(f"Training stopped at step {step}: {what} is {value} (not finite); nothing was saved "
-                                 "after it. Fix: a lower learning rate, then resume from "
-                                 "HwrunCallback.resume_from(output_dir), or on_nonfinite='skip'.")
+        error = self.guard.stop_error("HwrunCallback.resume_from(output_dir)")
+        if error is not None:
+            raise error
 
 
 __all__ = ["HwrunCallback", "STAGING_PREFIX"]

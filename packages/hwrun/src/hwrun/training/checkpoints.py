@@ -383,6 +383,13 @@ def checkpoint_run(folder: str | Path) -> dict:
     return run if isinstance(run, dict) else {}
 
 
+def checkpoint_step(folder: str | Path) -> int | None:
+    """The step a complete checkpoint's manifest records, or None (no readable manifest, or no step in it)."""
+    manifest, _ = _manifest(Path(folder))
+    step = manifest.get("step") if manifest is not None else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 #: files a finished run leaves in output_dir itself (the final model, adapter or merged model)
 FINAL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "adapter_config.json",
                "adapter_model.safetensors")

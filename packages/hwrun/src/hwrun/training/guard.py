@@ -119,6 +119,22 @@ class NonFiniteGuard(TrainerCallback):
         """The run stopped on a finite divergence (a loss, gradient norm or weight beyond its bound)."""
         return self.tripped is not None and math.isfinite(self.tripped[2])
 
+    def stop_error(self, resume: str) -> Exception | None:
+        """The error of a stopped run, None while it is not: `TrainingDivergedError` (a finite divergence) or
+        `NonFiniteLossError` (NaN/inf), naming the step, the value and the rule; `resume` says how to resume."""
+        from ..errors import NonFiniteLossError, TrainingDivergedError
+
+        if self.tripped is None:
+            return None
+        step, what, value = self.tripped
+        if self.diverged:
+            return TrainingDivergedError(f"Training stopped at step {step}: {what} is {value:.4g} ({self.rule}); "
+                                         f"nothing was saved after it. Fix: a lower learning rate, then resume from "
+                                         f"{resume}.")
+        return NonFiniteLossError(f"Training stopped at step {step}: {what} is {value} (not finite); nothing was saved "
+                                  f"after it. Fix: a lower learning rate, then resume from {resume}, or "
+                                  "on_nonfinite='skip'.")
+
     def _trip(self, state: Any, control: Any, what: str, value: float, rule: str = "not finite") -> None:
         if self.tripped is None:
             self.tripped = (state.global_step, what, value)

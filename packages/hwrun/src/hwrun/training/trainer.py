@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import signal
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import rotate_checkpoints
 
 from .checkpoints import as_os_error, publish, staging_folder, write_failed, write_manifest
+from .signals import SignalStop
 
 logger = logging.getLogger(__name__)
 
@@ -74,44 +73,9 @@ class HwTrainer(Trainer):
         self.accelerator.wait_for_everyone()
 
 
-class GracefulStop(TrainerCallback):
+class GracefulStop(SignalStop, TrainerCallback):
     """On SIGTERM or SIGINT: finish the current step, save a checkpoint, stop training.
-    A second signal restores the previous handler and re-raises it at once."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def install(self) -> bool:
-        """Install the handlers (main thread only; returns False elsewhere, with a log line)."""
-        if threading.current_thread() is not threading.main_thread():
-            logger.info("Not in the main thread: SIGTERM/SIGINT will not save a checkpoint.")
-            return False
-        for sig in self.SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return True
-
-    def uninstall(self) -> None:
-        """Restore the handlers that were there before `install()` (idempotent)."""
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.received is not None:
-            logger.warning("Second %s: stopping now without a checkpoint.", signal.Signals(signum).name)
-            previous = self._previous.get(signum, signal.SIG_DFL)
-            self.uninstall()
-            if callable(previous):
-                previous(signum, frame)
-                return
-            signal.raise_signal(signum)
-            return
-        self.received = signum
-        logger.warning("%s received: saving a checkpoint after this step, then stopping "
-                       "(send it again to stop at once).", signal.Signals(signum).name)
+    A second signal restores the previous handler and re-raises it at once (hwrun.training.signals)."""
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.received is not None:
