@@ -58,7 +58,7 @@ def fsdp_checkpoint_to_safetensors(checkpoint: str | os.PathLike, output_dir: st
     """Write an FSDP checkpoint's weights into `output_dir` as one safetensors file: `adapter_model.safetensors`
     (PEFT's names) for a LoRA run, else `model.safetensors` (the model's state_dict names); returns its path.
     With `verify` (the default) every file must match its sha256 in the checkpoint's manifest first. Never replaces
-    a file: an existing target is refused."""
+    a file: an existing target is refused. Call it in one process (under a launcher, on rank 0 only)."""
     from safetensors.torch import save_file
 
     from .checkpoints import check_checkpoint, checkpoint_run
