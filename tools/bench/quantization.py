@@ -7,8 +7,10 @@
 For each method (`--methods`, default bf16,int8-weight-only,int4-weight-only) the model is planned and loaded with
 `hwrun.plan(..., quantization=METHOD)` (refused before load where the device does not run it: the row records the
 error) and measured at 1 and 64 prompts (`--batches`): new tokens/s and peak device memory of
-- `hwrun.generate (decode='auto')`: hwrun's choice (graph loops for bf16 on CUDA/XPU; Transformers' loop for
-  quantized weights, with the reason recorded);
+- `hwrun.generate (decode='auto')`: hwrun's choice, recorded per row with its reason: on CUDA/XPU its graph loops
+  for every method (bf16 through the fused Llama step; torchao's int8/int4 weights through the model's own forward
+  as the captured step, since the fused step refuses quantized weights rather than build dequantized copies), on
+  the CPU Transformers' loop (no graphs there);
 - `transformers static cache + compile`: `model.generate(cache_implementation="static")`, Transformers' compiled
   decode, the same loop for every method (torchao's recommended path), which is the fair int4-vs-bf16 ratio.
 Quality against float32 (the same weights loaded in float32): teacher-forced argmax agreement (the fraction of
@@ -18,7 +20,9 @@ that text; for the benchmark model and, without `--model`, for the shipped tiny 
 figures mean something. Random weights make the benchmark model's agreement a stress test only (on an H100 on
 2026-12-06 even bf16 agreed with float32 on 93.75 % of positions there). Goal (issue 43): int4 batch-1 >= 1.6x
 bf16's tokens/s, agreement >= 95 %. On an H100 a first, shortened run (64 new tokens, one repeat) took over 5
-minutes, most of it compiling Transformers' static-cache rows: give it 15 minutes, or `--skip-hf-compile`.
+minutes, most of it compiling Transformers' static-cache rows: give it 15 minutes, or `--skip-hf-compile` (only
+hwrun's rows). Each row records `elapsed_s` (load excluded) and the JSON `elapsed_s` per phase, so a run cut short
+still shows where its time went.
 
 Writes DIR/quantization.json (after every row), DIR/quantization.md and DIR/quantization.png; prints each row.
 """
@@ -152,25 +156,34 @@ def main(argv=None):
         (out / "quantization.json").write_text(json.dumps(results, indent=2))
 
     methods = args.methods.split(",")
+    started = time.perf_counter()
+    elapsed = results.setdefault("elapsed_s", {})
     # quality on the shipped tiny model first: it is trained (on the shipped text), so its agreement and perplexity
     # mean something; the benchmark model's random weights make its figures a stress test only
     if not args.model:
         results["tiny_trained_quality"] = quality(hwrun, hwrun.DEFAULT_MODEL, methods, device_kind, half,
                                                   quality_seqs, quality_len, label="shipped tiny model")
+        elapsed["tiny quality"] = round(time.perf_counter() - started, 1)
         save()
+    mark = time.perf_counter()
     results["quality"] = quality(hwrun, str(folder), methods, device_kind, half, quality_seqs, quality_len,
                                  label="benchmark model")
+    elapsed["quality"] = round(time.perf_counter() - mark, 1)
     probe = hwrun.plan(str(folder), device=device_kind, dtype=half)
     results.update(device=probe.accelerator.names[0] if probe.accelerator.names else probe.device,
                    kind=probe.accelerator.kind)
     save()
     for method in methods:
+        mark = time.perf_counter()
         entry = results["methods"].setdefault(method, {})
         speed(hwrun, torch, folder, method, entry, results["rows"], device_kind=device_kind, half=half,
               batches=batches, prompt_len=prompt_len, new_tokens=new_tokens, repeats=args.repeats,
               hf_compile=not args.skip_hf_compile, save=save)
         free_memory()
+        elapsed[f"speed {method}"] = round(time.perf_counter() - mark, 1)
     results["ratios"] = ratios(results["rows"])
+    elapsed["total"] = round(time.perf_counter() - started, 1)
+    print(f"done in {elapsed['total']:.0f} s (after building the model): {elapsed}", flush=True)
     save()
     write_report(results, out)
     return 0
@@ -248,6 +261,7 @@ def speed(hwrun, torch, folder, method, entry, rows, *, device_kind, half, batch
             runs.append(("transformers static cache + compile", static_cache, lambda r, b=batch: b * new_tokens))
         for name, run, produced in runs:
             row = {"method": method, "batch": batch, "name": name}
+            mark = time.perf_counter()
             try:
                 seconds, peak, result = measure(run, device, repeats)
                 tokens = produced(result)
@@ -256,6 +270,7 @@ def speed(hwrun, torch, folder, method, entry, rows, *, device_kind, half, batch
                     row.update(decode=result.decode, decode_reason=result.decode_reason)
             except Exception as exc:  # noqa: BLE001 - record and keep measuring the rest
                 row.update(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-4000:])
+            row["elapsed_s"] = round(time.perf_counter() - mark, 1)  # warm-up (capture, compile) and repeats
             rows.append(row)
             shown = f"{row['tokens_per_s']:10.1f} tokens/s" if "tokens_per_s" in row else f"FAILED {row['error'][:120]}"
             print(f"{method:18s} {batch:3d} {name:40s} {shown}", flush=True)
