@@ -286,3 +286,81 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
     published = _published(tmp_path / "my-loop")
     assert published and all(check_checkpoint(tmp_path / "my-loop" / n, verify=True) is None for n in published)
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(hwrun.DEFAULT_MODEL), "my-loop/adapter")
+
+
+WORKER = '''
+import json, os, signal, sys
+import torch
+import hwrun
+from accelerate import Accelerator
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from hwrun.errors import NonFiniteLossError
+from hwrun.training import HwrunAccelerateGuard
+
+out, mode = sys.argv[1:3]
+accelerator = Accelerator(cpu=True)
+rank = accelerator.process_index
+torch.manual_seed(0)
+tokenizer = AutoTokenizer.from_pretrained(hwrun.DEFAULT_MODEL)
+lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, task_type="CAUSAL_LM")
+model = get_peft_model(AutoModelForCausalLM.from_pretrained(hwrun.DEFAULT_MODEL), lora)
+ids = tokenizer("The king said to the queen that the castle was cold. " * 30, return_tensors="pt").input_ids[0]
+blocks = ids[: len(ids) // 32 * 32].view(-1, 32)
+loader = torch.utils.data.DataLoader([{"input_ids": b, "labels": b} for b in blocks], batch_size=1)
+model, optimizer, loader = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3), loader)
+hw = HwrunAccelerateGuard(accelerator, out, model=model, checkpointing_steps=2)
+step = hw.load_state()
+result = {"world": accelerator.num_processes}
+try:
+    with hw:
+        for batch in accelerator.skip_first_batches(loader, step):
+            if mode == "term" and rank == 1 and step + 1 == 3:
+                os.kill(os.getpid(), signal.SIGTERM)  # one process only
+            loss = model(**batch).loss
+            if mode == "resume" and rank == 1 and step + 1 == 5:
+                loss = loss * float("nan")  # one process only
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            step += 1
+            if hw.step_end(step, loss) or step == 6:
+                break
+except NonFiniteLossError as error:
+    result["error"] = str(error)
+result.update(step=step, received=hw.received, saved=[p.name for p in hw.saved], resumed_from=hw.resumed_from)
+with open(os.path.join(out, f"{mode}-rank{rank}.json"), "w") as handle:
+    json.dump(result, handle)
+if torch.distributed.is_initialized():
+    torch.distributed.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+def test_two_processes_meet_at_the_barriers_and_agree_on_signals_and_nan(tmp_path):
+    """gloo, 2 CPU processes: a SIGTERM to one process stops both at the same step with one checkpoint holding both
+    processes' RNG states; the resumed pair continues from it and saves the next one; a NaN loss on one process then
+    raises on both, with nothing published after it."""
+    import json
+
+    from hwrun.testing import launch_cpu_workers
+
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER, encoding="utf-8")
+    out = tmp_path / "out"
+    out.mkdir()
+    for mode in ("term", "resume"):
+        done = launch_cpu_workers(worker, str(out), mode)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    term = [json.loads((out / f"term-rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world"] for r in term] == [2, 2]
+    assert [r["step"] for r in term] == [3, 3] and [r["saved"] for r in term] == [["checkpoint-2", "checkpoint-3"]] * 2
+    assert [r["received"] for r in term] == [None, signal.SIGTERM]
+    manifest = (out / "checkpoint-3" / MANIFEST_NAME).read_text(encoding="utf-8")
+    assert "random_states_0.pkl" in manifest and "random_states_1.pkl" in manifest  # both processes' files
+    resume = [json.loads((out / f"resume-rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["resumed_from"] for r in resume] == [str(out / "checkpoint-3")] * 2
+    assert [r["step"] for r in resume] == [5, 5] and [r["saved"] for r in resume] == [["checkpoint-4"]] * 2
+    assert all("step 5: the training loss is nan" in r.get("error", "") for r in resume)
+    assert _published(out) == ["checkpoint-2", "checkpoint-3", "checkpoint-4"] and not list(out.glob(".staging-*"))
+    assert all(check_checkpoint(out / n, verify=True) is None for n in _published(out))
