@@ -106,6 +106,34 @@ def test_the_autograd_facts_behind_the_rows():
         out.sum().backward()
 
 
+def test_the_gpu_layouts_matmuls_have_no_derivative_either():
+    """The int4 matmuls of the CUDA (tinygemm) and XPU layouts and float8's torch._scaled_mm: torch has no derivative
+    for them (checked on meta/fake tensors: no GPU needed), so a LoRA backward through them fails as on the CPU."""
+    meta = dict(device="meta")
+    x = torch.randn(4, 64, dtype=torch.bfloat16, requires_grad=True, **meta)
+    xpu_int4 = torch.ops.aten._weight_int4pack_mm_with_scales_and_zeros(
+        x, torch.empty(32, 8, dtype=torch.int32, **meta), 64, torch.empty(1, 32, dtype=torch.bfloat16, **meta),
+        torch.empty(1, 32, dtype=torch.int8, **meta))
+    with pytest.raises(RuntimeError, match="derivative for aten::_weight_int4pack_mm_with_scales_and_zeros is not"):
+        xpu_int4.sum().backward()
+    a = torch.randn(16, 32, requires_grad=True, **meta)
+    b = torch.randn(32, 16, **meta).to(torch.float8_e4m3fn).t().contiguous().t()
+    scaled = torch._scaled_mm(a.to(torch.float8_e4m3fn), b, torch.ones((), **meta), torch.ones((), **meta),
+                              out_dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="derivative for aten::_scaled_mm is not implemented"):
+        scaled.sum().backward()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode():  # tinygemm's op has a CUDA kernel only: a fake CUDA tensor carries its autograd node
+            x = torch.randn(4, 64, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+            cuda_int4 = torch.ops.aten._weight_int4pack_mm(x, torch.empty(4, 2, 32, 4, dtype=torch.int32, device="cuda"),
+                                                           64, torch.empty(1, 32, 2, dtype=torch.bfloat16, device="cuda"))
+    except (RuntimeError, AssertionError) as error:  # a torch built without CUDA cannot fake a CUDA tensor
+        pytest.skip(f"no fake CUDA tensors in this torch build: {error}")
+    assert type(cuda_int4.grad_fn).__name__ == "NotImplemented"  # torch's node for an op with no derivative
+
+
 # ---- refused before the model loads ---------------------------------------------------------------------------
 
 

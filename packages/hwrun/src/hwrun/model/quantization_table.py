@@ -56,7 +56,7 @@ SOURCES: dict[str, str] = {
                       "`_weight_int4pack_mm_with_scales_and_zeros` and `_scaled_mm` have no derivative (backward "
                       "raises 'derivative for aten::... is not implemented'); torchao 0.18's Int8Tensor with "
                       "`act_quant_kwargs` rounds the input to int8 inside the matmul, so its output does not require "
-                      "grad (both checked by hwrun's tests on the CPU)",
+                      "grad (all checked by hwrun's tests on the CPU, the GPU ops on meta/fake tensors)",
     "peft-layers": "peft 0.21.2 `tuners/lora/`: LoRA layers for bitsandbytes (bnb.py), GPTQ (gptq.py), AWQ (awq.py), "
                    "HQQ (hqq.py), Intel Neural Compressor (inc.py) and torchao (torchao.py); none for AutoRound, "
                    "compressed-tensors or Transformers' fine-grained FP8",
