@@ -65,10 +65,10 @@ def _captured(model, runner: str) -> list:
     engine ("engine")."""
     from hwrun.inference.decode.static import GraphDecoder
     from hwrun.inference.engine import EngineCore
-    from hwrun.inference.generate import _DECODERS
+    from hwrun.inference.generate import decoders_of
 
     cls = EngineCore if runner == "engine" else GraphDecoder
-    return [d for d in _DECODERS.get(model, {}).values() if isinstance(d, cls) and d.use_graphs and d.graphs]
+    return [d for d in decoders_of(model).values() if isinstance(d, cls) and d.use_graphs and d.graphs]
 
 
 def _transformers_greedy(plan, model, tokenizer, prompt: str) -> list[int]:

@@ -124,7 +124,7 @@ def weight_storage(model):
 
     tensors = [*model.parameters(), *model.buffers()]
     generate_module = importlib.import_module("hwrun.inference.generate")
-    for decoder in generate_module._DECODERS.get(model, {}).values():
+    for decoder in generate_module.decoders_of(model).values():
         fused = getattr(decoder, "fused", None)
         for layer in getattr(fused, "layers", []):
             tensors += [layer[k] for k in ("qkv", "qkv_bias", "gate_up", "gate_up_bias") if layer[k] is not None]

@@ -216,7 +216,7 @@ def test_generate_continuous_graphs_runs_the_slot_decoder_for_another_family(fam
                             tokenizer=tokenizer)
     assert result.decode == "graphs" and result.batching == "continuous"
     assert "step: the model's own forward over a per-row slot cache" in result.decode_reason
-    decoders = [d for d in generate_module._DECODERS[model].values() if isinstance(d, EngineCore)]
+    decoders = [d for d in generate_module.decoders_of(model).values() if isinstance(d, EngineCore)]
     assert len(decoders) == 1 and decoders[0].step_name == "model"
     assert result.token_ids == [_reference(model, tokenizer(p)["input_ids"], 8) for p in prompts]
 

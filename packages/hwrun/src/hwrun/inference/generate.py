@@ -13,7 +13,6 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -180,7 +179,7 @@ def generate(
         raise GenerateError(f"streamer={streamer!r} has no put()/end(); pass a Transformers streamer "
                             "(TextStreamer, TextIteratorStreamer) or an object with both methods.")
     stream = stream or streamer is not None
-    planned(plan, len(prompts), decode=decode, batching=batching, stream=stream)  # bad choices refused before load
+    before = planned(plan, len(prompts), decode=decode, batching=batching, stream=stream)  # refused before load
     if stream and len(prompts) > 1:
         raise GenerateError(f"stream=True (or a streamer) streams one prompt; got {len(prompts)} prompts. "
                             "Stream them one at a time.")
@@ -194,7 +193,7 @@ def generate(
     lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
     check_context(max_new_tokens, context_length(model.config), lengths)
     decision = decide(plan, model, n_prompts=len(prompts), needed=max(lengths) + max_new_tokens, decode=decode,
-                      batching=batching, stream=stream)
+                      batching=batching, stream=stream, before=before)
     import torch
 
     if seed is not None:
@@ -283,9 +282,18 @@ def _continuous(plan: RunPlan, model: Any, tokenizer: Any, prompts: list[str], m
     return [list(r.generated_tokens) for r in results], [len(e) for e in encoded], seconds
 
 
-#: Graph decoders kept per model, keyed by (batch, cache length bucket, graphs, backend), so repeated
-#: calls replay an already captured graph instead of capturing (and compiling) again.
-_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: The model attribute holding its graph decoders, keyed by (batch, cache length bucket, graphs, backend), so
+#: repeated calls replay an already captured graph instead of capturing (and compiling) again. On the model, not
+#: in a module-level WeakKeyDictionary: a decoder holds its model, so such a dictionary's keys never died and every
+#: model given to generate() stayed in device memory for the life of the process (found on an H100, 2026-12-06:
+#: peak memory grew by each earlier model in tools/bench/quantization.py). The model -> decoders -> model cycle is
+#: freed with the model by the garbage collector.
+DECODERS_ATTRIBUTE = "_hwrun_decoders"
+
+
+def decoders_of(model: Any) -> dict:
+    """The graph decoders `generate()` keeps for `model` (empty until one is built); freed with the model."""
+    return model.__dict__.setdefault(DECODERS_ATTRIBUTE, {})
 
 
 #: Most slots (concurrent requests) the continuous graph decoder runs; more prompts wait for a free slot.
@@ -298,7 +306,7 @@ def _decoder(model: Any, batch: int, needed: int, use_graphs: bool | None, backe
     from .engine import EngineCore, compiled_buckets
 
     length = -(-needed // CACHE_BUCKET) * CACHE_BUCKET
-    per_model = _DECODERS.setdefault(model, {})
+    per_model = decoders_of(model)
     kind = platform.kind if platform is not None else None
     key = (slots, batch, length, use_graphs, backend if isinstance(backend, str) or backend is None else id(backend),
            kind)
