@@ -112,52 +112,75 @@ def _loop_name(batching: str, graph: str) -> str:
     return f"static cache + {graph} replay per token (hwrun.inference.decode.static)"
 
 
+#: `_decode_case` answers: which branch of the rule applies (the mode each gives is in `_GRAPH_CASES`).
+_GRAPH_CASES = frozenset({"given_graphs", "given_graphs_eager", "given_graphs_lazy", "auto_graphs"})
+
+
+def _decode_case(plan: RunPlan, requested: str) -> str:
+    """Which branch of the module docstring's rule `requested` takes on `plan`, without logging or raising: the one
+    rule behind `_decode_mode` (which words it) and `_runs_hwrun_loops` (which only needs the loop)."""
+    graphs = graph_api_of(plan)
+    api = plan.accelerator.platform.graph_api
+    if requested == "generate":
+        return "given_generate"
+    if requested == "graphs":
+        if _plan_blockers(plan):
+            return "given_graphs_blocked"
+        if graphs is None:
+            return "given_graphs_eager"
+        return "given_graphs" if api in AUTO_GRAPH_APIS else "given_graphs_lazy"
+    if graphs is not None and api not in AUTO_GRAPH_APIS:
+        return "auto_lazy_graphs"
+    if graphs is not None:
+        return "auto_blocked" if _plan_blockers(plan) else "auto_graphs"
+    return "auto_no_graphs"
+
+
 def _runs_hwrun_loops(plan: RunPlan, requested: str) -> bool:
-    """Whether `_decode_mode` will pick hwrun's loops for `requested` (without its logging or errors), so the
-    batching choice weighs the limits of the runner that will batch (hwrun's engine, or Transformers')."""
-    if requested == "generate" or _plan_blockers(plan):
-        return False
-    return requested == "graphs" or (graph_api_of(plan) is not None
-                                     and plan.accelerator.platform.graph_api in AUTO_GRAPH_APIS)
+    """Whether `_decode_mode` picks hwrun's loops for `requested`, so the batching choice can weigh the limits of
+    the runner that will batch (hwrun's engine, or Transformers') before the mode is worded."""
+    return requested in DECODE and _decode_case(plan, requested) in _GRAPH_CASES
 
 
 def _decode_mode(plan: RunPlan, requested: str, batching: str) -> tuple[str, str]:
-    """("generate" | "graphs", reason) for `generate()` before load: the rule of the module docstring."""
+    """("generate" | "graphs", reason) for `generate()` before load: the rule of the module docstring, worded."""
     if requested not in DECODE:
         raise GenerateError(f"decode={requested!r} is not a decode mode; use one of {', '.join(DECODE)}.")
     graphs = graph_api_of(plan)
     label, graph = graphs if graphs is not None else ("", "graph")
     loop = _loop_name(batching, graph)
     theirs = "model.generate_batch" if batching == "continuous" else "model.generate"
-    blockers = _plan_blockers(plan)
     api = plan.accelerator.platform.graph_api
-    if requested == "generate":
+    case = _decode_case(plan, requested)
+    if case == "given_generate":
         return "generate", f"given: {theirs}"
-    if requested == "graphs":
-        if blockers:
-            raise GenerateError(f"decode='graphs' cannot run: {'; '.join(blockers)}. Use decode='generate'.")
-        if graphs is None:
-            kind = plan.accelerator.kind
-            name = "hwrun's engine (inference/engine/)" if batching == "continuous" else "the static-cache step loop"
-            logger.warning("decode='graphs' on %s: no CUDA, XPU or HPU graphs there (graph API: %s), %s runs eagerly",
-                           kind, api, name)
-            return "graphs", f"given; {kind} has no CUDA, XPU or HPU graphs (graph API: {api}), so {name} runs eagerly"
-        if api not in AUTO_GRAPH_APIS:
-            compiled = ", compiled with the plan's backend" if plan.compile is not None else ""
-            return "graphs", (f"given: {loop} where the bridge runs lazy (hpu_graphs); in eager mode it records no "
-                              f"HPU graphs and the step runs eagerly{compiled}")
+    if case == "given_graphs_blocked":
+        raise GenerateError(f"decode='graphs' cannot run: {'; '.join(_plan_blockers(plan))}. "
+                            "Use decode='generate'.")
+    if case == "given_graphs_eager":
+        kind = plan.accelerator.kind
+        name = "hwrun's engine (inference/engine/)" if batching == "continuous" else "the static-cache step loop"
+        logger.warning("decode='graphs' on %s: no CUDA, XPU or HPU graphs there (graph API: %s), %s runs eagerly",
+                       kind, api, name)
+        return "graphs", f"given; {kind} has no CUDA, XPU or HPU graphs (graph API: {api}), so {name} runs eagerly"
+    if case == "given_graphs_lazy":
+        compiled = ", compiled with the plan's backend" if plan.compile is not None else ""
+        return "graphs", (f"given: {loop} where the bridge runs lazy (hpu_graphs); in eager mode it records no "
+                          f"HPU graphs and the step runs eagerly{compiled}")
+    if case == "given_graphs":
         return "graphs", f"given: {loop}"
-    if graphs is not None and api not in AUTO_GRAPH_APIS:
+    if case == "auto_lazy_graphs":
         return "generate", (f"{theirs} (graph decode needs CUDA or XPU graphs and compile=True for decode='auto'; "
                             f"{label}'s HPU graphs record in lazy mode only, where compile is off: pass decode='graphs')")
-    if graphs is not None and not blockers:
+    if case == "auto_graphs":
         how = ("compile on" if plan.compile is not None else
                "compile off: the eager step captured as one graph, nothing to compile first; compile=True fuses "
                "its small kernels with torch.compile for a faster step after a longer start")
         return "graphs", f"{label} ({how}): {loop}, no host work per token"
-    if graphs is not None:
-        logger.info("graph decode not used: %s; falling back to %s", "; ".join(blockers), theirs)
-        return "generate", f"{theirs} ({'; '.join(blockers)})"
+    if case == "auto_blocked":
+        blockers = "; ".join(_plan_blockers(plan))
+        logger.info("graph decode not used: %s; falling back to %s", blockers, theirs)
+        return "generate", f"{theirs} ({blockers})"
     return "generate", (f"{theirs} ({plan.accelerator.kind} has no CUDA or XPU graphs for hwrun's loops: graph API "
                         f"{api})")
 
@@ -172,15 +195,18 @@ def planned(plan: RunPlan, n_prompts: int, *, decode: str = "auto", batching: st
 
 
 def decide(plan: RunPlan, model: Any, *, n_prompts: int, needed: int, decode: str = "auto",
-           batching: str = "auto", stream: bool = False) -> DecodeDecision:
+           batching: str = "auto", stream: bool = False, before: DecodeDecision | None = None) -> DecodeDecision:
     """How `generate()` decodes `n_prompts` prompts whose longest needs `needed` cache positions (prompt + new
-    tokens) with the loaded `model`: the plan's decision checked against the model's class, its attention and
-    its family's step. Raises `GenerateError` where an explicit `decode`/`batching` cannot run."""
-    engine = _runs_hwrun_loops(plan, decode)
-    choice = choose_batching(plan, n_prompts, batching, stream=stream, engine=engine)
+    tokens) with the loaded `model`: the plan's decision (`before`, from `planned()` with the same arguments before
+    load; computed here when None) checked against the model's class, its attention and its family's step.
+    Raises `GenerateError` where an explicit `decode`/`batching` cannot run."""
+    if before is None:
+        before = planned(plan, n_prompts, decode=decode, batching=batching, stream=stream)
+    choice = BatchingChoice(before.batching, before.batching_reason)
     # the model class may not run Transformers' continuous batching (hwrun's engine is checked in _fit_graph_decode)
-    checked = choice if engine else model_batching(choice, batching, model)
-    mode, reason = _decode_mode(plan, decode, checked.mode)
+    checked = choice if before.decode == "graphs" else model_batching(choice, batching, model)
+    mode, reason = ((before.decode, before.reason) if checked.mode == choice.mode
+                    else _decode_mode(plan, decode, checked.mode))
     if mode == "graphs":
         checked, mode, reason = _fit_graph_decode(plan, model, checked, decode, batching, reason, needed, n_prompts)
     backend = None

@@ -546,20 +546,31 @@ def _message(message: Any, where: str) -> dict[str, Any]:
     return out
 
 
-def _content(content: Any, where: str) -> str:
-    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-        parts = []
+#: Part types whose text a message's content list may hold (Chat Completions' "text", the Responses API's
+#: "input_text"/"output_text"); images, files and audio are refused.
+TEXT_PART_TYPES = ("text", "input_text", "output_text")
+
+
+def text_of(content: Any, where: str, *, parts: str, expected: str) -> str:
+    """`content` as one string: a string as it is, a list of text parts (`TEXT_PART_TYPES`) joined; anything else
+    a RequestError naming `where` and saying what its parts (`parts`) or the whole (`expected`) must be."""
+    if isinstance(content, list):
+        texts = []
         for part in content:
-            if not isinstance(part, dict) or part.get("type") not in ("text", "input_text", "output_text") or (
+            if not isinstance(part, dict) or part.get("type") not in TEXT_PART_TYPES or (
                     not isinstance(part.get("text"), str)):
-                raise RequestError(f"`{where}` parts must be {{\"type\": \"text\", \"text\": ...}}; images and audio "
-                                   "are not served here.", param=where, code="invalid_type")
-            parts.append(part["text"])
-        content = "".join(parts)
+                raise RequestError(f"`{where}` parts must be {parts}.", param=where, code="invalid_type")
+            texts.append(part["text"])
+        return "".join(texts)
     if not isinstance(content, str):
-        raise RequestError(f"`{where}` must be a string, got {type(content).__name__}.", param=where,
+        raise RequestError(f"`{where}` must be {expected}, got {type(content).__name__}.", param=where,
                            code="invalid_type")
     return content
+
+
+def _content(content: Any, where: str) -> str:
+    return text_of(content, where, parts='{"type": "text", "text": ...}; images and audio are not served here',
+                   expected="a string")
 
 
 def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:

@@ -36,6 +36,7 @@ from .protocol import (
     parse_sampling,
     resolve_model,
     schema_constraint,
+    text_of,
 )
 from .request import Run, Update
 from .tools.spec import parse_tool_setup, parse_tools
@@ -230,19 +231,8 @@ def _previous_is_call(items: list[Any], index: int) -> bool:
 
 
 def _item_text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text") or (
-                    not isinstance(part.get("text"), str)):
-                raise RequestError(f"`{where}` parts must be input_text or output_text; images, files and audio are "
-                                   "not served here.", param=where, code="invalid_type")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise RequestError(f"`{where}` must be text or a list of text parts, got {type(content).__name__}.", param=where,
-                       code="invalid_type")
+    return text_of(content, where, parts="input_text or output_text; images, files and audio are not served here",
+                   expected="text or a list of text parts")
 
 
 # ---------------------------------------------------------------------------------------------- output
