@@ -115,6 +115,9 @@ def main(argv=None):
     parser.add_argument("--quality-seqs", type=int, default=None)
     parser.add_argument("--quality-len", type=int, default=None)
     parser.add_argument("--skip-hf-compile", action="store_true", help="leave out Transformers' static cache + compile")
+    parser.add_argument("--compile", action="store_true",
+                        help="hwrun.plan(compile=True) for the speed rows: hwrun's graph step compiled by Inductor "
+                             "(default: the eager step captured as one graph, hwrun's default)")
     args = parser.parse_args(argv)
 
     import hwrun
@@ -144,7 +147,8 @@ def main(argv=None):
     results = {"smoke": args.smoke, "weights": weights, "model": str(folder), "torch": torch.__version__,
                "transformers": transformers.__version__, "hwrun": hwrun.__version__, "prompt_len": prompt_len,
                "new_tokens": new_tokens, "repeats": args.repeats, "quality_seqs": quality_seqs,
-               "quality_len": quality_len, "date": time.strftime("%Y-%m-%d"), "methods": {}, "rows": []}
+               "quality_len": quality_len, "date": time.strftime("%Y-%m-%d"), "methods": {}, "rows": [],
+               "compile": args.compile}
     try:
         import torchao
 
@@ -178,7 +182,7 @@ def main(argv=None):
         entry = results["methods"].setdefault(method, {})
         speed(hwrun, torch, folder, method, entry, results["rows"], device_kind=device_kind, half=half,
               batches=batches, prompt_len=prompt_len, new_tokens=new_tokens, repeats=args.repeats,
-              hf_compile=not args.skip_hf_compile, save=save)
+              hf_compile=not args.skip_hf_compile, save=save, compile_step=args.compile)
         free_memory()
         elapsed[f"speed {method}"] = round(time.perf_counter() - mark, 1)
     results["ratios"] = ratios(results["rows"])
@@ -232,10 +236,11 @@ def quality(hwrun, folder, methods, device_kind, half, seqs, length, label):
 
 
 def speed(hwrun, torch, folder, method, entry, rows, *, device_kind, half, batches, prompt_len, new_tokens, repeats,
-          hf_compile, save):
+          hf_compile, save, compile_step=False):
     """Load `method` and measure each batch and path into `rows` (the model is freed when this returns)."""
     try:
-        plan = hwrun.plan(str(folder), device=device_kind, dtype=half, quantization=quantization_of(method))
+        plan = hwrun.plan(str(folder), device=device_kind, dtype=half, quantization=quantization_of(method),
+                          compile=compile_step)
         entry["reason"] = plan.reasons["quantization"]
         model, tokenizer = hwrun.load(plan)
     except Exception as exc:  # noqa: BLE001 - a method this device refuses is a result too
@@ -292,7 +297,9 @@ def write_report(results, out):
              f"{quality.get('parameters', 0) / 1e9:.2f}B parameters, {results['date']})", "",
              f"torch {results['torch']}, transformers {results['transformers']}, torchao {results['torchao']}; "
              f"prompt {results['prompt_len']} tokens, {results['new_tokens']} new tokens, median of "
-             f"{results['repeats']}." + (" **Smoke run: sizes prove the script, not a result.**"
+             f"{results['repeats']}; hwrun's step "
+             f"{'compiled (--compile)' if results.get('compile') else 'not compiled (the eager step as one graph)'}."
+             + (" **Smoke run: sizes prove the script, not a result.**"
                                          if results["smoke"] else "")]
     for key, title in (("tiny_trained_quality", "Quality on the shipped trained tiny model"),
                        ("quality", f"Quality on the benchmark model ({results['weights']} weights)")):
