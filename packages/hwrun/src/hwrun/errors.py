@@ -149,4 +149,4 @@ class RankDivergenceError(HwrunError, RuntimeError):
     (greedy or seeded), so their sharded caches would no longer agree."""
 
 
-__all__ += ["TensorParallelError", "RankDivergenceError"]
+__all__ += ["TensorParallelError", "RankDivergenceError", "QuantizedTrainingError"]
