@@ -268,3 +268,22 @@ def test_the_cli_trains_with_quantize_and_says_how_to_generate(files, tmp_path, 
     printed = capsys.readouterr().out
     assert "LoRA adapter saved in" in printed
     assert f"hwrun generate --model {out} --quantize int8-weight-only" in printed
+
+
+@needs_torchao
+def test_an_adapter_loaded_with_a_plan_for_another_folder_keeps_the_plans_quantization(int8_run, tmp_path):
+    """load_adapter_model plans the adapter's base again when the plan is for another folder (here a copy of the
+    base, as after moving a model): quantization is part of that plan too, so the base is not loaded unquantized."""
+    import shutil
+
+    from hwrun.model.adapters import adapter_base_model
+    from hwrun.training import load_adapter_model
+
+    result, _ = int8_run
+    base = adapter_base_model(result.output_dir)
+    copy = shutil.copytree(base, tmp_path / "copy-of-base")
+    plan = hwrun.plan(str(copy), device="cpu", quantization="int8-weight-only")
+    assert plan.model != base  # the case that re-plans
+    model, _ = load_adapter_model(result.output_dir, plan)
+    weights = {type(m.base_layer.weight).__name__ for m in model.modules() if hasattr(m, "base_layer")}
+    assert weights == {"Int8Tensor"}

@@ -188,8 +188,11 @@ def load_adapter_model(path: str | os.PathLike, plan: RunPlan | None = None, *, 
     if plan is None:
         plan = make_plan(base)
     elif plan.model != base:
-        plan = make_plan(base, device=plan.accelerator, dtype=plan.dtype,
-                         attention=plan.attention.requested, trust_remote_code=plan.trust_remote_code)
+        # the same run for the adapter's base: quantization and kernels too (a quantized plan must not load an
+        # unquantized base because the adapter names the base by another spelling of its path)
+        plan = make_plan(base, device=plan.accelerator, dtype=plan.dtype, attention=plan.attention.requested,
+                         use_kernels=plan.use_kernels, quantization=plan.quantization,
+                         trust_remote_code=plan.trust_remote_code)
     kwargs = dict(from_pretrained_kwargs(plan))
     if quantized is False:
         kwargs.pop("quantization_config", None)
