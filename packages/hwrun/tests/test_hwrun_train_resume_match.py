@@ -100,6 +100,9 @@ REFUSED = [
      ["LoRA targets: the checkpoint has q_proj,v_proj, this run k_proj,q_proj (--lora-targets)"]),
     ("full-run", lambda r, o: {"lora": None}, ["written by a lora run and this is a full run"]),
     ("legacy-record", _legacy_record, ["LoRA r: the checkpoint has 16, this run 8"]),
+    ("other-quantization", lambda r, o: {"plan": hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu",
+                                                            quantization="int8-weight-only")},
+     ["quantization of the base: the checkpoint has none, this run int8-weight-only (--quantize / --qlora)"]),
 ]
 
 

@@ -32,10 +32,11 @@ SHIPPED_MODEL = "hwrun:tiny-llama"
 #: The fields a resume compares, in the order a refusal names them, with the option that sets each.
 FIELDS = {"kind": "--lora / --qlora", "model_id": "--model", "config_sha256": "--model", "data_sha256": "--data",
           "block_size": "--block-size", "lora_r": "--lora-r", "lora_alpha": "--lora-alpha",
-          "lora_targets": "--lora-targets"}
+          "lora_targets": "--lora-targets", "quantization": "--quantize / --qlora"}
 _LABELS = {"kind": "run kind", "model_id": "model", "config_sha256": "model config.json (sha256)",
            "data_sha256": "training data (sha256 of the documents)", "block_size": "block size",
-           "lora_r": "LoRA r", "lora_alpha": "LoRA alpha", "lora_targets": "LoRA targets"}
+           "lora_r": "LoRA r", "lora_alpha": "LoRA alpha", "lora_targets": "LoRA targets",
+           "quantization": "quantization of the base"}
 
 
 def model_identity(reference: str) -> str:
@@ -86,7 +87,8 @@ def run_record(plan: Any, kind: str, settings: Any, block_size: int | None) -> d
 
     config = resolve_source(plan.model).config
     record: dict[str, Any] = {"kind": kind, "model": plan.model, "model_id": model_identity(plan.model),
-                              "config_sha256": config_sha256(config), "block_size": block_size}
+                              "config_sha256": config_sha256(config), "block_size": block_size,
+                              "quantization": getattr(plan, "quantization", None) or "none"}
     if settings is not None:
         from .lora import lora_targets
 
