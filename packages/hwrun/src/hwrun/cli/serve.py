@@ -16,6 +16,7 @@ from ..serve.config import (
     ServeConfig,
     check_config,
     context_limit,
+    parse_kv_cache_memory,
     parse_lora,
     read_api_key,
 )
@@ -51,6 +52,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "slots or transformers")
     p.add_argument("--max-model-len", default=None, metavar="N",
                    help="tokens a request may span, prompt and answer (default: the model's context, at most 4096)")
+    p.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
+                   help="memory for the slot engine's KV blocks: bytes (4GiB, 512MiB) or a fraction of the device "
+                        "memory free after the model loads (0.8); default: 0.8 of it on a GPU, 2 GiB on a CPU, "
+                        "never more than --max-concurrency requests of the max length hold (said at start-up)")
     p.add_argument("--torch-threads", default=None, metavar="N",
                    help="torch intra-op threads (default: all cores but one on the host, 1 on an accelerator; "
                         "OMP_NUM_THREADS wins)")
@@ -88,6 +93,7 @@ def config_from(args: argparse.Namespace, environ: dict[str, str] | None = None)
         keep_alive_on_engine_death=bool(getattr(args, "keep_alive_on_engine_death", False)),
         adapters=parse_lora(getattr(args, "lora", None)),
         tool_parser=getattr(args, "tool_parser", "auto"),
+        kv_cache_memory=parse_kv_cache_memory(getattr(args, "kv_cache_memory", None)),
     )
     check_config(config)
     key = read_api_key(args.api_key_env, environ)

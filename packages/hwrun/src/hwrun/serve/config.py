@@ -18,8 +18,9 @@ DEFAULT_MODEL_ID = "hwrun/tiny-llama"
 DEFAULT_MAX_MODEL_LEN = 4096
 #: Largest request body, in bytes (a larger one is answered 413 before it is parsed).
 MAX_BODY_BYTES = 4 * 2**20
-#: Most requests decoded at once (`--max-concurrency`): the slot engine sizes a cache row per request at start,
-#: and its row buckets go up to it; more than this is a typo, not a server (vLLM's default is 256 sequences).
+#: Most requests decoded at once (`--max-concurrency`): the slot engine's step has a row per request (their K/V
+#: share the blocks `--kv-cache-memory` sizes), and its row buckets go up to it; more than this is a typo, not a
+#: server (vLLM's default is 256 sequences).
 MAX_CONCURRENCY = 4096
 #: Most requests waiting for a slot (`--max-queue`).
 MAX_QUEUE = 65536
@@ -55,6 +56,9 @@ class ServeConfig:
     # naming one runs it (the engine process loads them from here)
     adapters: tuple[tuple[str, str], ...] = ()
     tool_parser: str = "auto"  # how tool calls are read from the model's text (`--tool-parser`; see serve.tools)
+    # bytes (int) or a fraction of the device memory free after load (float) for the slot engine's KV blocks
+    # (`--kv-cache-memory`); None: decided per device (hwrun.inference.engine.kv_memory.kv_budget)
+    kv_cache_memory: int | float | None = None
 
     @property
     def loopback(self) -> bool:
@@ -129,6 +133,18 @@ def check_config(config: ServeConfig) -> ServeConfig:
     return config
 
 
+def parse_kv_cache_memory(text: str | None) -> int | float | None:
+    """`--kv-cache-memory` as bytes (e.g. "4GiB", "512MiB", "8000000000") or a fraction of the device memory free
+    after load ("0.8"); None when not given. A `ServeConfigError` naming the value otherwise."""
+    from ..errors import FastDecodeError
+    from ..inference.engine.kv_memory import parse_kv_memory
+
+    try:
+        return parse_kv_memory(text, "--kv-cache-memory")
+    except FastDecodeError as exc:
+        raise ServeConfigError(str(exc)) from None
+
+
 def parse_lora(values: list[str] | tuple[str, ...] | None) -> tuple[tuple[str, str], ...]:
     """`--lora NAME=PATH` values as (name, path) pairs (checked by `check_adapters`)."""
     pairs = []
@@ -187,7 +203,7 @@ def context_limit(max_model_len: int | None, model_context: int | None) -> tuple
                                        "(set --max-model-len)")
     if model_context > DEFAULT_MAX_MODEL_LEN:
         return DEFAULT_MAX_MODEL_LEN, (f"the model's context ({model_context}) capped at {DEFAULT_MAX_MODEL_LEN}: "
-                                       "each slot holds a cache this long (raise it with --max-model-len)")
+                                       "a request may span this many tokens (raise it with --max-model-len)")
     return model_context, "the model's context (max_position_embeddings)"
 
 

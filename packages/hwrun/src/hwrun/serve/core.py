@@ -304,7 +304,7 @@ def _load(plan: RunPlan, config: ServeConfig) -> tuple[Backend, dict[str, Any], 
             "max_model_len": loaded.max_model_len, "max_model_len_reason": loaded.max_model_len_reason,
             "eos_ids": list(loaded.eos_ids), "load_seconds": loaded.load_seconds,
             "warm_seconds": loaded.warm_seconds, "threads": loaded.threads, "threads_reason": loaded.threads_reason,
-            "refuses": dict(getattr(loaded.backend, "refuses", {}))}
+            "refuses": dict(getattr(loaded.backend, "refuses", {})), "kv": loaded.kv}
     return loaded.backend, info, pickle.dumps(loaded.tokenizer)
 
 

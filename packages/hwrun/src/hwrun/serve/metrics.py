@@ -59,6 +59,7 @@ class Metrics:
         self.running = running
         self.steps = steps
         self.info: dict[str, str] = {}
+        self.kv: dict | None = None  # the slot engine's KV blocks (`KVReport.as_dict`), set at start-up
 
     def count_request(self, endpoint: str, outcome: str) -> None:
         """One finished request of `endpoint` ("completions", "chat") by `outcome` (a status class or reason)."""
@@ -87,11 +88,32 @@ class Metrics:
                 ("hwrun_inter_token_latency_seconds", self.itl, "Time between a request's consecutive tokens."),
                 ("hwrun_request_duration_seconds", self.duration, "Request arrival to its last token.")):
             lines += [f"# HELP {name} {text}", f"# TYPE {name} histogram", *hist.lines(name)]
+        lines += kv_lines(self.kv)
         if self.info:
             labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(self.info.items()))
             lines += ["# HELP hwrun_engine_info The serving engine and device (value 1).",
                       "# TYPE hwrun_engine_info gauge", f"hwrun_engine_info{{{labels}}} 1"]
         return "\n".join(lines) + "\n"
+
+
+#: The KV gauges: (name, key of `KVReport.as_dict`, help).
+KV_GAUGES = (("hwrun_kv_cache_blocks", "blocks", "KV blocks of the slot engine's pool."),
+             ("hwrun_kv_cache_block_tokens", "block_size", "Positions one KV block holds."),
+             ("hwrun_kv_cache_tokens", "tokens", "Positions the KV pool holds, shared by every request."),
+             ("hwrun_kv_cache_bytes", "bytes", "Device bytes of the KV pool."),
+             ("hwrun_kv_cache_bytes_per_token", "bytes_per_token", "KV bytes one position costs across the layers."),
+             ("hwrun_kv_cache_max_length_requests", "max_length_requests",
+              "Requests of the max model length the KV pool holds at once."))
+
+
+def kv_lines(kv: dict | None) -> list[str]:
+    """The KV pool's gauges (none for an engine without blocks)."""
+    if not kv:
+        return []
+    lines = []
+    for name, key, text in KV_GAUGES:
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge", f"{name} {int(kv[key])}"]
+    return lines
 
 
 def _bound(value: float) -> str:

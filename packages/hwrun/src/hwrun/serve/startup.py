@@ -46,6 +46,7 @@ class Loaded:
     threads: int | None = None  # torch intra-op threads set for serving (None: left as they were)
     threads_reason: str = ""
     previous_threads: int | None = None  # what to restore when the server stops
+    kv: dict | None = None  # the slot engine's KV blocks (`KVReport.as_dict`); None for Transformers' engine
 
 
 def choose_engine(plan: RunPlan, requested: str, model: Any, adapters: int = 0) -> EngineChoice:
@@ -130,7 +131,14 @@ def _load(plan: RunPlan, config: ServeConfig, start: float, threads: int | None,
     return Loaded(tokenizer=tokenizer, choice=choice, max_model_len=max_len, max_model_len_reason=len_reason,
                   eos_ids=eos, backend=backend, load_seconds=loaded_at - start,
                   warm_seconds=time.perf_counter() - loaded_at, threads=threads, threads_reason=threads_reason,
-                  previous_threads=previous)
+                  previous_threads=previous, kv=kv_of(backend))
+
+
+def kv_of(backend: Any) -> dict | None:
+    """What the backend's KV blocks hold (`KVReport.as_dict`), where it has them (the slot engine)."""
+    inner = getattr(backend, "backend", backend)  # a tensor-parallel leader wraps rank 0's backend
+    report = getattr(getattr(inner, "decoder", None), "kv_report", None)
+    return None if report is None else report.as_dict()
 
 
 def apply_torch_threads(plan: RunPlan, config: ServeConfig) -> tuple[int | None, str, int]:
@@ -179,7 +187,9 @@ def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, max_len: int,
     decoder = EngineCore(model, slots=config.max_concurrency, max_cache_len=max_len,
                           use_graphs=None if adapters else graph_api_of(plan) is not None,
                           compile_backend=compile_backend, platform=plan.accelerator.platform, buckets=buckets,
-                          step=step, adapters=adapters)
+                          step=step, adapters=adapters, kv_cache_memory=config.kv_cache_memory)
+    if decoder.kv_report is not None:
+        logger.info("slot engine: %s", decoder.kv_report.line())
     logger.info("slot engine: steps run over %s rows (%s)%s", ", ".join(map(str, decoder.buckets)),
                 "one graph each, greedy and sampled, captured at start" if decoder.use_graphs else "eager steps",
                 "; fewer row buckets because each one is compiled" if buckets is not None else "")

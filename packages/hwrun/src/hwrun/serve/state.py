@@ -88,7 +88,8 @@ class ServeState:
                 tokenizer=pickle.loads(ready.tokenizer), choice=EngineChoice(info["engine"], info["engine_reason"]),
                 max_model_len=info["max_model_len"], max_model_len_reason=info["max_model_len_reason"],
                 eos_ids=tuple(info["eos_ids"]), backend=None, load_seconds=info["load_seconds"],  # type: ignore[arg-type]
-                warm_seconds=info["warm_seconds"], threads=info["threads"], threads_reason=info["threads_reason"])
+                warm_seconds=info["warm_seconds"], threads=info["threads"], threads_reason=info["threads_reason"],
+                kv=info.get("kv"))
         loaded = self.loaded
         from .text import TokenTexts, special_ids
         from .tools.choice import choose_tool_support
@@ -112,6 +113,13 @@ class ServeState:
         self.metrics.info = {"engine": loaded.choice.name, "device": self.plan.device, "dtype": self.plan.dtype,
                              "model": self.config.model_id}
         self.say(f"engine: {loaded.choice.name} ({loaded.choice.reason})")
+        self.metrics.kv = loaded.kv
+        if loaded.kv:
+            from ..inference.engine.kv_memory import KVReport
+
+            kv = loaded.kv
+            self.say(KVReport(kv["blocks"], kv["block_size"], kv["bytes_per_token"], kv["max_cache_len"],
+                              kv["reason"]).line())
         self.say(f"context: {loaded.max_model_len} tokens ({loaded.max_model_len_reason}); torch threads: "
                  f"{loaded.threads if loaded.threads is not None else 'unchanged'} ({loaded.threads_reason}); "
                  f"loaded in {loaded.load_seconds:.1f} s, warmed in {loaded.warm_seconds:.1f} s")

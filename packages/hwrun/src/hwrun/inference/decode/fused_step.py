@@ -157,7 +157,11 @@ class FusedLlamaStep:
         self.intermediate = self.layers[0]["gate_up"].shape[0] // 2
         dtype, device = self.lm_head.dtype, self.lm_head.device
         shape = (batch_size, self.n_kv, max_cache_len, self.head_dim)
-        if storage is not None:
+        self.paged = storage if getattr(storage, "paged", False) else None  # the engine's paged KV (kv_cache)
+        if self.paged is not None:
+            self.paged.allocate(len(self.layers), self.n_kv, self.head_dim, dtype, device)
+            self.keys = self.values = []
+        elif storage is not None:
             self.keys, self.values = storage.allocate(len(self.layers), shape, dtype, device)
         else:
             self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
@@ -167,7 +171,7 @@ class FusedLlamaStep:
         # (row, kv head) index grids for the per-row K/V writes
         self.row_index = torch.arange(batch_size, device=device)[:, None].expand(batch_size, self.n_kv)
         self.head_index = torch.arange(self.n_kv, device=device)[None, :].expand(batch_size, self.n_kv)
-        self.key_index = torch.arange(max_cache_len, device=device)
+        self.key_index = torch.arange(max_cache_len if self.paged is None else self.paged.span_len, device=device)
         self.batch_size = batch_size
 
     def reset(self) -> None:
@@ -175,6 +179,19 @@ class FusedLlamaStep:
         for k, v in zip(self.keys, self.values, strict=True):
             k.zero_()
             v.zero_()
+
+    def _paged(self, i: int, k: Any, v: Any, positions: Any, rows: Any, offset: int, decode: bool,
+               columns: int | None) -> tuple[Any, Any, Any, Any]:
+        """Layer `i`'s new K/V written into the engine's blocks; (keys, values) a decode step attends over, and the
+        (k, v) a prefill attends over (a continued prompt: its row's blocks up to its last position)."""
+        if decode:
+            self.paged.write_decode(i, positions, k[:, :, 0], v[:, :, 0])
+            keys, values = self.paged.gather(i, k.shape[0], columns)
+            return keys, values, k, v
+        self.paged.write(i, rows, offset, k, v)
+        if offset:
+            k, v = self.paged.gather_rows(i, rows, offset + k.shape[2])
+        return None, None, k, v
 
     @staticmethod
     def _rms(x: Any, norm: tuple[Any, float]) -> Any:
@@ -212,7 +229,9 @@ class FusedLlamaStep:
         decode = length == 1 and rows is None  # a one-token prompt into chosen rows is a prefill
         if decode:
             columns = self.max_cache_len if columns is None else columns
-            key_index = self.key_index if columns == self.max_cache_len else self.key_index[:columns]
+            if self.paged is not None:  # attention reads whole blocks: the mask hides the positions past a row's
+                columns = self.paged.span(columns)
+            key_index = self.key_index if columns == self.key_index.shape[0] else self.key_index[:columns]
             visible = key_index <= positions[:, :, None]  # (batch, 1, columns)
             mask = torch.zeros(visible.shape, dtype=torch.float32, device=hidden.device)
             mask = mask.masked_fill(~visible, float("-inf"))[:, None]  # (batch, 1, 1, L)
@@ -237,7 +256,9 @@ class FusedLlamaStep:
             k = k.view(batch, length, self.n_kv, self.head_dim).transpose(1, 2)
             v = v.view(batch, length, self.n_kv, self.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            if decode and self.per_row_positions:
+            if self.paged is not None:  # written through the block table; attention reads the rows' blocks
+                keys, values, k, v = self._paged(i, k, v, positions, rows, offset, decode, columns)
+            elif decode and self.per_row_positions:
                 # index_put_ on the cache itself: inductor updates it in place. (The same write through
                 # a flattened view was functionalised into a copy of the whole cache, ~1 ms per step
                 # at 64 rows on an H200: tools/bench/profile_decoders.py.)
@@ -252,16 +273,18 @@ class FusedLlamaStep:
                 self.values[i].index_copy_(2, slots, v)
             if decode:
                 # grouped-query attention over the unrepeated KV heads: (B, kv, rep, d) x (B, kv, d, L)
-                keys, values = self.keys[i], self.values[i]
-                if batch != keys.shape[0] or columns != self.max_cache_len:
-                    keys, values = keys[:batch, :, :columns], values[:batch, :, :columns]
+                if self.paged is None:
+                    keys, values = self.keys[i], self.values[i]
+                    if batch != keys.shape[0] or columns != self.max_cache_len:
+                        keys, values = keys[:batch, :, :columns], values[:batch, :, :columns]
                 qg = q.reshape(batch, self.n_kv, rep, self.head_dim)
                 scores = torch.matmul(qg, keys.transpose(2, 3)).to(torch.float32) * self.scaling
                 probs = torch.softmax(scores + mask, dim=-1).to(q.dtype)
                 out = torch.matmul(probs, values).reshape(batch, 1, self.q_size)
             else:
                 if offset:  # a continued prompt: over its cached columns and itself, causal at its positions
-                    k, v = self.keys[i][rows, :, :offset + length], self.values[i][rows, :, :offset + length]
+                    if self.paged is None:
+                        k, v = self.keys[i][rows, :, :offset + length], self.values[i][rows, :, :offset + length]
                     out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=self.scaling,
                                                          enable_gqa=rep > 1)
                 else:

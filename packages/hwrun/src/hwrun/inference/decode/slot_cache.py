@@ -1,11 +1,13 @@
-"""A KV cache with one row per slot at its own position, for running a model's own forward in hwrun's engine.
+"""A `transformers.Cache` over the engine's paged K/V, one row per slot at its own position, for running a model's
+own forward in hwrun's engine.
 
 Why: the engine (hwrun.inference.engine) steps every slot at once, each at its own position.
 Transformers' `StaticCache` writes every row at one shared position (`cumulative_length`), so it
 cannot hold slots that joined at different times. `SlotCache` speaks the cache protocol the models
 call (`update(key_states, value_states, layer_idx, ...)` on a `transformers.Cache`, the same in 5.22
 and 5.25) and writes each row's new K/V at that row's own position, read from a device tensor with a
-fixed address (`scatter_`, no host sync), so the decode step is capturable as one device graph. The
+fixed address, through the row's block table into the KV-cache manager's block pool
+(hwrun.inference.engine.kv_cache: no host sync), so the decode step is capturable as one device graph. The
 engine passes the matching 4D attention mask (each row sees the columns up to its own position) and
 per-row `position_ids`; a 4D mask reaches the attention function as it is (masking_utils returns it
 unchanged), so any family whose attention goes through Transformers' attention interface with sdpa or
@@ -13,16 +15,15 @@ eager attention runs here.
 
 A prefill writes only the admitted slots: its prompts are left-padded (every row's last token is the
 last column, so `logits_to_keep=1` gives each row's next-token logits), and `update` shifts each row
-left by its padding as it copies the prompt's K/V into cache columns 0..length-1 of that slot's row.
+left by its padding as it writes the prompt's K/V at positions 0..length-1 of that slot's blocks.
 The other rows are not touched. A long prompt may be prefilled in chunks: `extending(row, offset)` makes the
-next forward (one row, its tokens at positions `offset..`) write its K/V at those columns of that row and attend
-over the row's columns before them too.
+next forward (one row, its tokens at positions `offset..`) write its K/V at those positions of that row and attend
+over the row's positions before them too.
 
 A decode step may run over the first rows only (the engine keeps its busy requests in the lowest
-rows and steps as many as it needs): `decoding(rows, columns)` makes every layer write into the cache
-and return only its first `rows` rows and `columns` positions for attention (views of the same buffers,
-so each row count and length keeps fixed shapes and addresses). The engine's KV-cache manager
-(hwrun.inference.engine.kv_cache) allocates a `SlotCache` and moves rows between slots.
+rows and steps as many as it needs): `decoding(rows, columns)` makes every layer write into the pool
+and return the first `rows` rows' blocks up to `columns` positions (whole blocks) for attention, gathered
+through fixed views of the block table, so each row count and length keeps fixed shapes and addresses.
 
 This module imports torch and Transformers at the top: import it where a model is already loaded.
 """
@@ -102,62 +103,62 @@ def visible_mask(visible: Any, attention: str, dtype: Any) -> Any:
 
 
 class SlotLayer(CacheLayerMixin):
-    """One layer's K/V: (slots, kv heads, max_cache_len, head dim), allocated on the first update (the prefill the
-    engine runs when it is built), where the model's own heads, head size, dtype and device are known."""
+    """One layer's view of the engine's paged K/V (hwrun.inference.engine.kv_cache.KVCache): the pools are allocated
+    on the first update (the prefill the engine runs when it is built), where the model's own heads, head size,
+    dtype and device are known; every write goes through the rows' block tables."""
 
     is_compileable = True
     is_sliding = False
 
-    def __init__(self, slots: int, max_cache_len: int) -> None:
+    def __init__(self, kv: Any, index: int) -> None:
         super().__init__()
-        self.slots = slots
-        self.max_cache_len = max_cache_len
+        self.kv = kv
+        self.index = index
+        self.slots = kv.slots
+        self.max_cache_len = kv.max_cache_len
         # set by SlotCache: ("decode", positions, columns), ("prefill", rows, shift) or ("extend", row, offset)
         self.mode: tuple | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
         self.num_heads = key_states.shape[1]
-        shape = (self.slots, self.num_heads, self.max_cache_len)
-        self.keys = torch.zeros((*shape, key_states.shape[-1]), dtype=key_states.dtype, device=self.device)
-        self.values = torch.zeros((*shape, value_states.shape[-1]), dtype=value_states.dtype, device=self.device)
+        self.kv.allocate(self.kv.layers, self.num_heads, key_states.shape[-1], key_states.dtype, self.device)
+        pool = self.kv.keys[self.index]
+        if pool.shape[1] != self.num_heads or pool.shape[3] != key_states.shape[-1]:
+            from ...errors import FastDecodeError
+
+            raise FastDecodeError(f"layer {self.index} has K/V of {self.num_heads} heads x {key_states.shape[-1]}, "
+                                  f"the first layer {pool.shape[1]} x {pool.shape[3]}: the engine's block pool holds "
+                                  "one shape for every layer.")
+        self.keys, self.values = pool, self.kv.values[self.index]
         self.batch_size = self.slots
-        if not torch.compiler.is_compiling():
-            torch._dynamo.mark_static_address(self.keys)  # fixed addresses, as StaticLayer marks its own
-            torch._dynamo.mark_static_address(self.values)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the new K/V (per-row positions when decoding, the admitted rows when prefilling); return what
-        attention reads: the whole cache when decoding, the prompt's own columns when prefilling."""
+        """Write the new K/V (per-row positions when decoding, the admitted rows when prefilling) through the block
+        tables; return what attention reads: the stepped rows' blocks up to the step's columns when decoding, the
+        row's blocks up to its last position when continuing a prompt, the prompt's own K/V when prefilling."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         mode = self.mode
         if mode is None:
             raise RuntimeError("SlotCache.update outside an engine step or prefill")
         if mode[0] == "decode":
-            # each stepped row's one new column at that row's own position: (rows, heads, 1, dim), written
-            # into the cache itself (a smaller index leaves the other rows alone); attention reads those rows
-            index = mode[1].view(-1, 1, 1, 1)
-            self.keys.scatter_(2, index.expand_as(key_states), key_states)
-            self.values.scatter_(2, index.expand_as(value_states), value_states)
-            rows, columns = index.shape[0], mode[2]
-            if rows == self.slots and columns == self.max_cache_len:
-                return self.keys, self.values
-            return self.keys[:rows, :, :columns], self.values[:rows, :, :columns]
+            # each stepped row's one new column at that row's own position: (rows, heads, 1, dim)
+            position = mode[1][:, None]
+            self.kv.write_decode(self.index, position, key_states[:, :, 0], value_states[:, :, 0])
+            return self.kv.gather(self.index, position.shape[0], mode[2])
         if mode[0] == "extend":
             # a continued prompt of one row: its columns offset.. written, attention over the row up to them
             _, row, offset = mode
-            end = offset + key_states.shape[2]
-            self.keys[row:row + 1, :, offset:end] = key_states
-            self.values[row:row + 1, :, offset:end] = value_states
-            return self.keys[row:row + 1, :, :end], self.values[row:row + 1, :, :end]
+            self.kv.write(self.index, row, offset, key_states, value_states)
+            return self.kv.gather_rows(self.index, row, offset + key_states.shape[2])
         _, rows, shift = mode
-        width = key_states.shape[2]
         # left-padded prompts: input column c of row i holds position c - pad_i; cache column c gets position c
-        self.keys[rows, :, :width] = key_states.gather(2, shift[:, None, :, None].expand_as(key_states))
-        self.values[rows, :, :width] = value_states.gather(2, shift[:, None, :, None].expand_as(value_states))
+        keys = key_states.gather(2, shift[:, None, :, None].expand_as(key_states))
+        values = value_states.gather(2, shift[:, None, :, None].expand_as(value_states))
+        self.kv.write(self.index, rows, 0, keys, values)
         return key_states, value_states
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -165,7 +166,7 @@ class SlotLayer(CacheLayerMixin):
         prefilling (the engine passes its own 4D masks, so Transformers' mask builders never read this)."""
         mode = self.mode or ("prefill",)
         if mode[0] == "decode":
-            return mode[2], 0
+            return self.kv.span(mode[2]), 0
         return (mode[2] + query_length, 0) if mode[0] == "extend" else (query_length, 0)
 
     def get_seq_length(self) -> int:
@@ -181,11 +182,12 @@ class SlotCache(Cache):
     """A `transformers.Cache` whose layers write per-row positions (decode steps) or whole prompts into chosen
     rows (prefills). `positions` is the engine's (slots, 1) long device tensor: where each row's next K/V go."""
 
-    def __init__(self, slots: int, max_cache_len: int, n_layers: int, positions: torch.Tensor) -> None:
-        super().__init__(layers=[SlotLayer(slots, max_cache_len) for _ in range(n_layers)])
+    def __init__(self, kv: Any, n_layers: int, positions: torch.Tensor) -> None:
+        kv.layers = n_layers
+        super().__init__(layers=[SlotLayer(kv, index) for index in range(n_layers)])
         self.positions = positions
-        self.slots = slots
-        self.max_cache_len = max_cache_len
+        self.slots = kv.slots
+        self.max_cache_len = kv.max_cache_len
         # one tuple and one view per (rows, columns): a compiled step sees the same objects every time
         self._decodes: dict[tuple[int, int], tuple] = {}
         self.decoding()
@@ -207,6 +209,7 @@ class SlotCache(Cache):
         K/V go to cache column c of row i (its column c + padding, clamped)."""
         self._set(("prefill", rows, shift))
 
-    def extending(self, row: int, offset: int) -> None:
-        """The next forward continues row `row`'s prompt: its tokens sit at positions `offset..` (one row)."""
+    def extending(self, row: torch.Tensor, offset: int) -> None:
+        """The next forward continues the prompt of table row `row` (a one-element long tensor): its tokens sit at
+        positions `offset..`."""
         self._set(("extend", row, offset))

@@ -1,15 +1,18 @@
 """hwrun's engine: continuous batching over cache slots, one room per job.
 
     core.EngineCore        the loop: add / step / cancel / start, and generate() for whole batches
-      |-- scheduler        admission, prefill chunks under a token budget, packing, finishing (host only)
+      |-- scheduler        admission, KV blocks per step (preemption), prefill chunks, packing, finishing (host)
       |-- runner           the only code that runs the model: buffers, steps, capture/replay, warm-up
       |     |-- choosing   each row's token choice (sampling, bias, penalties, min-p, grammar mask, logprobs)
       |     |-- steps      FusedStep | ModelStep: one step interface, two implementations
       |     |-- adapters   per-request LoRA adapters (PEFT's mixed batch, the model step)
       |     `-- graphs     the platform's graph tools, torch.compile of a step, capture
       |-- grammar          host side of grammar-constrained choices (matchers accept tokens, fill bitmask rows)
-      `-- kv_cache         the per-slot K/V storage and which request holds which slot
+      `-- kv_cache         paged K/V: a block pool per layer, a device block table per slot, who holds what
+            |-- block_manager  the pool's bookkeeping (each request's blocks, free blocks)
+            `-- kv_memory      how much memory the pool gets (kv_cache_memory, per device) and what it holds
     requests               one request's state (its choices, matcher) and the TokenEvent a step reports
+    batches, buckets       generate()'s whole-batch loop; the row and column buckets a step runs over
 
 `EngineCore`, `TokenEvent` and the bucket helpers are importable from here.
 """

@@ -9,9 +9,10 @@ their tokens and of every token before them (the hash chain): a later request wh
 blocks (a system prompt) shares them (reference counts) and its prefill starts after them. A block whose last user
 left keeps its hash until the pool needs it again (least recently freed first), so a prefix outlives its request.
 
-Host bookkeeping only (no torch): which blocks a request holds and where its next token goes. The runner turns the
-block tables into device tensors; the scheduler asks `can_admit` / `can_grow` before it admits or steps a request
-and preempts (frees and later recomputes) one when the pool is full.
+Host bookkeeping only (no torch): which blocks a request holds and where its next token goes. The engine's KV-cache
+manager (`kv_cache.KVCache`) owns one and mirrors its tables into a device block table; the scheduler asks it for
+room (`needed`, `reserve`) before it prefills or steps a request and preempts (frees and later recomputes) the newest
+request when the pool is full. Prefix caching (`allocate` of a prompt) is bookkeeping the engine does not use yet.
 """
 
 from __future__ import annotations
@@ -152,6 +153,22 @@ class BlockManager:
         table.tokens += positions
         while len(table.blocks) < blocks_for(table.tokens, self.block_size):
             table.blocks.append(self._take())
+
+    def needed(self, request_id: Any, tokens: int) -> int:
+        """Blocks `request_id` lacks to hold its first `tokens` positions (0 when it holds them)."""
+        table = self.tables.get(request_id)
+        return max(0, blocks_for(tokens, self.block_size) - (len(table.blocks) if table else 0))
+
+    def reserve(self, request_id: Any, tokens: int) -> list[int] | None:
+        """Blocks for `request_id`'s first `tokens` positions (a table made on its first call): its blocks, or None
+        (nothing taken) when too few are free."""
+        need = self.needed(request_id, tokens)
+        if need > self.free_blocks:
+            return None
+        table = self.tables.setdefault(request_id, BlockTable())
+        table.tokens = max(table.tokens, tokens)
+        table.blocks += [self._take() for _ in range(need)]
+        return table.blocks
 
     def free(self, request_id: Any) -> None:
         """Give back `request_id`'s blocks; full blocks keep their prefix hash until the pool reuses them."""

@@ -1,7 +1,9 @@
 """`EngineCore`: hwrun's engine loop. It composes the rooms (scheduler, model runner, KV-cache manager; the package
 docstring draws them) and keeps the two ways to drive them. Why: Transformers' continuous batching ran 2,617 tokens/s
 at 64 prompts on an H200 against 20,386 for a static CUDA-graph batch (docs/benchmarks/decode.md); here each request
-owns a slot (a cache row at its own position) and a step, captured per bucket, has fixed shapes. `adapters=[(name,
+owns a slot (a row of the step at its own position) and KV blocks for the tokens it holds (kv_cache: a pool sized
+by `kv_cache_memory`; when it runs out the newest request is preempted and recomputed later), and a step, captured
+per bucket, has fixed shapes. `adapters=[(name,
 folder), ...]` loads LoRA adapters that `add(adapter=...)` picks per request (engine.adapters: eager model step).
 
 - **Step-wise** (a server): `add(request_id, input_ids, *, max_new_tokens, sampling=None, eos_token_id="model",
@@ -24,7 +26,6 @@ whatever else is in the batch and however often they move. What no step runs is 
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,7 +35,8 @@ from .adapters import AdapterRows, check_adapter, plan_adapters
 from .grammar import constrain, first_masks
 from .graphs import check_compile_allowed, decoder_graph_tools, model_platform
 from .kv_cache import KVCache
-from .requests import GREEDY, Request, TokenEvent, check_choices, choices, eos_ids
+from .kv_memory import KVReport, blocks_in, kv_budget, parse_kv_memory
+from .requests import GREEDY, TokenEvent, check_choices, choices, eos_ids
 from .runner import ModelRunner
 from .scheduler import (
     PREFILL_TOKENS,
@@ -55,14 +57,16 @@ class EngineCore:
     default: the one of `model.device`) has graph tools; `step` picks the fused Llama-family step or the model's
     own forward ("auto": fused where it applies); `buckets` are the row counts a step runs over (`buckets=[slots]`
     steps every slot always, one graph); `cache_buckets` the cache lengths its attention may be bounded to;
-    `prefill_chunk` the prompt tokens a step prefills (default per device: `scheduler.prefill_chunk_for`)."""
+    `prefill_chunk` the prompt tokens a step prefills (default per device: `scheduler.prefill_chunk_for`);
+    `kv_cache_memory` the bytes (or fraction of the free device memory after load) of K/V blocks the requests share
+    (default per device: `kv_memory.kv_budget`; `kv_report` says what it holds)."""
 
     def __init__(self, model: Any, *, slots: int, max_cache_len: int, use_graphs: bool | None = None,
                  compile_backend: Any = None, compile_mode: str | None = None, tune: bool = False,
                  check_every: int = 16, prefill_tokens: int = PREFILL_TOKENS, step: str = "auto",
                  platform: Any = None, buckets: Sequence[int] | None = None,
                  cache_buckets: Sequence[int] | None = None, prefill_chunk: int | None = None,
-                 adapters: Sequence[tuple[str, str]] | None = None) -> None:
+                 adapters: Sequence[tuple[str, str]] | None = None, kv_cache_memory: Any = None) -> None:
         step, use_graphs = plan_adapters(adapters, step, use_graphs, compile_backend)
         self.platform = model_platform(model, platform)
         check_compile_allowed(self.platform, compile_backend)
@@ -82,7 +86,17 @@ class EngineCore:
         self.slots, self.max_cache_len = slots, max_cache_len
         self.check_every, self.prefill_tokens = max(1, check_every), max(1, prefill_tokens)
         self.use_graphs = self.graph_tools is not None if use_graphs is None else use_graphs
-        self.kv = KVCache(slots, max_cache_len)
+        kv_memory = parse_kv_memory(kv_cache_memory)
+        self.kv_report: KVReport | None = None
+
+        def sizer(bytes_per_token: int, block_size: int) -> int:  # once the model's K/V shape is known
+            full = slots * self.kv.max_blocks * block_size * bytes_per_token
+            budget, why = kv_budget(kv_memory, model.device, self.platform.is_accelerator, full)
+            blocks = blocks_in(budget, bytes_per_token, block_size, why)
+            self.kv_report = KVReport(blocks, block_size, bytes_per_token, max_cache_len, why)
+            return blocks
+
+        self.kv = KVCache(slots, max_cache_len, sizer=sizer)
         self.adapters = AdapterRows(model, adapters, slots) if adapters else None
         self.runner = ModelRunner(model, self.step_name, self.kv, platform=self.platform,
                                   graph_tools=self.graph_tools, use_graphs=self.use_graphs,
@@ -161,6 +175,7 @@ class EngineCore:
             raise FastDecodeError(f"request_id={request_id!r} is already active; use a new id or cancel it first.")
         self.scheduler.check(prompt, max_new_tokens, f"request {request_id!r}")
         check_choices(request_id, n, matchers, self.slots)
+        self.kv.check_fits(len(prompt) + max_new_tokens, n, f"request {request_id!r}")
         if self.kv.free_slots < n:
             free = f"all {self.slots} slots are busy" if not self.kv.free_slots else (
                 f"{self.kv.free_slots} of {self.slots} slots free for its {n} choices")
@@ -186,7 +201,9 @@ class EngineCore:
         `TokenEvent` per decoding choice (its oldest unreported token), and one per choice whose grammar failed."""
         if not self.scheduler.requests:
             return []
-        self._prefill(self.scheduler.prefill_plan())
+        forwards = self.scheduler.prefill_plan()
+        self._preempted()
+        self._prefill(forwards)
         events = constrain(self.scheduler, self.runner)
         decoding = self.scheduler.decoding()
         if decoding:
@@ -209,8 +226,19 @@ class EngineCore:
         for forward in forwards:
             self.runner.masks(first_masks(self.scheduler, forward))
             self.runner.prefill(forward)
+            for chunk in forward:
+                if chunk.last and chunk.resume:
+                    self.runner.resume(chunk.slot, chunk.resume, self.scheduler.requests[self.kv.owner[chunk.slot]].saved)
             self.scheduler.prefilled(forward)
             self.prefills += 1
+
+    def _preempted(self) -> None:
+        """Save what the requests preempted by the last plan need to go on later: their tokens (recomputed with
+        the prompt) and their choosing rows."""
+        for request in self.scheduler.take_preempted():
+            if request.recompute == []:
+                tokens, request.saved = self.runner.preempt(request.slot, request.produced)
+                request.recompute = request.prompt + tokens
 
     def _move(self, moves: list[Move]) -> None:
         for move in moves:
@@ -223,58 +251,7 @@ class EngineCore:
                  eos_token_id: Any = "model", sampling: SamplingParams | None = None) -> list[list[int]]:
         """New tokens for each prompt (token-id lists), in prompt order; each row ends at its first EOS
         (included) or after its `max_new_tokens` (one number, or one per prompt). Greedy unless `sampling`
-        (one `SamplingParams` for every prompt) says otherwise."""
-        if self.scheduler.requests:
-            raise FastDecodeError(f"generate() needs every slot, but {len(self.scheduler.requests)} request(s) added "
-                                  "with add() are active; step() them to the end or cancel() them first.")
-        prompts = [list(p) for p in prompts]
-        if not prompts:
-            raise FastDecodeError("prompts=[] is empty: pass at least one prompt of token ids.")
-        budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        if len(budgets) != len(prompts):
-            raise FastDecodeError(f"{len(budgets)} max_new_tokens for {len(prompts)} prompts: give one number "
-                                  "or one per prompt.")
-        for index, (prompt, budget) in enumerate(zip(prompts, budgets, strict=True)):
-            if not prompt:
-                raise FastDecodeError(f"prompts[{index}] is empty: every prompt needs at least one token.")
-            self.scheduler.check(prompt, budget, f"prompt {index}")
-        sampling = GREEDY if sampling is None else sampling
-        if sampling.logprobs is not None:
-            raise FastDecodeError(f"logprobs={sampling.logprobs}: generate() returns token ids only; use add(), step().")
-        self.runner.choice.check(sampling)
-        eos = frozenset(eos_ids(self.model, eos_token_id))
-        waiting = deque(Request(i, p, b, eos, sampling) for i, (p, b) in enumerate(zip(prompts, budgets, strict=True)))
-        results: list[list[int]] = [[] for _ in prompts]
-        self.steps = self.prefills = 0
-        self.runner.fill_sampling(sampling)
-        while waiting or self.scheduler.requests:
-            admitted = []
-            while waiting and self.scheduler.admit(waiting[0]):
-                admitted.append(waiting.popleft())
-            if admitted and (sampling.processed or (sampling.seed is None and not sampling.greedy and self.prefills)):
-                # a freed row keeps the seed of the request it held (or of one moved into it): unseeded prompts
-                # admitted later draw their own, or equal prompts would repeat their samples; penalised ones
-                # start their counts from their own prompt
-                for request in admitted:
-                    self.runner.set_sampling(request.slot, sampling, request.prompt)
-            while self.scheduler.pending:  # no live streams to keep flowing: one prefill plan after another
-                self._prefill(self.scheduler.prefill_plan())
-            self._decode_chunk(results)
-        return results
+        (one `SamplingParams` for every prompt) says otherwise (hwrun.inference.engine.batches)."""
+        from .batches import generate
 
-    def _decode_chunk(self, results: list[list[int]]) -> None:
-        """Up to `check_every` decode steps (fewer when a budget ends sooner), then one read of every row: the
-        requests that stopped or reached their budget leave, and the rest are packed down."""
-        decoding = self.scheduler.decoding()
-        chunk = min(self.check_every, *(r.budget - r.produced for r in decoding))
-        rows, columns = self.scheduler.shape(decoding, chunk)
-        self.runner.run(self.runner.kind(r.slot for r in decoding), rows, columns, chunk)
-        self.steps += chunk
-        self.last_rows, self.last_columns = rows, columns
-        produced = self.runner.produced(rows)  # one transfer per chunk: the host's only sync
-        for request in decoding:
-            request.produced += chunk
-            _, reason = self.scheduler.finish(request, produced[request.slot, request.read:request.produced].tolist())
-            if reason is not None:
-                results[request.request_id] = produced[request.slot, :request.read].tolist()
-        self._move(self.scheduler.pack())
+        return generate(self, prompts, max_new_tokens, eos_token_id=eos_token_id, sampling=sampling)

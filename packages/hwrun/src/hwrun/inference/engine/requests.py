@@ -50,6 +50,8 @@ class Request:
     matcher: Any = None  # a grammar matcher (fill / accept / finished) constraining its tokens
     accepted: int = 0  # tokens the matcher has accepted
     stop_after: int | None = None  # the grammar ended: it stops after this many tokens
+    recompute: list[int] | None = None  # preempted while decoding: prompt + its tokens but the newest, to prefill again
+    saved: Any = None  # its choosing row as it was when preempted (restored when its recompute ends)
 
     @property
     def key(self) -> Any:
@@ -64,7 +66,12 @@ class Request:
     @property
     def decoding(self) -> bool:
         """Whether its whole prompt is prefilled (it steps with the others from now on)."""
-        return self.prefilled == len(self.prompt)
+        return self.prefilled == len(self.prompt) and self.recompute is None
+
+    @property
+    def source(self) -> list[int]:
+        """The tokens its prefill writes: its prompt, or what a preempted request recomputes."""
+        return self.prompt if self.recompute is None else self.recompute
 
     @property
     def waits(self) -> bool:

@@ -133,6 +133,7 @@ class ModelRunner:
         import torch
 
         with torch.inference_mode():
+            self.kv.sync()
             step = self.runnable(kind, rows, columns)
             for _ in range(times):
                 step()
@@ -166,6 +167,7 @@ class ModelRunner:
         import torch
 
         with torch.inference_mode(), prefill_attention():
+            self.kv.sync()
             rows = torch.tensor([c.slot for c in forward], dtype=torch.long, device=self.device)
             if forward[0].start:
                 (chunk,) = forward
@@ -173,9 +175,9 @@ class ModelRunner:
             else:
                 logits = self.step.prefill([c.tokens for c in forward], rows)
             ends = torch.tensor([c.start + len(c.tokens) for c in forward], dtype=torch.long, device=self.device)
-            done = [i for i, c in enumerate(forward) if c.last]
+            done = [i for i, c in enumerate(forward) if c.last and not c.resume]  # a resumed row keeps its tokens
             if len(done) < len(forward):
-                index = torch.tensor([i for i, c in enumerate(forward) if not c.last], device=self.device)
+                index = torch.tensor([i for i, c in enumerate(forward) if not c.last or c.resume], device=self.device)
                 self.position[rows[index], 0] = ends[index]
             if not done:
                 return
@@ -183,7 +185,7 @@ class ModelRunner:
             slots = [slot for i in done for slot in (forward[i].slot, *forward[i].copies)]
             for i in done:
                 for copy in forward[i].copies:
-                    self.kv.move_row(forward[i].slot, copy, forward[i].start + len(forward[i].tokens))
+                    self.kv.copy(forward[i].slot, copy, forward[i].start + len(forward[i].tokens))
             index = torch.tensor(sources, dtype=torch.long, device=self.device)
             rows, logits, ends = torch.tensor(slots, dtype=torch.long, device=self.device), logits[index], ends[index]
             first = self.choice.first(logits, rows, slots)
@@ -242,9 +244,10 @@ class ModelRunner:
         return self.out[:rows].cpu()
 
     def move_row(self, source: int, target: int, columns: int) -> None:
-        """Row `source`'s whole decoding state into row `target`: its K/V (first `columns` positions, every layer),
-        token, position, token counter, produced tokens and choosing row (seed included, so its noise stream goes
-        on; counts, bias, penalties, bitmask, logprobs). Outside any graph: the next step reads the fixed buffers."""
+        """Row `source`'s whole decoding state into row `target`: its token, position, token counter, produced
+        tokens and choosing row (seed included, so its noise stream goes on; counts, bias, penalties, bitmask,
+        logprobs). Its K/V stay in their blocks: the block table row moved with the slot (`KVCache.follow`) and
+        reaches the device with the next step. Outside any graph: the next step reads the fixed buffers."""
         import torch
 
         with torch.inference_mode():
@@ -253,4 +256,23 @@ class ModelRunner:
             self.choice.move(source, target)
             if self.adapters is not None:
                 self.adapters.move(source, target)
-            self.kv.move_row(source, target, columns)
+
+    def preempt(self, slot: int, produced: int) -> tuple[list[int], list[Any]]:
+        """A decoding row preempted (its blocks freed; it keeps its slot, idle): its first `produced - 1` tokens
+        (recomputed with its prompt later) and a copy of its choosing row (idle steps overwrite it)."""
+        import torch
+
+        with torch.inference_mode():
+            tokens = self.out[slot, :max(produced - 1, 0)].tolist()
+            return tokens, [t[slot].clone() for t in self.choice.logits.tensors()]
+
+    def resume(self, slot: int, produced: int, saved: list[Any]) -> None:
+        """A preempted row whose prompt and tokens were prefilled again: its newest token, counter and choosing row
+        as they were (its position is where the prefill ended), so it goes on as if never preempted."""
+        import torch
+
+        with torch.inference_mode():
+            self.token[slot, 0] = self.out[slot, produced - 1]
+            self.count[slot, 0] = produced
+            for tensor, value in zip(self.choice.logits.tensors(), saved, strict=True):
+                tensor[slot] = value

@@ -19,8 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import FastDecodeError
+from .block_manager import blocks_for
+from .buckets import bucket_sizes, cache_bucket_sizes, compiled_buckets, length_buckets
 from .kv_cache import KVCache
 from .requests import Request
+
+__all__ = ["Chunk", "Move", "Scheduler", "bucket_sizes", "cache_bucket_sizes", "compiled_buckets", "length_buckets",
+           "prefill_chunk_for"]
 
 #: Most padded prompt tokens one prefill forward takes (prompts prefilled together are padded to the longest).
 PREFILL_TOKENS = 8192
@@ -52,56 +57,6 @@ def prefill_chunk_for(platform: Any, given: int | None = None) -> tuple[int, str
                                "its own arithmetic there, so a smaller chunk keeps running streams flowing")
 
 
-def bucket_sizes(slots: int, buckets: Sequence[int] | None = None) -> tuple[int, ...]:
-    """The row counts a decode step runs over, ascending: `buckets` (each in 1..slots) or the powers of two
-    below `slots`; `slots` itself is always one (every slot busy)."""
-    if buckets is None:
-        sizes = {1 << i for i in range(slots.bit_length()) if 1 << i < slots}
-    else:
-        sizes = set()
-        for size in buckets:
-            if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= slots:
-                raise FastDecodeError(f"buckets={list(buckets)!r} holds {size!r}: each bucket is a row count "
-                                      f"from 1 to slots={slots} (or leave buckets=None: 1, 2, 4, ... and slots).")
-            sizes.add(size)
-    return tuple(sorted(sizes | {slots}))
-
-
-def compiled_buckets(slots: int, compiled: bool) -> tuple[int, ...] | None:
-    """Row buckets for an engine whose step is compiled: each bucket is one compile (greedy and sampled), so
-    only 1, 8 and `slots` (one stream, light load, full load); None (the default powers of two) when not
-    compiled. `generate()` and the server use it."""
-    if not compiled:
-        return None
-    return tuple(sorted({1, min(8, slots), slots}))
-
-
-def length_buckets(max_cache_len: int, smallest: int = 128) -> tuple[int, ...]:
-    """Cache lengths for `EngineCore(cache_buckets=...)`: the powers of two from `smallest` below `max_cache_len`,
-    and `max_cache_len`."""
-    sizes = []
-    size = smallest
-    while size < max_cache_len:
-        sizes.append(size)
-        size *= 2
-    return (*sizes, max_cache_len)
-
-
-def cache_bucket_sizes(max_cache_len: int, cache_buckets: Sequence[int] | None) -> tuple[int, ...]:
-    """The cache lengths a decode step may attend over, ascending: `cache_buckets` and `max_cache_len` (None: only
-    `max_cache_len`, every position)."""
-    if cache_buckets is None:
-        return (max_cache_len,)
-    sizes = set()
-    for size in cache_buckets:
-        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= max_cache_len:
-            raise FastDecodeError(f"cache_buckets={list(cache_buckets)!r} holds {size!r}: each is a cache length "
-                                  f"from 1 to max_cache_len={max_cache_len} (length_buckets(max_cache_len) "
-                                  "gives powers of two; None attends over every position).")
-        sizes.add(size)
-    return tuple(sorted(sizes | {max_cache_len}))
-
-
 @dataclass(frozen=True)
 class Chunk:
     """Prompt tokens `start..end` of the request in `slot`, to prefill; `last` when they end its prompt."""
@@ -111,6 +66,7 @@ class Chunk:
     start: int
     last: bool
     copies: tuple[int, ...] = ()  # slots of the request's other choices: they get this row's K/V when it ends
+    resume: int = 0  # a preempted request's recompute: its produced tokens (it keeps them; no new token is chosen)
 
 
 @dataclass(frozen=True)
@@ -133,6 +89,8 @@ class Scheduler:
         self.prefill_tokens = max(1, prefill_tokens)
         self.prefill_chunk = prefill_chunk
         self.requests: dict[Any, Request] = {}  # the admitted requests, in admission order
+        self.preempted: list[Request] = []  # preempted since the engine last took them (`take_preempted`)
+        self.preemptions = 0  # since construction
 
     def check(self, prompt: list[int], budget: Any, where: str) -> None:
         """Refuse (FastDecodeError) a prompt and budget that no slot can hold."""
@@ -144,6 +102,7 @@ class Scheduler:
             raise FastDecodeError(
                 f"{where}: length {len(prompt)} + max_new_tokens {budget} exceeds "
                 f"max_cache_len={self.kv.max_cache_len}; build the engine with a larger max_cache_len.")
+        self.kv.check_fits(len(prompt) + budget, 1, where)
 
     def admit(self, request: Request) -> bool:
         """Give `request` the lowest free slot (False when none is free); its prefill is planned from the next step."""
@@ -154,23 +113,35 @@ class Scheduler:
         self.requests[request.key] = request
         return True
 
-    def prefill_plan(self) -> list[list[Chunk]]:
-        """This step's prefill forwards: up to `prefill_chunk` prompt tokens of the admitted requests in admission
-        order. Prompts that start here share padded forwards of <= `prefill_tokens` tokens; a prompt that continues
-        (its earlier part already in its row) is a forward of its own."""
+    def prefill_plan(self, steps: int = 1) -> list[list[Chunk]]:
+        """This step's KV blocks and prefill forwards. First every decoding request gets blocks for its next `steps`
+        writes (`reserve`); then up to `prefill_chunk` prompt tokens of the admitted requests are planned in
+        admission order, each chunk with its blocks (a last chunk also its first decode write's and its other
+        choices' blocks). A chunk whose blocks are not free takes them from the newest requests after it
+        (preempted); when even that is not enough, it and every request after it wait. Prompts that start here
+        share padded forwards of <= `prefill_tokens` tokens; a prompt that continues (its earlier part already in
+        its blocks) is a forward of its own."""
+        self.reserve(steps)
         budget = self.prefill_chunk
         forwards: list[list[Chunk]] = []
         group: list[Chunk] = []
         width = 0  # the longest chunk in `group`
-        for request in self.requests.values():
+        for request in list(self.requests.values()):
             if request.decoding or request.waits:
                 continue
-            if budget <= 0:
-                break
-            end = min(request.length, request.prefilled + budget)
-            copies = tuple(f.slot for f in request.followers) if end == request.length else ()
-            chunk = Chunk(request.slot, request.prompt[request.prefilled:end], request.prefilled,
-                          end == request.length, copies)
+            if budget <= 0 or request in self.preempted:
+                break  # first come, first served: a request preempted now waits, and so does everyone after it
+            source = request.source
+            end = min(len(source), request.prefilled + budget)
+            last = end == len(source)
+            followers = request.followers if last else []
+            extra = len(followers) * blocks_for(request.length + steps, self.kv.block_size)
+            if not self._room(request, end + (steps if last else 0), extra):
+                break  # first come, first served: nobody after it starts before it
+            for follower in followers:
+                self.kv.reserve(follower.slot, request.length + steps)
+            chunk = Chunk(request.slot, source[request.prefilled:end], request.prefilled, last,
+                          tuple(f.slot for f in followers), request.produced if request.recompute is not None else 0)
             budget -= end - request.prefilled
             if chunk.start:
                 forwards.append([chunk])
@@ -183,12 +154,50 @@ class Scheduler:
             width = wider
         return forwards + ([group] if group else [])
 
+    def reserve(self, steps: int) -> None:
+        """Blocks for the next `steps` writes of every decoding request, in admission order; one that cannot get
+        them, even from the newest requests after it, is preempted itself."""
+        for request in self.decoding():
+            if request in self.preempted:
+                continue
+            if not self._room(request, request.written + steps):
+                self._preempt(request)
+
+    def _room(self, request: Request, tokens: int, extra: int = 0) -> bool:
+        """Blocks for `request`'s first `tokens` positions (and `extra` more free ones for its other choices),
+        preempting the newest requests admitted after it that hold blocks while too few are free."""
+        while self.kv.needed(request.slot, tokens) + extra > self.kv.free_blocks:
+            order = list(self.requests.values())
+            later = order[order.index(request) + 1:]
+            victim = next((r for r in reversed(later) if self.kv.holds(r.slot)), None)
+            if victim is None:
+                return False
+            self._preempt(victim)
+        return self.kv.reserve(request.slot, tokens)
+
+    def _preempt(self, request: Request) -> None:
+        """Free `request`'s blocks (vLLM V1's preemption by recompute): it keeps its slot and its produced tokens,
+        and its prompt (with them) is prefilled again when blocks are free."""
+        if request.decoding:
+            request.recompute = []  # the engine fills it: prompt + produced tokens but the newest (`take_preempted`)
+        request.prefilled = 0
+        self.kv.drop(request.slot)
+        self.preempted.append(request)
+        self.preemptions += 1
+
+    def take_preempted(self) -> list[Request]:
+        """The requests preempted since the last call (the engine saves their rows)."""
+        taken, self.preempted = self.preempted, []
+        return taken
+
     def prefilled(self, forward: list[Chunk]) -> None:
         """Record a prefill forward the runner ran: a request whose prompt it ended has its first token."""
         for chunk in forward:
             request = self.requests[self.kv.owner[chunk.slot]]
             request.prefilled = chunk.start + len(chunk.tokens)
-            if chunk.last:
+            if chunk.last and request.recompute is not None:  # a preempted request back where it was
+                request.prefilled, request.recompute, request.saved = request.length, None, None
+            elif chunk.last:
                 request.produced = 1
                 for follower in request.followers:  # their rows got this prefill's K/V and a first token each
                     follower.prefilled, follower.produced, follower.leader = request.length, 1, None

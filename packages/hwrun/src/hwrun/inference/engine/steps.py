@@ -1,8 +1,9 @@
 """The engine's two step implementations behind one interface, and which of them runs a model.
 
 `FusedStep` is hwrun.inference.decode.fused_step (Llama, Mistral, Qwen2: q/k/v and gate/up read as one matrix each)
-over the KV-cache manager's plain K/V tensors; `ModelStep` runs the model's own forward over a `SlotCache`
-(hwrun.inference.decode.slot_cache: each row's K/V written at that row's position, a 4D mask per row, per-row
+over the KV-cache manager's paged K/V (its block pool, through each row's block table); `ModelStep` runs the model's
+own forward over a `SlotCache` (hwrun.inference.decode.slot_cache: each row's K/V written at that row's position
+through its block table, a 4D mask per row, per-row
 `position_ids`), so any family whose attention goes through Transformers' attention interface with sdpa or eager
 attention runs. Both answer:
 
@@ -108,7 +109,7 @@ def padded(prompts: list[list[int]], left: bool, device: Any) -> tuple[Any, Any]
 
 
 class FusedStep:
-    """The fused Llama-family step over the KV manager's plain K/V tensors (prompts right-padded)."""
+    """The fused Llama-family step over the KV manager's paged K/V (prompts right-padded)."""
 
     name = "fused"
 
@@ -146,27 +147,27 @@ class FusedStep:
 
 
 class ModelStep:
-    """The model's own forward over the KV manager's `SlotCache` (prompts left-padded: each row's last token in the
-    last column). Allocates the cache rows by a one-token prefill of slot 0, outside inference mode so later steps
-    may update them from any mode."""
+    """The model's own forward over a `SlotCache` of the KV manager's blocks (prompts left-padded: each row's last
+    token in the last column). Allocates the block pools by a one-token prefill of slot 0 (its writes land in the
+    scratch block), outside inference mode so later steps may update them from any mode."""
 
     name = "model"
 
     def __init__(self, model: Any, kv: Any, position: Any, adapters: Any = None) -> None:
         import torch
 
-        from ..decode.slot_cache import attention_kind
+        from ..decode.slot_cache import SlotCache, attention_kind
 
         config = model.config.get_text_config(decoder=True)
         self.model = model if adapters is None else adapters.model  # a PeftModel over `model` with LoRA adapters
         self.adapters = adapters  # each slot's adapter name (hwrun.inference.engine.adapters.AdapterRows) or None
         self.device = model.device
-        self.max_cache_len = kv.max_cache_len
-        self.cache = kv.slot_cache(config.num_hidden_layers, position)
+        self.kv = kv
+        self.cache = SlotCache(kv, config.num_hidden_layers, position)
         self.cache_keyword = cache_keyword(model)
         self.attention = attention_kind(model)
         self.mask_dtype = model.dtype
-        self.key_index = torch.arange(kv.max_cache_len, device=self.device)
+        self.key_index = torch.arange(kv.span_len, device=self.device)
         with torch.inference_mode(False), torch.no_grad():
             self._left_padded(torch.zeros((1, 1), dtype=torch.long, device=self.device),
                               torch.zeros(1, dtype=torch.long, device=self.device))
@@ -188,7 +189,8 @@ class ModelStep:
     def decode(self, token: Any, position: Any, columns: int) -> Any:
         """Logits of one decode step of the first `token.shape[0]` rows; each row sees the columns up to its own
         position (written by this step's update)."""
-        keys = self.key_index if columns == self.max_cache_len else self.key_index[:columns]
+        span = self.kv.span(columns)  # attention reads whole blocks; the mask hides positions past each row's
+        keys = self.key_index if span == self.kv.span_len else self.key_index[:span]
         return self._forward(token, position, keys[None, None, :] <= position[:, :, None], range(token.shape[0]))
 
     def prefill(self, prompts: list[list[int]], rows: Any) -> Any:
@@ -220,7 +222,7 @@ class ModelStep:
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         positions = torch.arange(offset, offset + len(tokens), device=self.device).unsqueeze(0)
         visible = self.key_index[:offset + len(tokens)][None, None, :] <= positions[:, :, None]
-        self.cache.extending(row, offset)
+        self.cache.extending(torch.tensor([row], dtype=torch.long, device=self.device), offset)
         try:
             return self._forward(ids, positions, visible, [row])
         finally:
