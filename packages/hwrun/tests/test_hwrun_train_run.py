@@ -19,7 +19,6 @@ from hwrun.training import (
     latest_complete_checkpoint,
 )
 from hwrun.training.checkpoints import schedule_change
-from hwrun.training.trainer import HwTrainer
 
 TEXT = ("The king said to the queen that the castle was cold. The queen said the king should build a "
         "fire. Once upon a time there was a little house by the river. ") * 12
@@ -154,14 +153,16 @@ def test_sigterm_saves_and_resume_continues_the_same_loss_curve(tiny, cpu_plan, 
 
 def test_failure_inside_save_leaves_previous_checkpoint_loadable(tiny, cpu_plan, tmp_path, monkeypatch):
     out = tmp_path / "crash"
-    original = HwTrainer._save_rng_state
+    from transformers import Trainer
+
+    original = Trainer._save_rng_state
 
     def failing(self, output_dir):
         if self.state.global_step == 4:
             raise OSError("disk full (injected)")
         return original(self, output_dir)
 
-    monkeypatch.setattr(HwTrainer, "_save_rng_state", failing)
+    monkeypatch.setattr(Trainer, "_save_rng_state", failing)
     with pytest.raises(OSError, match="injected") as caught:  # a CheckpointWriteError, also an OSError
         hwrun.train(cpu_plan, tiny[1], lora=True, max_steps=6, save_steps=2, output_dir=out, **FAST)
     assert f"the last complete checkpoint, {out / 'checkpoint-2'}, is untouched" in str(caught.value)
@@ -175,7 +176,7 @@ def test_failure_inside_save_leaves_previous_checkpoint_loadable(tiny, cpu_plan,
     base, _ = hwrun.load(cpu_plan)
     PeftModel.from_pretrained(base, str(out / "checkpoint-2"))  # the previous checkpoint loads
 
-    monkeypatch.setattr(HwTrainer, "_save_rng_state", original)
+    monkeypatch.setattr(Trainer, "_save_rng_state", original)
     resumed = hwrun.train(cpu_plan, tiny[1], lora=True, max_steps=6, save_steps=2, output_dir=out, **FAST)
     assert resumed.resumed_from == str(out / "checkpoint-2") and resumed.global_step == 6
     assert not (out / ".staging-checkpoint-4").exists()

@@ -37,9 +37,11 @@ from transformers import TrainerCallback
 
 from .checkpoints import (
     STAGING_PREFIX,
+    as_os_error,
     latest_complete_checkpoint,
     publish,
     staging_folder,
+    write_failed,
     write_manifest,
 )
 from .guard import NonFiniteGuard
@@ -72,6 +74,7 @@ class HwrunCallback(TrainerCallback):
         self.plan = plan
         self._installed = False
         self._run_dir: str | None = None  # args.output_dir while a save is pointed at its staging folder
+        self._saving: Path | None = None  # the staging folder from _stage until its checkpoint is published
         #: checkpoint folders this callback published with a manifest
         self.stamped: list[Path] = []
         #: the plan's choices recorded in each manifest ({} without a plan)
@@ -129,6 +132,7 @@ class HwrunCallback(TrainerCallback):
             shutil.rmtree(staging)
         _barrier()  # no rank writes into the staging folder before rank 0 emptied it
         self._run_dir = args.output_dir
+        self._saving = staging
         args.output_dir = str(staging)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -139,8 +143,15 @@ class HwrunCallback(TrainerCallback):
             args.output_dir, self._run_dir = run_dir, None
         _barrier()  # every rank's files are in place
         if not state.is_world_process_zero:
+            self._saving = None
             _barrier()
             return control
+        self._publish(args, state, run_dir, staged_into)
+        self._saving = None  # published: a later error is not this save's
+        return control
+
+    def _publish(self, args: Any, state: Any, run_dir: str | None, staged_into: str) -> None:
+        """Rank 0: stamp the staged checkpoint and rename it into place, then apply save_total_limit."""
         name = f"checkpoint-{state.global_step}"
         folder = Path(args.output_dir) / name
         try:
@@ -158,11 +169,10 @@ class HwrunCallback(TrainerCallback):
             else:
                 logger.warning("on_save at step %d: no folder %s to stamp (a trial or custom output dir?); its files "
                                "have no checksums.", state.global_step, folder)
-                return control
+                return
             self.stamped.append(folder)
         finally:
             _barrier()  # the other ranks go on once the checkpoint is published
-        return control
 
     @staticmethod
     def _fix_best(state: Any, staged_into: str, run_dir: str) -> None:
@@ -180,6 +190,18 @@ class HwrunCallback(TrainerCallback):
         rotate_checkpoints(output_dir=args.output_dir, save_total_limit=args.save_total_limit,
                            best_model_checkpoint=state.best_model_checkpoint, use_mtime=True)
 
+    def save_failure(self, args: Any, error: BaseException) -> Exception | None:
+        """After `error` came out of `trainer.train()`: when it broke off a checkpoint save on a write (disk full,
+        read-only, I/O), the `CheckpointWriteError` naming the cause and the checkpoint kept, the partial save removed
+        (by the saving process); None for any other error. Gives `args.output_dir` back either way."""
+        staging, self._saving = self._saving, None
+        self.restore_output_dir(args)
+        failed = as_os_error(error) if staging is not None else None
+        if failed is None:
+            return None
+        name = staging.name[len(STAGING_PREFIX):]
+        return write_failed(name, Path(args.output_dir), failed, staging if args.should_save else None)
+
     def restore_output_dir(self, args: Any) -> None:
         """Give `args.output_dir` back if a save pointed it at a staging folder and never finished (an exception
         in Trainer's save: no hook runs after it). Called by `on_train_begin` and `on_train_end`."""
@@ -189,6 +211,7 @@ class HwrunCallback(TrainerCallback):
             args.output_dir, self._run_dir = self._run_dir, None
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self._saving = None  # a staged save the guard vetoed
         self.restore_output_dir(args)  # a save was announced but never came (training stopped by another hook)
         if self.stopper is not None and self._installed:
             self.stopper.uninstall()

@@ -580,41 +580,42 @@ def _note_unapplied_swiglu(model: Any, choice: Any, explicit: bool, reasons: dic
 
 @dataclass
 class Training:
-    """The trainer of a run and its callbacks (what phase 7 reads after training)."""
+    """The trainer of a run and its callbacks (what phase 7 reads after training): `saver` is the HwrunCallback whose
+    `stopper` and `guard` these are."""
 
     trainer: Any
     stopper: Any
     guard: Any
     output: Any = None
+    saver: Any = None
 
 
 def _trainer(model: Any, tokenizer: Any, dataset: Any, args: Any, run: RunSettings, eval_dataset: Any = None
              ) -> Training:
-    """HwTrainer with hwrun's callbacks: the caller's, then SIGTERM/SIGINT saving, the non-finite guard
-    (after the saver: it can veto that save), the loss lines, the TensorBoard event log."""
-    from transformers import default_data_collator
+    """Transformers' Trainer with hwrun's callbacks: the caller's, then HwrunCallback (SIGTERM/SIGINT saving, the
+    non-finite guard that can veto that save, atomic checkpoints), the loss lines, the TensorBoard event log."""
+    from transformers import Trainer, default_data_collator
 
-    from .guard import NonFiniteGuard
+    from .callbacks import HwrunCallback
     from .sharding import is_sharded
-    from .trainer import GracefulStop, HwTrainer, LossLog
+    from .trainer import LossLog
 
-    stopper = GracefulStop()
-    guard = NonFiniteGuard(run.on_nonfinite, check_weights=not is_sharded(args))
-    callbacks = [*run.callbacks, stopper, guard, LossLog(run.echo)]
+    saver = HwrunCallback(run.on_nonfinite, check_weights=not is_sharded(args))
+    saver.record = dict(run.record)  # the kind of run, checked when a later run resumes
+    callbacks = [*run.callbacks, saver, LossLog(run.echo)]
     if run.events and not _reports(args):
         from .events import EVENTS_DIR, EventLog
 
         world = max(1, args.world_size)
         callbacks.append(EventLog(Path(args.output_dir) / EVENTS_DIR,
                                   _tokens_per_step(dataset, run.batch_size, run.grad_accum, world)))
-    trainer = HwTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_dataset,
-                        processing_class=tokenizer, data_collator=default_data_collator, callbacks=callbacks)
-    trainer.hw_run = dict(run.record)
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_dataset,
+                      processing_class=tokenizer, data_collator=default_data_collator, callbacks=callbacks)
     if run.echo is not None:
         from transformers.trainer_callback import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)  # LossLog's lines replace its raw log dicts
-    return Training(trainer, stopper, guard)
+    return Training(trainer, saver.stopper, saver.guard, saver=saver)
 
 
 def _reports(args: Any) -> bool:
@@ -646,12 +647,15 @@ def _train(training: Training, where: OutputPlan, run: RunSettings) -> None:
     installed = training.stopper.install()
     try:
         training.output = trainer.train(resume_from_checkpoint=where.resume_from)
-    except Exception as error:  # a checkpoint pickle torch refused: named as hwrun's error, not torch's advice
+    except Exception as error:
         from .checkpoints import is_refused_pickle, refused_pickle
 
+        failed_save = training.saver.save_failure(trainer.args, error)  # disk full mid-save: CheckpointWriteError
+        if failed_save is not None:
+            raise failed_save from error
         if where.resume_from is None or not is_refused_pickle(error):
             raise
-        raise refused_pickle(where.resume_from, error) from None
+        raise refused_pickle(where.resume_from, error) from None  # named as hwrun's error, not torch's advice
     finally:
         if installed:
             training.stopper.uninstall()

@@ -1,76 +1,13 @@
-"""`HwTrainer`: Transformers' `Trainer` whose checkpoints are atomic (staging folder, fsync,
-manifest, rename), plus the callbacks that make SIGTERM/SIGINT save and stop cleanly."""
+"""The Trainer callbacks `hwrun train` adds beside `HwrunCallback` (callbacks.py, which makes its checkpoints atomic
+from public hooks): `GracefulStop` (SIGTERM/SIGINT: save and stop) and `LossLog` (the CLI's loss lines)."""
 
 from __future__ import annotations
 
-import logging
-import shutil
-from pathlib import Path
 from typing import Any
 
-from transformers import Trainer, TrainerCallback
-from transformers.trainer_utils import rotate_checkpoints
+from transformers import TrainerCallback
 
-from .checkpoints import as_os_error, publish, staging_folder, write_failed, write_manifest
 from .signals import SignalStop
-
-logger = logging.getLogger(__name__)
-
-
-class HwTrainer(Trainer):
-    """A `Trainer` that writes each checkpoint into `.staging-checkpoint-N/` first and renames it
-    to `checkpoint-N` only once every file is fsynced and the manifest says complete."""
-
-    _hw_staging: Path | None = None
-    #: what kind of run this is ({"kind": "lora" | "qlora" | "full", "model": ...}), stamped into
-    #: every checkpoint's manifest so that a resume by a different kind of run is refused
-    hw_run: dict | None = None
-
-    def _get_output_dir(self, trial: Any) -> str:
-        if self._hw_staging is not None:
-            return str(self._hw_staging)
-        return super()._get_output_dir(trial)
-
-    def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        run_dir = Path(super()._get_output_dir(trial))
-        step = self.state.global_step
-        staging = staging_folder(run_dir, step)
-        if self.args.should_save and staging.exists():
-            logger.warning("Removing %s, left by an earlier save that did not finish.", staging)
-            shutil.rmtree(staging)
-        self.accelerator.wait_for_everyone()
-        self._hw_staging = staging
-        try:
-            # Writes model, optimizer, scheduler, RNG and trainer state into staging/checkpoint-N
-            # (its own rotation then sees only that one folder).
-            super()._save_checkpoint(model, trial)
-        except Exception as error:  # disk full, read-only, I/O: the partial save goes, the last checkpoint stays
-            failed = as_os_error(error)
-            if failed is None:
-                raise
-            raise write_failed(f"checkpoint-{step}", run_dir, failed, staging if self.args.should_save else None) \
-                from error
-        finally:
-            self._hw_staging = None
-        self.accelerator.wait_for_everyone()
-        if self.args.should_save:
-            staged = staging / f"checkpoint-{step}"
-            final = run_dir / f"checkpoint-{step}"
-            try:
-                write_manifest(staged, step, self.hw_run)
-                publish(staged, final)
-            except Exception as error:
-                failed = as_os_error(error)
-                if failed is None:
-                    raise
-                raise write_failed(f"checkpoint-{step}", run_dir, failed, staging) from error
-            shutil.rmtree(staging, ignore_errors=True)
-            if self.state.best_model_checkpoint and str(staging) in self.state.best_model_checkpoint:
-                self.state.best_model_checkpoint = str(final)
-            rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
-                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
-            logger.info("Checkpoint %s written atomically.", final)
-        self.accelerator.wait_for_everyone()
 
 
 class GracefulStop(SignalStop, TrainerCallback):
