@@ -162,3 +162,44 @@ def test_paged_steps_replay_through_the_xpu_fakes_graphs_with_preemption(model, 
         assert streams[index] == references[index], f"request {index}"
     assert engine.scheduler.preemptions > 0
     _no_leak(engine)
+
+
+def _greedy(model, prompt, n):
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(model.generate(torch.tensor([seq]), max_new_tokens=1, do_sample=False, pad_token_id=0)[0, -1]))
+    return seq[len(prompt):]
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_a_shared_prompt_prefix_is_prefilled_once_and_outlives_its_requests(model, step):
+    system = [(5 * i) % 70 + 6 for i in range(40)]  # two full blocks of 16, and 8 more tokens
+    first, second = [*system, 9, 12, 3], [*system, 21, 4]
+    engine = EngineCore(model, slots=2, max_cache_len=96, step=step, prefill_chunk=64)
+    streams: dict = {}
+
+    def collect():
+        for event in engine.step():
+            streams.setdefault(event.request_id, []).append(event.token_id)
+
+    engine.add("a", first, max_new_tokens=6, eos_token_id=None)
+    collect()
+    engine.add("b", second, max_new_tokens=7, eos_token_id=None)
+    collect()  # b's prefill starts at position 32: its first two blocks are a's
+    rows = {engine.scheduler.requests[key].slot: key for key in ("a", "b")}
+    a_row, b_row = (engine.kv.rows[slot] for slot in sorted(rows, key=rows.get))
+    assert engine.kv.blocks.hits == 2 and a_row[:2] == b_row[:2] and a_row[2] != b_row[2]
+    while engine.active:
+        collect()
+    assert engine.kv.free_blocks == engine.kv.num_blocks  # shared blocks went back once both left
+    engine.add("c", first, max_new_tokens=5, eos_token_id=None)  # the prefix stayed cached in the free pool
+    while engine.active:
+        collect()
+    assert engine.kv.blocks.hits == 4
+    assert streams["a"] == _greedy(model, first, 6) and streams["b"] == _greedy(model, second, 7)
+    assert streams["c"] == streams["a"][:5]
+    _no_leak(engine)
+    plain = EngineCore(model, slots=2, max_cache_len=96, step=step, prefix_caching=False)
+    assert plain.generate([first, second], [6, 7], eos_token_id=None) == [streams["a"], streams["b"]]
+    assert plain.kv.blocks.hits == 0

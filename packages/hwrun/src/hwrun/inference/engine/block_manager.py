@@ -12,7 +12,8 @@ left keeps its hash until the pool needs it again (least recently freed first), 
 Host bookkeeping only (no torch): which blocks a request holds and where its next token goes. The engine's KV-cache
 manager (`kv_cache.KVCache`) owns one and mirrors its tables into a device block table; the scheduler asks it for
 room (`needed`, `reserve`) before it prefills or steps a request and preempts (frees and later recomputes) the newest
-request when the pool is full. Prefix caching (`allocate` of a prompt) is bookkeeping the engine does not use yet.
+request when the pool is full. The engine shares cached prefixes with `share` at a prompt's first chunk and indexes
+blocks with `register` once their K/V are written (`allocate` indexes a prompt's blocks at once: bookkeeping only).
 """
 
 from __future__ import annotations
@@ -169,6 +170,32 @@ class BlockManager:
         table.tokens = max(table.tokens, tokens)
         table.blocks += [self._take() for _ in range(need)]
         return table.blocks
+
+    def share(self, request_id: Any, tokens: Sequence[int]) -> int:
+        """A new table for `request_id` holding the cached blocks of `tokens`' leading full blocks (the last token's
+        never): the positions they cover, where its prefill starts."""
+        cached = self._cached_prefix(tokens)
+        self.lookups += (len(tokens) - 1) // self.block_size
+        self.hits += len(cached)
+        for block in cached:
+            self._hold(block)
+        covered = len(cached) * self.block_size
+        self.tables[request_id] = BlockTable(list(cached), covered, covered)
+        return covered
+
+    def register(self, request_id: Any, tokens: Sequence[int], written: int) -> None:
+        """Index by prefix hash the full blocks of `tokens` whose K/V `request_id` has written (its first `written`
+        positions; the last token's block never), so later prompts starting with them share them."""
+        table = self.tables.get(request_id)
+        if not self.prefix_caching or table is None:
+            return
+        previous = None
+        for index in range(min(written, len(tokens) - 1) // self.block_size):
+            start = index * self.block_size
+            previous = block_hash(previous, tokens[start:start + self.block_size])
+            block = table.blocks[index]
+            if self.hash_of[block] is None and previous not in self.by_hash:
+                self.hash_of[block], self.by_hash[previous] = previous, block
 
     def free(self, request_id: Any) -> None:
         """Give back `request_id`'s blocks; full blocks keep their prefix hash until the pool reuses them."""

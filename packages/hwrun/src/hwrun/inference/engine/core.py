@@ -59,14 +59,16 @@ class EngineCore:
     steps every slot always, one graph); `cache_buckets` the cache lengths its attention may be bounded to;
     `prefill_chunk` the prompt tokens a step prefills (default per device: `scheduler.prefill_chunk_for`);
     `kv_cache_memory` the bytes (or fraction of the free device memory after load) of K/V blocks the requests share
-    (default per device: `kv_memory.kv_budget`; `kv_report` says what it holds)."""
+    (default per device: `kv_memory.kv_budget`; `kv_report` says what it holds); `prefix_caching` lets a prompt
+    share the blocks of a prefix an earlier prompt wrote (hashed by the token chain; freed least recently used)."""
 
     def __init__(self, model: Any, *, slots: int, max_cache_len: int, use_graphs: bool | None = None,
                  compile_backend: Any = None, compile_mode: str | None = None, tune: bool = False,
                  check_every: int = 16, prefill_tokens: int = PREFILL_TOKENS, step: str = "auto",
                  platform: Any = None, buckets: Sequence[int] | None = None,
                  cache_buckets: Sequence[int] | None = None, prefill_chunk: int | None = None,
-                 adapters: Sequence[tuple[str, str]] | None = None, kv_cache_memory: Any = None) -> None:
+                 adapters: Sequence[tuple[str, str]] | None = None, kv_cache_memory: Any = None,
+                 prefix_caching: bool = True) -> None:
         step, use_graphs = plan_adapters(adapters, step, use_graphs, compile_backend)
         self.platform = model_platform(model, platform)
         check_compile_allowed(self.platform, compile_backend)
@@ -96,7 +98,8 @@ class EngineCore:
             self.kv_report = KVReport(blocks, block_size, bytes_per_token, max_cache_len, why)
             return blocks
 
-        self.kv = KVCache(slots, max_cache_len, sizer=sizer)
+        # shared prompt prefixes (prefix_caching): off with LoRA adapters, whose K/V differ per adapter
+        self.kv = KVCache(slots, max_cache_len, sizer=sizer, prefix_caching=prefix_caching and not adapters)
         self.adapters = AdapterRows(model, adapters, slots) if adapters else None
         self.runner = ModelRunner(model, self.step_name, self.kv, platform=self.platform,
                                   graph_tools=self.graph_tools, use_graphs=self.use_graphs,

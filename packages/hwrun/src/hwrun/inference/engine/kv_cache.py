@@ -31,19 +31,20 @@ SCRATCH = 0
 class KVCache:
     """Paged K/V for `slots` rows of up to `max_cache_len` positions each: `num_blocks` blocks of `block_size`
     (default: every slot at `max_cache_len`, the old reservation; `sizer(bytes_per_token)` -> blocks decides it
-    instead once the model's K/V shape is known, at `allocate`)."""
+    instead once the model's K/V shape is known, at `allocate`); `prefix_caching` shares full prompt blocks."""
 
     paged = True
 
     def __init__(self, slots: int, max_cache_len: int, num_blocks: int | None = None,
-                 block_size: int = DEFAULT_BLOCK_SIZE, sizer: Any = None) -> None:
+                 block_size: int = DEFAULT_BLOCK_SIZE, sizer: Any = None, prefix_caching: bool = False) -> None:
         self.slots = slots
         self.max_cache_len = max_cache_len
         self.block_size = block_size
         self.max_blocks = blocks_for(max_cache_len, block_size)  # table columns: blocks of a max-length row
         self.span_len = self.max_blocks * block_size  # positions a whole table row addresses
         self.owner: list[Any] = [None] * slots  # request key per slot (None: free)
-        self.blocks = BlockManager(num_blocks or slots * self.max_blocks, block_size, prefix_caching=False)
+        self.prefix_caching = prefix_caching
+        self.blocks = BlockManager(num_blocks or slots * self.max_blocks, block_size, prefix_caching=prefix_caching)
         self.sizer = sizer
         self.bytes_per_token = 0  # known at allocate
         self.rows: list[list[int]] = [[] for _ in range(slots)]  # host mirror: each slot's device blocks
@@ -111,6 +112,21 @@ class KVCache:
             self._dirty.add(slot)
         return True
 
+    def share(self, slot: int, tokens: list[int]) -> int:
+        """The request in `slot` (holding no blocks) takes the cached blocks of `tokens`' leading full blocks (prefix
+        caching; 0 without it): the positions they cover, where its prefill starts."""
+        if not self.prefix_caching or self.rows[slot]:
+            return 0
+        covered = self.blocks.share(self.owner[slot], tokens)
+        self.rows[slot] = [b + 1 for b in self.blocks.tables[self.owner[slot]].blocks]
+        self._dirty.add(slot)
+        return covered
+
+    def register(self, slot: int, tokens: list[int], written: int) -> None:
+        """Index the full blocks of `tokens` the request in `slot` has written (its first `written` positions)."""
+        if self.prefix_caching:
+            self.blocks.register(self.owner[slot], tokens, written)
+
     def drop(self, slot: int) -> None:
         """Give back the blocks of the request in `slot` (it keeps the slot: preempted, it recomputes later)."""
         if self.owner[slot] is not None:
@@ -140,7 +156,7 @@ class KVCache:
         self.bytes_per_token = 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
         if self.sizer is not None:
             num_blocks = self.sizer(self.bytes_per_token, self.block_size)
-            self.blocks = BlockManager(num_blocks, self.block_size, prefix_caching=False)
+            self.blocks = BlockManager(num_blocks, self.block_size, prefix_caching=self.prefix_caching)
         shape = (self.num_blocks + 1, kv_heads, self.block_size, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]

@@ -132,6 +132,8 @@ class Scheduler:
             if budget <= 0 or request in self.preempted:
                 break  # first come, first served: a request preempted now waits, and so does everyone after it
             source = request.source
+            if not request.prefilled and not self.kv.holds(request.slot):  # its first chunk: a cached prefix?
+                request.prefilled = self.kv.share(request.slot, source)
             end = min(len(source), request.prefilled + budget)
             last = end == len(source)
             followers = request.followers if last else []
@@ -195,6 +197,7 @@ class Scheduler:
         for chunk in forward:
             request = self.requests[self.kv.owner[chunk.slot]]
             request.prefilled = chunk.start + len(chunk.tokens)
+            self.kv.register(chunk.slot, request.source, request.prefilled)  # its written blocks: a prefix to share
             if chunk.last and request.recompute is not None:  # a preempted request back where it was
                 request.prefilled, request.recompute, request.saved = request.length, None, None
             elif chunk.last:
