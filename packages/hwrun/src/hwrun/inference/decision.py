@@ -343,10 +343,13 @@ TP_ENGINE_REASON = ("tensor parallel (tp={tp}): rank 0 schedules and every rank 
                     "each rank")
 
 
-def decide_serving(plan: RunPlan, model: Any, engine: str = "auto", *, adapters: int = 0) -> DecodeDecision:
+def decide_serving(plan: RunPlan, model: Any, engine: str = "auto", *, adapters: int = 0,
+                   max_cache_len: int | None = None) -> DecodeDecision:
     """How `hwrun serve` decodes live requests with `model`: hwrun's engine or Transformers' continuous batching
     (`engine`: one of `ENGINES`), and why; `EngineStartError` when the one asked for (or every one) cannot run.
-    `adapters`: how many LoRA adapters `--lora` serves per request (hwrun's engine only, eager model steps)."""
+    `adapters`: how many LoRA adapters `--lora` serves per request (hwrun's engine only, eager model steps);
+    `max_cache_len`: the context served (its RoPE and sliding window are asked of the engine's steps now, not
+    found when the engine is built)."""
     if engine not in ENGINES:
         raise EngineStartError(f"--engine {engine!r} is not an engine; use one of {', '.join(ENGINES)}.")
     from .engine.steps import slot_step_support
@@ -360,7 +363,7 @@ def decide_serving(plan: RunPlan, model: Any, engine: str = "auto", *, adapters:
             raise EngineStartError("--compile with --lora: adapters per request run eager model steps (PEFT groups "
                                    "rows by adapter on the host, which no graph or compiled step holds); leave "
                                    "--compile out, or merge the adapter into the model and serve that.")
-        step, why = slot_step_support(model, "model")
+        step, why = slot_step_support(model, "model", max_cache_len)
         if step is None:
             raise EngineStartError(f"--lora: hwrun's engine cannot serve this model: {why}.")
         return DecodeDecision("continuous", batching, "graphs", f"{adapters} LoRA adapter(s) per request: hwrun's "
@@ -371,12 +374,12 @@ def decide_serving(plan: RunPlan, model: Any, engine: str = "auto", *, adapters:
         if engine == "transformers":
             raise EngineStartError(f"--engine transformers with --tp {tp}: tensor-parallel ranks run hwrun's slot "
                                    "engine in lockstep; leave --engine out or pass --engine slots.")
-        step, why = slot_step_support(model, "model")
+        step, why = slot_step_support(model, "model", max_cache_len)
         if step is None:
             raise EngineStartError(f"--tp {tp}: hwrun's engine cannot serve this model: {why}.")
         return DecodeDecision("continuous", batching, "graphs", TP_ENGINE_REASON.format(tp=tp),
                               graph_compile_backend(plan)[0])
-    step, why = support = slot_step_support(model)
+    step, why = support = slot_step_support(model, max_cache_len=max_cache_len)
     step_note = f"; step: {why}" if step is not None else ""
     ours = _engine_blockers(plan, support)
     theirs = transformers_blockers(plan, model)

@@ -1,11 +1,13 @@
 """Load the plan's model once, choose the engine (and say why), build and warm its backend.
 
 Runs in the engine's worker thread, so the server answers `/health` (503) while the model loads.
-`choose_engine` is the decision: hwrun's slot decoder where the platform has CUDA or XPU graphs and
-one of its steps runs the model (the fused Llama-family step where it applies, else the model's own
-forward over a per-row slot cache: any family with sdpa or eager attention through Transformers'
-attention interface); Transformers' continuous batching everywhere else it runs; the slot decoder
-eagerly where only it runs (Gaudi, MPS); otherwise an `EngineStartError` with every reason.
+`choose_engine` asks the decision (`hwrun.inference.decision.decide_serving`, with the context served): hwrun's
+slot decoder where the platform has CUDA or XPU graphs and one of its steps runs the model at that context (the
+fused Llama-family step where it applies, else the model's own forward over a per-row slot cache: any family with
+sdpa or eager attention through Transformers' attention interface); Transformers' continuous batching everywhere
+else it runs; the slot decoder eagerly where only it runs (Gaudi, MPS); otherwise an `EngineStartError` with every
+reason. A slot engine that still refuses to build (e.g. `--kv-cache-memory` too small) is an `EngineStartError`,
+not a silent switch of engine.
 """
 
 from __future__ import annotations
@@ -49,13 +51,14 @@ class Loaded:
     kv: dict | None = None  # the slot engine's KV blocks (`KVReport.as_dict`); None for Transformers' engine
 
 
-def choose_engine(plan: RunPlan, requested: str, model: Any, adapters: int = 0) -> EngineChoice:
+def choose_engine(plan: RunPlan, requested: str, model: Any, adapters: int = 0,
+                  max_len: int | None = None) -> EngineChoice:
     """The backend for `model` ("slots" | "transformers") and why, as `hwrun.inference.decision.decide_serving`
     decides (the one place that decides how hwrun decodes); `requested` is auto, slots or transformers; `adapters`
-    how many `--lora` adapters are served per request."""
+    how many `--lora` adapters are served per request; `max_len` the context served."""
     from ..inference.decision import decide_serving
 
-    decision = decide_serving(plan, model, requested, adapters=adapters)
+    decision = decide_serving(plan, model, requested, adapters=adapters, max_cache_len=max_len)
     return EngineChoice(decision.engine, decision.reason)
 
 
@@ -90,24 +93,13 @@ def _build(plan: RunPlan, config: ServeConfig) -> tuple[Any, EngineChoice, int, 
     model, tokenizer = load(plan)
     max_len, len_reason = context_limit(config.max_model_len, model_context(model))
     eos = tuple(sorted(_eos_ids(model, tokenizer)))
-    tp = getattr(plan, "tp", 1)
-    choice = choose_engine(plan, config.engine, model, len(config.adapters))
+    choice = choose_engine(plan, config.engine, model, len(config.adapters), max_len)
     backend: Backend | None = None
-    if choice.name == "slots":
+    if choice.name == "slots":  # decide_serving asked the engine's steps already: a refusal now is this server's
         try:
             backend = _slots_backend(plan, model, config, max_len, eos, tokenizer)
         except FastDecodeError as exc:
-            if config.engine == "slots" or tp > 1 or config.adapters:
-                raise EngineStartError(f"{'--engine slots' if tp <= 1 else f'--tp {tp}'}: the slot decoder refused "
-                                       f"this model: {exc}") from exc
-            from ..inference.decision import transformers_blockers
-
-            theirs = transformers_blockers(plan, model)
-            if theirs:
-                raise EngineStartError(f"the slot decoder refused this model ({exc}) and Transformers' continuous "
-                                       f"batching cannot run it ({'; '.join(theirs)})") from exc
-            choice = EngineChoice("transformers", f"Transformers' continuous batching; hwrun's slot decoder "
-                                                  f"refused the model: {exc}")
+            raise EngineStartError(f"hwrun's slot engine cannot start: {exc}") from exc
     if backend is None:
         from ..inference.batching import continuous_warmup
         from .backend_transformers import TransformersBackend
@@ -185,7 +177,7 @@ def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, max_len: int,
     step = "model" if getattr(plan, "tp", 1) > 1 else "auto"
     adapters = tuple(config.adapters) or None  # per request: the model step, eager (decide_serving said why)
     decoder = EngineCore(model, slots=config.max_concurrency, max_cache_len=max_len,
-                          use_graphs=None if adapters else graph_api_of(plan) is not None,
+                          use_graphs=None if adapters or graph_api_of(plan) is not None else False,
                           compile_backend=compile_backend, platform=plan.accelerator.platform, buckets=buckets,
                           step=step, adapters=adapters, kv_cache_memory=config.kv_cache_memory)
     if decoder.kv_report is not None:

@@ -42,6 +42,9 @@ def slot_step_support(model: Any, step: str = "auto", max_cache_len: int | None 
     rope = rope_blocker(model.config, max_cache_len)
     if rope is not None:
         return None, f"neither slot step runs {type(model).__name__}: {rope}"
+    window = None if max_cache_len is None else attention_blocker(model, max_cache_len)
+    if window is not None:  # the question check_decoder_args asks at build, asked before it
+        return None, f"neither slot step runs {type(model).__name__}: it {window} (the steps attend over every position)"
     unfused = fused_step_support(model) if step != "model" else None
     if step != "model" and unfused is None:
         return "fused", FUSED_REASON
