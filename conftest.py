@@ -11,6 +11,13 @@
   module-scoped fixture (a trained run, a launched 2-process job) is built once. (`loadgroup` with xdist_group
   marks per fixture does nothing with pytest 9.2 and xdist 3.8: xdist sets `item._nodeid`, which pytest 9.2 no
   longer reads, so each worker built such a fixture again: the ZeRO runs twice, 143 s and 156 s.)
+- The scheduling of those modules (`CostFirstScheduling`, issue 40.2): xdist's loadscope hands modules out in
+  order of their test count, so a module of two 2-minute tests could start last and leave one worker running it
+  alone for minutes while the other had finished. Here the costliest module goes first (longest-processing-time
+  first), the cost being the seconds its tests took when they last ran in this checkout (`.pytest_cache`), or,
+  on a fresh clone, `EXPECTED_S` below (measured), else a guess from its test count; and the modules in `ONE_BY_ONE`
+  (many independent end-to-end tests, no module-scoped set-up) are handed out one test at a time, so that they
+  fill the gaps at the end instead of being one long block.
 """
 
 from __future__ import annotations
@@ -44,10 +51,6 @@ def _keep_bytecode(config: pytest.Config) -> None:
     sys.dont_write_bytecode = False
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    _keep_bytecode(config)
-
-
 #: Device-selection and mode variables that code under test may set in os.environ (hwrun's plan applies its env;
 #: the Gaudi fake reads PT_HPU_LAZY_MODE): each test gets them back as they were, so none leaks into the next test
 #: of the same xdist worker (a PT_HPU_LAZY_MODE=1 left behind failed an unrelated hwcompile test on 2026-12-06).
@@ -66,3 +69,151 @@ def _restore_device_variables():
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+# Scheduling of the xdist workers (issue 40.2; the module doc says why). -----------------------------------------
+
+#: Modules whose tests are handed out one at a time: each test is an end-to-end run of its own (a subprocess, a
+#: server, torchrun's ranks) and none shares a module-scoped set-up, so spreading them over the workers builds
+#: nothing twice.
+ONE_BY_ONE = frozenset({
+    "tests/reliability/test_cli_cases.py",
+})
+
+#: Seconds each of the costliest modules took (all its tests: set-up, call and teardown) in a full `uv run pytest`
+#: (2026-12-06 13:39-14:42 UTC, this 2-core machine at load 4-20, mostly 10-16, beside other work: ~5x a quiet
+#: run's time; their ratios are what matters). They set the order on a fresh clone, where `.pytest_cache` holds no
+#: run yet. A module missing here is guessed from its test count (`_GUESS_PER_TEST_S`); a wrong figure only changes
+#: the order, never what runs.
+EXPECTED_S: dict[str, float] = {
+    "packages/hwrun/tests/test_hwrun_decode_slots_buckets.py": 1018,
+    "packages/hwrun/tests/test_hwrun_families.py": 547,
+    "packages/hwrun/tests/test_hwrun_train_fsdp.py": 426,
+    "tests/reliability/test_cli_cases.py": 340,
+    "packages/hwrun/tests/test_hwrun_train_run.py": 338,
+    "packages/hwrun/tests/test_hwrun_decode_slots_families.py": 312,
+    "packages/hwrun/tests/test_hwrun_decode_slots_steps.py": 288,
+    "packages/hwrun/tests/test_hwrun_inf_generate.py": 286,
+    "packages/hwrun/tests/test_hwrun_decode_sampling.py": 204,
+    "packages/hwrun/tests/test_hwrun_train_deepspeed.py": 158,
+    "packages/hwrun/tests/test_hwrun_tp_generate.py": 151,
+    "packages/hwrun/tests/test_hwrun_engine_sampling_knobs.py": 132,
+    "packages/hwattn/tests/test_hwattn_declared.py": 132,
+    "packages/hwrun/tests/test_hwrun_train_output.py": 130,
+    "packages/hwrun/tests/test_hwrun_train_nonfinite.py": 130,
+    "packages/hwrun/tests/test_hwrun_engine_chunked_prefill.py": 120,
+    "packages/hwrun/tests/test_hwrun_serve_soak.py": 119,
+    "packages/hwrun/tests/test_hwrun_tp_serve.py": 118,
+    "packages/hwenv/tests/test_hwenv_gaudi_fake_drift.py": 118,
+    "packages/hwrun/tests/test_hwrun_serve_openai_server.py": 117,
+    "packages/hwrun/tests/test_hwrun_train_owner.py": 116,
+    "packages/hwrun/tests/test_hwrun_train_faults.py": 114,
+    "packages/hwenv/tests/test_hwenv_platforms.py": 114,
+    "packages/hwrun/tests/test_hwrun_decode_families.py": 112,
+    "packages/hwrun/tests/test_hwrun_train_fsdp_cli.py": 110,
+    "packages/hwrun/tests/test_hwrun_serve.py": 107,
+    "packages/hwrun/tests/test_hwrun_engine_sampling_choices.py": 95,
+    "packages/hwrun/tests/test_hwrun_decode_graph_fakes.py": 91,
+    "packages/hwrun/tests/test_hwrun_inf_fastdecode.py": 86,
+    "packages/hwcompile/tests/test_hwcompile_cache.py": 86,
+    "packages/hwrun/tests/test_hwrun_train_callbacks.py": 81,
+    "packages/hwrun/tests/test_hwrun_train_progress.py": 75,
+    "packages/hwrun/tests/test_hwrun_train_resume_match.py": 68,
+    "packages/hwrun/tests/test_hwrun_train_kernels.py": 54,
+    "packages/hwrun/tests/test_hwrun_train_chat_data.py": 51,
+    "tests/test_compose_stack.py": 51,
+    "packages/hwrun/tests/test_hwrun_train_kernel_policy.py": 47,
+    "packages/hwrun/tests/test_hwrun_train_cli.py": 44,
+    "packages/hwrun/tests/test_hwrun_serve_soak_faults.py": 41,
+    "packages/hwrun/tests/test_hwrun_quant_torchao_cpu.py": 41,
+    "packages/hwdist/tests/test_hwdist_hot_path.py": 41,
+    "packages/hwrun/tests/test_hwrun_train_readme.py": 300,  # 153 s on a quiet machine; not in that run's figures
+}
+
+_GUESS_PER_TEST_S = 0.5
+_SECONDS_KEY = "hwstack/test-seconds"
+
+
+def _module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def _scope_of(nodeid: str) -> str:
+    """A module's tests stay together (they may share its module-scoped fixtures), except in `ONE_BY_ONE`."""
+    module = _module_of(nodeid)
+    return nodeid if module in ONE_BY_ONE else module
+
+
+def _make_cost_first_scheduling(config: pytest.Config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class CostFirstScheduling(LoadScopeScheduling):
+        """xdist's loadscope, but the costliest pending unit (a module, or one test of `ONE_BY_ONE`) goes first."""
+
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            cache = getattr(config, "cache", None)
+            self.seconds: dict[str, float] = dict(cache.get(_SECONDS_KEY, {})) if cache is not None else {}
+            self.module_sizes: dict[str, int] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope_of(nodeid)
+
+        def cost(self, scope: str, tests) -> float:
+            known = [self.seconds[t] for t in tests if t in self.seconds]
+            if len(known) == len(tests):  # every test ran in this checkout before (a run with -k ran only some)
+                return sum(known)
+            module = _module_of(scope)
+            if module in EXPECTED_S:
+                if self.module_sizes is None:
+                    self.module_sizes = {}
+                    for nodeid in self.collection or ():
+                        self.module_sizes[_module_of(nodeid)] = self.module_sizes.get(_module_of(nodeid), 0) + 1
+                return EXPECTED_S[module] * len(tests) / max(1, self.module_sizes.get(module, len(tests)))
+            return sum(known) + _GUESS_PER_TEST_S * (len(tests) - len(known))
+
+        def _assign_work_unit(self, node) -> None:
+            costliest = max(self.workqueue, key=lambda scope: self.cost(scope, self.workqueue[scope]))
+            self.workqueue.move_to_end(costliest, last=False)
+            super()._assign_work_unit(node)
+
+        def _reschedule(self, node) -> None:
+            # xdist tops a worker up while it has 2 tests pending; 1 is enough (a worker runs a test once it knows
+            # the next one or is told to stop), and fewer units queued ahead means no worker is left, at the end,
+            # with a queue of work that the idle one could have taken.
+            if not node.shutting_down and self.workqueue and self._pending_of(self.assigned_work[node]) > 1:
+                return
+            super()._reschedule(node)
+
+    return CostFirstScheduling(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None  # `--dist load` etc. on the command line: xdist's own
+    return _make_cost_first_scheduling(config, log)
+
+
+class _TestSeconds:
+    """In the xdist controller (or a run without workers): each test's seconds, written to `.pytest_cache`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        cache = getattr(session.config, "cache", None)
+        if cache is None or not self.seconds:
+            return
+        seconds = dict(cache.get(_SECONDS_KEY, {}))
+        seconds.update({nodeid: round(value, 3) for nodeid, value in self.seconds.items()})
+        cache.set(_SECONDS_KEY, seconds)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _keep_bytecode(config)
+    if not hasattr(config, "workerinput"):  # not in an xdist worker: the controller sees every worker's reports
+        config.pluginmanager.register(_TestSeconds(), "hwstack-test-seconds")
