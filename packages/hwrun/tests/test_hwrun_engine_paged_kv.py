@@ -203,3 +203,25 @@ def test_a_shared_prompt_prefix_is_prefilled_once_and_outlives_its_requests(mode
     plain = EngineCore(model, slots=2, max_cache_len=96, step=step, prefix_caching=False)
     assert plain.generate([first, second], [6, 7], eos_token_id=None) == [streams["a"], streams["b"]]
     assert plain.kv.blocks.hits == 0
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_a_penalised_prompt_prefilled_beside_processed_steps_counts_only_its_own_tokens(model, step):
+    """Idle rows step too: a row whose prompt is still being prefilled must not keep the counts of the tokens its
+    idle steps chose (the penalties read them)."""
+    penalised = SamplingParams(frequency_penalty=1.5, presence_penalty=0.5)
+    long_prompt = [(7 * i) % 90 + 3 for i in range(37)]
+
+    def run(chunk, beside):
+        engine = EngineCore(model, slots=2, max_cache_len=96, step=step, prefill_chunk=chunk)
+        streams: dict = {}
+        if beside:  # a processed-kind request decoding while "p" is prefilled in chunks
+            engine.add("o", PROMPTS[0], max_new_tokens=30, eos_token_id=None, sampling=SamplingParams(logprobs=1))
+            engine.step()
+        engine.add("p", long_prompt, max_new_tokens=12, eos_token_id=None, sampling=penalised)
+        while "p" in engine.active:
+            for event in engine.step():
+                streams.setdefault(event.request_id, []).append(event.token_id)
+        return streams["p"]
+
+    assert run(4, beside=True) == run(96, beside=False)

@@ -188,6 +188,7 @@ class ModelRunner:
                     self.kv.copy(forward[i].slot, copy, forward[i].start + len(forward[i].tokens))
             index = torch.tensor(sources, dtype=torch.long, device=self.device)
             rows, logits, ends = torch.tensor(slots, dtype=torch.long, device=self.device), logits[index], ends[index]
+            self.choice.logits.counts[rows] = 0  # what idle steps chose while the prompt was prefilled is not its
             first = self.choice.first(logits, rows, slots)
             self.token[rows, 0] = first
             self.position[rows, 0] = ends
