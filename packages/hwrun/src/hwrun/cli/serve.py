@@ -20,7 +20,7 @@ from ..serve.config import (
     parse_lora,
     read_api_key,
 )
-from .main import _add_plan_options, _plan_from
+from .main import TORCH_THREADS_HELP, _add_plan_options, _plan_from
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -56,9 +56,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="memory for the slot engine's KV blocks: bytes (4GiB, 512MiB) or a fraction of the device "
                         "memory free after the model loads (0.8); default: 0.8 of it on a GPU, 2 GiB on a CPU, "
                         "never more than --max-concurrency requests of the max length hold (said at start-up)")
-    p.add_argument("--torch-threads", default=None, metavar="N",
-                   help="torch intra-op threads (default: all cores but one on the host, 1 on an accelerator; "
-                        "OMP_NUM_THREADS wins)")
+    p.add_argument("--torch-threads", default=None, metavar="N", help=TORCH_THREADS_HELP)
     p.add_argument("--keep-alive-on-engine-death", action="store_true",
                    help="when the engine process dies, keep serving 503s (/health 'failed') instead of exiting "
                         "(for a supervisor that restarts on a failed health probe)")
