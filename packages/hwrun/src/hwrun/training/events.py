@@ -159,6 +159,11 @@ class EventLog(TrainerCallback):
         self.writer.scalars(state.global_step, values)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the event file (idempotent): at the end of training, and by `train()` when training raised, where
+        Trainer calls no on_train_end (an open file kept a full disk's mount busy after a failed save)."""
         if self.writer is not None:
             self.writer.close()
             self.writer = None

@@ -659,6 +659,11 @@ def _train(training: Training, where: OutputPlan, run: RunSettings) -> None:
     finally:
         if installed:
             training.stopper.uninstall()
+        from .events import EventLog
+
+        for callback in trainer.callback_handler.callbacks:  # a run that raised gets no on_train_end
+            if isinstance(callback, EventLog):
+                callback.close()
 
 
 def _check_finite(training: Training, where: OutputPlan, run: RunSettings) -> None:
