@@ -145,7 +145,17 @@ LORA = {"lora": True, "max_steps": 3, "lr": 3e-3, "batch_size": 2, "block_size":
 def launch_fsdp(tmp_path, data, *runs):
     """One 2-process `hwdist launch` of WORKER doing `runs` ((out, train() options), in order)."""
     done = launch_worker_runs(WORKER, tmp_path, hwrun.DEFAULT_MODEL, data, list(runs))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, _failure(done)
+
+
+def _failure(done) -> str:
+    """The launch's output tails, plus every line of rank 0's or an abort's own words: one rank's long traceback
+    (a peer's "connection reset") otherwise pushes the first failing rank's message out of the tail (CI at 15:36
+    on 2026-12-06 lost a rank-0 SIGABRT's cause that way)."""
+    marks = ("[rank0]", "terminate called", "Aborted", "what():", "Error", "error_file")
+    firsts = [line for line in (done.stdout + done.stderr).splitlines()
+              if any(mark in line for mark in marks) and "[rank1]" not in line][:40]
+    return "\n".join(["first error lines:", *firsts, "tails:", done.stdout[-3000:], done.stderr[-3000:]])
 
 
 def assert_sharded(info, *, steps):
