@@ -148,7 +148,8 @@ def main(argv=None):
                "transformers": transformers.__version__, "hwrun": hwrun.__version__, "prompt_len": prompt_len,
                "new_tokens": new_tokens, "repeats": args.repeats, "quality_seqs": quality_seqs,
                "quality_len": quality_len, "date": time.strftime("%Y-%m-%d"), "methods": {}, "rows": [],
-               "compile": args.compile}
+               "compile": args.compile, "command": [sys.executable, sys.argv[0], *(sys.argv[1:] if argv is None
+                                                                            else argv)]}
     try:
         import torchao
 
