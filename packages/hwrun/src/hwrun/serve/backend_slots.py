@@ -85,6 +85,11 @@ class SlotsBackend:
         """Slots no request holds."""
         return int(self.decoder.free_slots)
 
+    def kv_stats(self) -> list[int] | None:
+        """The engine's KV use now (`KVStats.as_list`), sent with every batch; None for a decoder without blocks."""
+        stats = getattr(self.decoder, "kv_stats", None)
+        return None if stats is None else stats().as_list()
+
     def refusal(self, request: EngineRequest) -> str | None:
         """Why this backend cannot run `request`, or None."""
         if request.adapter is not None:

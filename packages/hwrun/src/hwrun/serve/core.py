@@ -3,7 +3,8 @@ tests, in a thread of the server's process.
 
 `CoreLoop.run()` takes requests, cancels and the shutdown from the front's channel between two steps, admits
 waiting requests into free slots (`backend.free_slots()`), runs `backend.step()`, and sends every event of
-that step to the front as one `Batch` message with its counters (running, waiting, free slots, steps). It
+that step to the front as one `Batch` message with its counters (running, waiting, free slots, steps, and the
+slot engine's KV use where the backend reports it: `kv_stats()`). It
 never waits on the front: sends are queued by ZeroMQ. Idle, it waits for the front's next message up to
 `IDLE_WAIT` seconds and sends an empty batch (a heartbeat) at least every `HEARTBEAT` seconds, so the front
 tells a hung step (no message for `--stall-seconds`) from an idle engine.
@@ -212,8 +213,9 @@ class CoreLoop:
         if not self._out and not force:
             return
         events, self._out = self._out, []
+        stats = getattr(self.backend, "kv_stats", None)
         self.channel.send(Batch(events, len(self.running), len(self.waiting), int(self.backend.free_slots()),
-                                self.steps))
+                                self.steps, None if stats is None else stats()))
         self._sent = time.monotonic()
 
 

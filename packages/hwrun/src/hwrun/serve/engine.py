@@ -173,6 +173,7 @@ class Engine:
         self.core_pid: int | None = None  # the engine process, once started (None: a thread of this process)
         self.steps = 0
         self.free_slots = 0
+        self.kv_stats: list[int] | None = None  # the core's KV use (`KVStats.as_list`), as its last batch said
         self._running = 0
         self._waiting = 0
         self._sinks: dict[str, Sink] = {}  # requests in flight (touched on the event loop only)
@@ -381,6 +382,8 @@ class Engine:
     def _on_batch(self, batch: Batch) -> None:
         self._running, self._waiting, self.free_slots, self.steps = (batch.running, batch.waiting,
                                                                       batch.free_slots, batch.steps)
+        if batch.kv is not None:
+            self.kv_stats = batch.kv
         if not batch.events:
             return
         make = self.detokenizer

@@ -75,13 +75,16 @@ class Ready(msgspec.Struct, array_like=True, tag="ready"):
 
 
 class Batch(msgspec.Struct, array_like=True, tag="batch"):
-    """One engine turn: its events (possibly none: a heartbeat) and the core's counters after it."""
+    """One engine turn: its events (possibly none: a heartbeat) and the core's counters after it; `kv`: the slot
+    engine's KV use (`hwrun.inference.engine.kv_memory.KVStats.as_list`: six ints), None for a backend without
+    blocks."""
 
     events: list[EventTuple]
     running: int
     waiting: int
     free_slots: int
     steps: int
+    kv: list[int] | None = None
 
 
 class Failed(msgspec.Struct, array_like=True, tag="failed"):

@@ -44,11 +44,12 @@ class Histogram:
 
 
 class Metrics:
-    """What `/metrics` reports. `queue_depth`, `running` and `steps` are read from the engine when rendered (the
-    engine core sends them with every token batch and heartbeat)."""
+    """What `/metrics` reports. `queue_depth`, `running`, `steps` and `kv_stats` are read from the engine when
+    rendered (the engine core sends them with every token batch and heartbeat)."""
 
     def __init__(self, queue_depth: Callable[[], int] = lambda: 0, running: Callable[[], int] = lambda: 0,
-                 steps: Callable[[], int] = lambda: 0) -> None:
+                 steps: Callable[[], int] = lambda: 0,
+                 kv_stats: Callable[[], Sequence[int] | None] = lambda: None) -> None:
         self.requests: dict[tuple[str, str], int] = {}  # (endpoint, outcome) -> count
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -58,6 +59,7 @@ class Metrics:
         self.queue_depth = queue_depth
         self.running = running
         self.steps = steps
+        self.kv_stats = kv_stats  # the slot engine's KV use (`KVStats.as_list`) as the core last sent it, or None
         self.info: dict[str, str] = {}
         self.kv: dict | None = None  # the slot engine's KV blocks (`KVReport.as_dict`), set at start-up
 
@@ -88,7 +90,7 @@ class Metrics:
                 ("hwrun_inter_token_latency_seconds", self.itl, "Time between a request's consecutive tokens."),
                 ("hwrun_request_duration_seconds", self.duration, "Request arrival to its last token.")):
             lines += [f"# HELP {name} {text}", f"# TYPE {name} histogram", *hist.lines(name)]
-        lines += kv_lines(self.kv)
+        lines += kv_lines(self.kv) + kv_use_lines(self.kv_stats())
         if self.info:
             labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(self.info.items()))
             lines += ["# HELP hwrun_engine_info The serving engine and device (value 1).",
@@ -113,6 +115,30 @@ def kv_lines(kv: dict | None) -> list[str]:
     lines = []
     for name, key, text in KV_GAUGES:
         lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge", f"{name} {int(kv[key])}"]
+    return lines
+
+
+#: The KV-use metrics: (name, type, help), in `KVStats` field order after `blocks` (vLLM's names in the help).
+KV_USE = (("hwrun_kv_cache_used_blocks", "gauge", "KV blocks requests hold now."),
+          ("hwrun_prefix_cache_queries_total", "counter",
+           "Prompt tokens looked up in the prefix cache (full blocks; vLLM: prefix_cache_queries)."),
+          ("hwrun_prefix_cache_hits_total", "counter",
+           "Prompt tokens found in the prefix cache, not prefilled again (vLLM: prefix_cache_hits)."),
+          ("hwrun_preemptions_total", "counter",
+           "Requests preempted for KV blocks, recomputed later (vLLM: num_preemptions)."),
+          ("hwrun_requests_waiting_for_blocks", "gauge", "Admitted requests whose prefill waits for free KV blocks."))
+
+
+def kv_use_lines(stats: Sequence[int] | None) -> list[str]:
+    """The KV-use gauges and counters of a `KVStats.as_list` (none for an engine without blocks)."""
+    if not stats:
+        return []
+    blocks, *values = stats
+    lines = ["# HELP hwrun_kv_cache_usage_ratio Fraction of the KV blocks requests hold now (vLLM: kv_cache_usage_perc).",
+             "# TYPE hwrun_kv_cache_usage_ratio gauge",
+             f"hwrun_kv_cache_usage_ratio {values[0] / blocks if blocks else 0.0:.6f}"]
+    for (name, kind, text), value in zip(KV_USE, values, strict=True):
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {int(value)}"]
     return lines
 
 

@@ -58,7 +58,7 @@ class ServeState:
         # one thread: fast tokenizers are not safe to share across threads, and encoding stays off the event loop
         self.encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwrun-serve-tokenize")
         self.metrics = Metrics(queue_depth=lambda: self.engine.queue_depth, running=lambda: self.engine.running,
-                               steps=lambda: self.engine.steps)
+                               steps=lambda: self.engine.steps, kv_stats=lambda: self.engine.kv_stats)
         self.loop: Any = None  # the server's event loop (set when the app starts)
         self.cut_scheduled = False  # the end of the grace period is scheduled (a shutdown began)
         self.runs: set[Run] = set()  # requests in flight (ended at once when the grace period of a shutdown ends)

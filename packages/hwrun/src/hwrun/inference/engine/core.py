@@ -35,7 +35,7 @@ from .adapters import AdapterRows, check_adapter, plan_adapters
 from .grammar import constrain, first_masks
 from .graphs import check_compile_allowed, decoder_graph_tools, model_platform
 from .kv_cache import KVCache
-from .kv_memory import KVReport, blocks_in, kv_budget, parse_kv_memory
+from .kv_memory import KVReport, KVStats, blocks_in, kv_budget, parse_kv_memory
 from .requests import GREEDY, TokenEvent, check_choices, choices, eos_ids
 from .runner import ModelRunner
 from .scheduler import (
@@ -157,6 +157,13 @@ class EngineCore:
     def active(self) -> set:
         """Ids of the requests added with `add()` that have not finished or been cancelled."""
         return {r.request_id for r in self.scheduler.requests.values()}
+
+    def kv_stats(self) -> KVStats:
+        """How the KV blocks are used now: blocks held, prefix-cache tokens looked up and found, preemptions, requests
+        waiting for blocks (hwrun serve's /metrics)."""
+        blocks, size = self.kv.blocks, self.kv.block_size
+        return KVStats(blocks.num_blocks, blocks.num_blocks - blocks.free_blocks, blocks.lookups * size,
+                       blocks.hits * size, self.scheduler.preemptions, self.scheduler.waiting_for_blocks)
 
     def start(self, *, sampling: bool = True, processed: bool = False) -> None:
         """Warm up before the first request: capture every (rows, cache length) bucket's greedy step (and sampled

@@ -147,3 +147,29 @@ class KVReport:
         return {"blocks": self.blocks, "block_size": self.block_size, "tokens": self.tokens, "bytes": self.bytes,
                 "bytes_per_token": self.bytes_per_token, "max_length_requests": self.max_length_requests,
                 "max_cache_len": self.max_cache_len, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class KVStats:
+    """How the KV blocks are used now (hwrun serve's /metrics, sent with every engine batch): `used_blocks` of
+    `blocks` held by requests, prompt tokens looked up in the prefix cache (`queried_tokens`: full blocks only, the
+    part a cache can hold) and found there (`hit_tokens`), `preemptions` since start, and admitted requests whose
+    prefill waits for free blocks (`waiting_for_blocks`). vLLM's `kv_cache_usage_perc`, `prefix_cache_queries`,
+    `prefix_cache_hits`, `num_preemptions`."""
+
+    blocks: int
+    used_blocks: int
+    queried_tokens: int
+    hit_tokens: int
+    preemptions: int
+    waiting_for_blocks: int
+
+    @property
+    def usage(self) -> float:
+        """The fraction of the pool's blocks requests hold (0 to 1)."""
+        return self.used_blocks / self.blocks if self.blocks else 0.0
+
+    def as_list(self) -> list[int]:
+        """Its numbers in field order (the IPC's compact form; `KVStats(*values)` reads it back)."""
+        return [self.blocks, self.used_blocks, self.queried_tokens, self.hit_tokens, self.preemptions,
+                self.waiting_for_blocks]

@@ -91,6 +91,7 @@ class Scheduler:
         self.requests: dict[Any, Request] = {}  # the admitted requests, in admission order
         self.preempted: list[Request] = []  # preempted since the engine last took them (`take_preempted`)
         self.preemptions = 0  # since construction
+        self.waiting_for_blocks = 0  # admitted requests whose prefill the last plan left waiting for free blocks
 
     def check(self, prompt: list[int], budget: Any, where: str) -> None:
         """Refuse (FastDecodeError) a prompt and budget that no slot can hold."""
@@ -126,11 +127,17 @@ class Scheduler:
         forwards: list[list[Chunk]] = []
         group: list[Chunk] = []
         width = 0  # the longest chunk in `group`
+        self.waiting_for_blocks = 0
+        starved = False  # a request before this one could not get its blocks: everyone after it waits for blocks
         for request in list(self.requests.values()):
             if request.decoding or request.waits:
                 continue
-            if budget <= 0 or request in self.preempted:
-                break  # first come, first served: a request preempted now waits, and so does everyone after it
+            if starved or request in self.preempted:
+                starved = True  # first come, first served: a request preempted now waits, and everyone after it
+                self.waiting_for_blocks += 1
+                continue
+            if budget <= 0:
+                break
             source = request.source
             if not request.prefilled and not self.kv.holds(request.slot):  # its first chunk: a cached prefix?
                 request.prefilled = self.kv.share(request.slot, source)
@@ -139,7 +146,9 @@ class Scheduler:
             followers = request.followers if last else []
             extra = len(followers) * blocks_for(request.length + steps, self.kv.block_size)
             if not self._room(request, end + (steps if last else 0), extra):
-                break  # first come, first served: nobody after it starts before it
+                starved = True  # first come, first served: nobody after it starts before it
+                self.waiting_for_blocks += 1
+                continue
             for follower in followers:
                 self.kv.reserve(follower.slot, request.length + steps)
             chunk = Chunk(request.slot, source[request.prefilled:end], request.prefilled, last,
