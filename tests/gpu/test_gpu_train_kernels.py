@@ -84,8 +84,8 @@ def _outputs(model, ids):
         return model(input_ids=ids).logits.float()
 
 
-@pytest.mark.parametrize(("impl", "kernel"), [("liger", "torch"), ("torch", "torch"), ("hwrun", "triton")])
-def test_fused_loss_candidates_match_the_models_loss(impl, kernel):
+@pytest.mark.parametrize("impl", ["liger", "torch", "hwrun", "inductor"])
+def test_fused_loss_candidates_match_the_models_loss(impl):
     from hwrun.training.patches.fused_loss import apply_fused_loss
 
     _runs_here("cross_entropy", impl)
@@ -93,7 +93,7 @@ def test_fused_loss_candidates_match_the_models_loss(impl, kernel):
     reference = _model()
     ours = copy.deepcopy(reference)
     before = _outputs(ours, ids)
-    patch = apply_fused_loss(ours.get_base_model(), compiled=False, kernel=kernel, impl=impl)
+    patch = apply_fused_loss(ours.get_base_model(), compiled=False, impl=impl)
     assert patch.applied
     _assert_close(ours, reference, ids)
     patch.undo()
@@ -144,7 +144,7 @@ def test_liger_rope_matches_the_models_rotation(fused):
     reference = _model()
     ours = copy.deepcopy(reference)
     before = _outputs(ours, ids)
-    fusion = apply_fused_projections(ours, "torch") if fused else None
+    fusion = apply_fused_projections(ours, "inductor") if fused else None
     patch = apply_liger_rope(ours)
     assert patch.reason == "Liger RoPE rotation in 2 modules"
     _assert_close(ours, reference, ids)

@@ -63,9 +63,10 @@ def test_a_new_kind_is_reported_missing_from_every_table_and_gets_conservative_d
         with pytest.raises(QuantizationError, match="no bitsandbytes row"):
             hwrun.plan(tiny, device=accel, quantization="4bit")
         from hwrun.inference.batching import continuous_warmup
-        from hwrun.training.patches.fused_loss import triton_kernel_usable
+        from hwrun.training.patches.fused_loss import chunk_function
 
-        assert not continuous_warmup("dummynpu") and not triton_kernel_usable("dummynpu")
+        assert not continuous_warmup("dummynpu")
+        assert chunk_function(True, "auto", "dummynpu").__name__ == "_chunk_loss_grad"  # unmeasured: torch form
     assert devices.missing_rows() == {}
 
 
@@ -373,21 +374,14 @@ def test_kind_of_device_type(fake_cuda, monkeypatch):
     assert devices.kind_of_device_type("cuda") == "rocm"  # the one hwenv detects
 
 
-def test_triton_kernels_only_where_the_table_allows():
+def test_the_triton_loss_kernel_only_where_it_was_measured():
     import importlib.util
 
-    from hwrun.training.patches.fused_loss import (
-        TRITON_KERNELS,
-        chunk_function,
-        triton_kernel_usable,
-    )
-    from hwrun.training.patches.swiglu import triton_swiglu_usable
+    from hwrun.training.patches.fused_loss import chunk_function
 
-    assert [kind for kind, (on, _) in TRITON_KERNELS.items() if on] == ["cuda"]
     has_triton = importlib.util.find_spec("triton") is not None
-    assert triton_kernel_usable("cuda") is has_triton and triton_swiglu_usable("cuda") is has_triton
+    assert (chunk_function(True, "auto", "cuda").__name__ == "chunk_ce_triton") is has_triton
     for kind in ("rocm", "xpu", "hpu", "mps", "cpu"):
-        assert not triton_kernel_usable(kind) and not triton_swiglu_usable(kind)
         assert chunk_function(True, "auto", kind).__name__ == "_chunk_loss_grad"
 
 

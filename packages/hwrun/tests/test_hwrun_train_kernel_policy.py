@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -93,9 +94,9 @@ def test_auto_on_cuda_follows_the_measurements():
         "cross_entropy": "hwrun", "swiglu": "inductor", "rmsnorm": "inductor", "rope": "hwrun"}
     assert choices["cross_entropy"].reason.startswith("hwrun: hwrun's own, +2.1% end to end over inductor")
     assert "hwrun_torch_loss 87,631" in choices["cross_entropy"].reason  # the source of the figure
-    # our SwiGLU kernel measured +1.8 %: below the 2 % bar, so the torch form is the default
-    assert "+1.8% over inductor, below the 2% a kernel of our own must gain" in choices["swiglu"].reason
-    assert "not measured yet on cuda: hwrun, liger" not in choices["swiglu"].reason
+    # our SwiGLU kernel measured +1.8 %, below the 2 % bar: deleted, so SwiGLU has no own candidate left
+    assert choices["swiglu"].reason.startswith("inductor: the torch form is the baseline")
+    assert "hwrun" not in choices["swiglu"].reason
     assert "not measured yet on cuda: liger" in choices["rmsnorm"].reason or \
         "not measured yet on cuda: liger, torch" in choices["rmsnorm"].reason
     # the table is chosen on CUDA by its one figure, and the reason says what that figure does not isolate
@@ -133,12 +134,12 @@ def test_own_kernel_that_cleared_the_bar_but_cannot_run_is_not_called_below_it(m
     assert "but cannot run here: hwrun's kernel is Triton code and triton is not installed" in reason
     assert "below the" not in reason
     monkeypatch.undo()
-    # on XPU the platform has Triton, but hwrun's kernels are not used there (TRITON_KERNELS' row)
+    # a device without Triton: a figure recorded there could not make the kernel run
     monkeypatch.setattr(kernel_policy, "MEASUREMENTS",
-                        (Measurement("cross_entropy", "hwrun", "inductor", "xpu", 1.05, "test"),))
-    choice = auto_choice("cross_entropy", "xpu")
-    assert choice.impl == "inductor" and "+5.0% over inductor (test) but cannot run here: hwrun's Triton " \
-        "kernels are not used on xpu" in choice.reason
+                        (Measurement("cross_entropy", "hwrun", "inductor", "hpu", 1.05, "test"),))
+    choice = auto_choice("cross_entropy", "hpu")
+    assert choice.impl == "inductor" and "+5.0% over inductor (test) but cannot run here: " in choice.reason
+    assert "has no Triton" in choice.reason
 
 
 def test_every_reason_starts_with_its_implementation():
@@ -150,7 +151,6 @@ def test_every_reason_starts_with_its_implementation():
             assert choice.reason.split(":", 1)[0] == choice.impl, (kind, op, choice.reason)
     assert _impl_of(auto_choice("cross_entropy", "cuda").reason) == "hwrun"
     assert _impl_of(explicit_choice("swiglu", "liger", "cuda").reason) == "liger"
-    assert _impl_of("inductor: asked for (x) (not applied: LoRA adapts gate/up)") == "inductor (not applied)"
 
 
 def test_liger_is_pending_where_it_runs_and_not_mentioned_where_it_cannot():
@@ -163,10 +163,12 @@ def test_rule_own_kernel_needs_two_percent_else_a_measured_library_wins(monkeypa
     def measurements(*items):
         monkeypatch.setattr(kernel_policy, "MEASUREMENTS", tuple(Measurement(*item, "test") for item in items))
 
-    measurements(("swiglu", "hwrun", "inductor", "cuda", 1.019), ("swiglu", "liger", "inductor", "cuda", 1.01))
-    assert auto_choice("swiglu", "cuda").impl == "liger"  # ours below the bar, the library measured ahead
-    measurements(("swiglu", "hwrun", "inductor", "cuda", 1.02), ("swiglu", "liger", "inductor", "cuda", 1.05))
-    assert auto_choice("swiglu", "cuda").impl == "hwrun"  # ours at the bar wins
+    measurements(("cross_entropy", "hwrun", "inductor", "cuda", 1.019),
+                 ("cross_entropy", "liger", "inductor", "cuda", 1.01))
+    assert auto_choice("cross_entropy", "cuda").impl == "liger"  # ours below the bar, the library measured ahead
+    measurements(("cross_entropy", "hwrun", "inductor", "cuda", 1.02),
+                 ("cross_entropy", "liger", "inductor", "cuda", 1.05))
+    assert auto_choice("cross_entropy", "cuda").impl == "hwrun"  # ours at the bar wins
     measurements(("swiglu", "liger", "inductor", "cuda", 0.97))
     assert auto_choice("swiglu", "cuda").impl == "inductor"  # a library measured slower is not chosen
     measurements(("rmsnorm", "liger", "inductor", "cuda", 1.03), ("rmsnorm", "torch", "inductor", "cuda", 1.04))
@@ -188,7 +190,7 @@ def test_policy_rows_list_every_candidate_with_its_figure():
     assert len(rows) == sum(len(c) for c in CANDIDATES.values())
     by = {(r["op"], r["candidate"]): r for r in rows}
     assert by[("cross_entropy", "hwrun")]["cuda"] == "+2.1% vs inductor"
-    assert by[("swiglu", "hwrun")]["cuda"] == "+1.8% vs inductor"
+    assert ("swiglu", "hwrun") not in by  # deleted: +1.8 %, below the bar
     assert by[("swiglu", "liger")]["cuda"] == "not measured"
 
 
@@ -197,16 +199,16 @@ def test_policy_rows_list_every_candidate_with_its_figure():
 
 def test_check_kernels_names_and_the_older_keywords():
     assert check_kernels({"swiglu": "liger", "rope": "auto"}) == {"swiglu": "liger"}
-    assert check_kernels(None, loss_kernel="triton", swiglu_kernel="torch") == {
+    assert check_kernels(None, {"loss_kernel": "hwrun", "swiglu_kernel": "inductor"}) == {
         "cross_entropy": "hwrun", "swiglu": "inductor"}
-    assert check_kernels({"cross_entropy": "hwrun"}, loss_kernel="triton") == {"cross_entropy": "hwrun"}
+    assert check_kernels({"cross_entropy": "hwrun"}, {"loss_kernel": "hwrun"}) == {"cross_entropy": "hwrun"}
     with pytest.raises(TrainingConfigError, match=r"'norm' is not an op .* cross_entropy, swiglu, rmsnorm, rope"):
         check_kernels({"norm": "liger"})
     with pytest.raises(TrainingConfigError, match=r"kernels\['swiglu'\]='fast' is not an implementation"):
         check_kernels({"swiglu": "fast"})
-    with pytest.raises(TrainingConfigError, match=r"loss_kernel='torch' asks for kernels\['cross_entropy'\]="
+    with pytest.raises(TrainingConfigError, match=r"loss_kernel asks for kernels\['cross_entropy'\]="
                                                   r"'inductor' but kernels\['cross_entropy'\]='liger'"):
-        check_kernels({"cross_entropy": "liger"}, loss_kernel="torch")
+        check_kernels({"cross_entropy": "liger"}, {"loss_kernel": "inductor"})
     with pytest.raises(TrainingConfigError, match="must be a dict"):
         check_kernels("liger")
 
@@ -236,28 +238,60 @@ def test_explicit_choices_that_run_say_so():
         explicit_choice("cross_entropy", "hwrun", "cpu")
 
 
+@pytest.mark.filterwarnings("ignore:.*is deprecated:FutureWarning")
 @pytest.mark.parametrize(("options", "message"), [
     ({"kernels": {"swiglu": "liger"}}, r"kernels\['swiglu'\]='liger' cannot run on"),
     ({"kernels": {"cross_entropy": "torch"}, "fused_loss": False}, "fused_loss=False switches that off"),
     ({"kernels": {"rope": "hwrun"}, "rope_table": False}, "rope_table=False switches that off"),
-    ({"kernels": {"swiglu": "inductor"}, "fused_projections": False}, "fused_projections=False"),
-    ({"kernels": {"swiglu": "inductor"}, "swiglu_kernel": "triton"}, "swiglu_kernel='triton' asks for "),
-    # the older keywords: the refusal names what was passed, and the fix in that keyword's values
+    # the deleted SwiGLU kernel: the value, why it is gone, and what remains
+    ({"kernels": {"swiglu": "hwrun"}}, r"kernels\['swiglu'\]='hwrun': hwrun's Triton SwiGLU backward was deleted "
+                                       r"in hwrun 0.2.0: it measured \+1.8 % .* below the 2 % .*Fix: choose 'auto' "
+                                       r"or one of inductor, liger for swiglu"),
+    # the deprecated keywords: the refusal names what was passed
+    ({"swiglu_kernel": "triton"}, r"swiglu_kernel='triton' \(kernels\['swiglu'\]='hwrun'\): hwrun's Triton "
+                                  r"SwiGLU backward was deleted .*one of inductor, liger"),
     ({"loss_kernel": "triton"}, r"loss_kernel='triton' \(kernels\['cross_entropy'\]='hwrun'\) cannot run on CPU "
-                                r"\(cpu\): .*Fix: use loss_kernel='torch' or 'auto'"),
-    ({"swiglu_kernel": "triton"}, r"swiglu_kernel='triton' \(kernels\['swiglu'\]='hwrun'\) cannot run on CPU "
-                                  r"\(cpu\): .*Fix: use swiglu_kernel='torch' or 'auto'"),
-    # SwiGLU choices that run on the fused gate/up projections, which the run cannot have
-    ({"kernels": {"swiglu": "inductor"}, "lora": False}, r"kernels\['swiglu'\]='inductor' runs on hwrun's fused "
-                                                         r"gate/up .* full fine-tune .*or train with lora=True"),
-    ({"swiglu_kernel": "torch", "lora": False}, r"swiglu_kernel='torch' runs on hwrun's fused gate/up"),
-    ({"kernels": {"swiglu": "inductor"}, "qlora": True}, r"qlora=True: the 4-bit base layers are not plain Linear"),
+                                r"\(cpu\): .*Fix: choose 'auto' or one of inductor, .*kernels=\{'cross_entropy'"),
+    ({"kernels": {"cross_entropy": "liger"}, "loss_kernel": "torch"}, r"loss_kernel asks for kernels\["),
+    ({"loss_kernel": "torch", "fused_loss": False}, r"loss_kernel='torch' runs inside hwrun's fused loss"),
 ])
 def test_train_refuses_a_bad_kernel_choice_before_anything_is_written(tmp_path, options, message):
     with pytest.raises(TrainingConfigError, match=message):
         hwrun.train(hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu"), tmp_path / "missing.txt",
                     output_dir=tmp_path / "out", **options)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("keyword", "value", "replacement"), [
+    ("loss_kernel", "torch", "kernels={'cross_entropy': 'inductor'}"),
+    ("loss_kernel", "triton", "kernels={'cross_entropy': 'hwrun'}"),
+    ("swiglu_kernel", "torch", "kernels={'swiglu': 'inductor'}"),
+])
+def test_the_deprecated_keywords_warn_naming_the_replacement(tmp_path, keyword, value, replacement):
+    from hwrun.errors import TrainingDataError
+    from hwrun.training.kernel_policy import from_old_keyword
+
+    with pytest.warns(FutureWarning, match=rf"{keyword}='{value}' is deprecated .* use {re.escape(replacement)}"):
+        impl = from_old_keyword(keyword, value)
+    assert impl == replacement.split("'")[-2]
+    # through train(): the warning points at the caller's line, and the run goes on to its next check
+    with pytest.warns(FutureWarning, match=f"{keyword}='torch' is deprecated") as caught:
+        with pytest.raises(TrainingDataError, match="missing.txt"):
+            hwrun.train(hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu"), tmp_path / "missing.txt",
+                        output_dir=tmp_path / "out", **{keyword: "torch"})
+    assert caught[0].filename == __file__
+
+
+def test_the_low_level_patches_take_the_policys_names():
+    model = tiny_llama()
+    with pytest.warns(FutureWarning, match=r"kernel='torch' is deprecated .* use impl='inductor' instead"):
+        patch = apply_fused_loss(model, kernel="torch")
+    assert patch.applied and apply_fused_loss(model, impl="inductor").reason == "already applied"
+    patch.undo()
+    with pytest.raises(TrainingConfigError, match=r"swiglu_kernel='triton' .*deleted"):
+        apply_fused_projections(lora(tiny_llama()), "triton")
+    with pytest.raises(TrainingConfigError, match=r"kernels\['swiglu'\]='hwrun': hwrun's Triton SwiGLU backward"):
+        apply_fused_projections(lora(tiny_llama()), "hwrun")
 
 
 # --- the library kernels as patches (CPU) ------------------------------------------------------------------
@@ -368,8 +402,8 @@ def test_torch_linear_cross_entropy_gives_our_chunked_loss_and_lora_gradients():
     base = tiny_llama()
     hwrun_model = lora(copy.deepcopy(base))
     torch_model = copy.deepcopy(hwrun_model)
-    ours = apply_fused_loss(hwrun_model.get_base_model(), kernel="torch")
-    theirs = apply_fused_loss(torch_model.get_base_model(), kernel="torch", impl="torch")
+    ours = apply_fused_loss(hwrun_model.get_base_model(), impl="inductor")
+    theirs = apply_fused_loss(torch_model.get_base_model(), impl="torch")
     assert theirs.reason == "torch's own chunked F.linear_cross_entropy" and ours.reason.startswith("fused chunked")
     assert_same(torch_model, hwrun_model)
     theirs.undo()
@@ -441,7 +475,7 @@ INTERPRETED = textwrap.dedent('''
     for what in ("loss", "rope"):
         ours = copy.deepcopy(reference)
         if what == "loss":
-            patch = apply_fused_loss(ours.get_base_model(), kernel="torch", impl="liger")
+            patch = apply_fused_loss(ours.get_base_model(), impl="liger")
         else:
             patch = apply_liger_rope(ours)
         loss, grads = run(ours)
@@ -523,17 +557,6 @@ def test_cli_kernel_must_be_op_equals_impl(cli_files, tmp_path, capsys):
     assert info.value.code == 2 and "'swiglu' is not OP=IMPL" in capsys.readouterr().err
 
 
-def test_swiglu_auto_follows_the_policy_not_just_triton(monkeypatch):
-    from hwrun.training.patches.swiglu import auto_swiglu_kernel, triton_swiglu_usable
-
-    assert triton_swiglu_usable("cuda")  # the kernel can run on CUDA (triton is installed here) ...
-    assert auto_swiglu_kernel("auto", "cuda") == "torch"  # ... but at +1.8 % it is not the default
-    monkeypatch.setattr(kernel_policy, "MEASUREMENTS",
-                        (Measurement("swiglu", "hwrun", "inductor", "cuda", 1.03, "test"),))
-    assert auto_swiglu_kernel("auto", "cuda") == "triton"
-    assert auto_swiglu_kernel("auto", "cpu") == "torch"
-
-
 def test_library_patches_compile_in_one_graph():
     """The per-instance forwards trace without a graph break (train() compiles the whole model)."""
     from torch._dynamo.utils import counters
@@ -573,9 +596,9 @@ def test_a_second_implementation_on_a_patched_model_is_refused_not_reported_appl
         apply_rmsnorm(model, "liger", function=lambda x, w, e: x)
     first.undo()
     assert apply_rmsnorm(model, "liger", function=lambda x, w, e: x).applied  # after undo the other one goes on
-    loss = apply_fused_loss(model, kernel="torch")
-    assert apply_fused_loss(model, kernel="torch").reason == "already applied"
-    with pytest.raises(TrainingConfigError, match=r"impl='torch'.* already computes its loss with impl='hwrun'"):
+    loss = apply_fused_loss(model, impl="inductor")
+    assert apply_fused_loss(model, impl="inductor").reason == "already applied"
+    with pytest.raises(TrainingConfigError, match=r"impl='torch'.* already computes its loss with impl='inductor'"):
         apply_fused_loss(model, impl="torch")
     loss.undo()
     assert apply_fused_loss(model, impl="torch").applied
@@ -597,37 +620,3 @@ def test_torch_library_loss_uses_the_chunk_size_it_is_given(monkeypatch):
     torch.testing.assert_close(model(input_ids=IDS, labels=IDS).loss, reference, rtol=1e-5, atol=1e-6)
     assert seen == [8]
     patch.undo()
-
-
-# --- a SwiGLU choice that nothing in the run applies ---------------------------------------------------------
-
-
-@pytest.mark.parametrize(("config", "why"), [
-    ({"target_modules": ["q_proj", "gate_proj", "up_proj"]}, "LoRA adapts gate/up"),
-    ({"target_modules": ["q_proj", "gate_proj", "up_proj"], "lora_dropout": 0.1}, "gate/up are not fused"),
-    ({"target_modules": ["q_proj", "v_proj"]}, None),
-])
-def test_swiglu_blocker_says_why_no_mlp_runs_the_swiglu_op(config, why):
-    from hwrun.training.patching import swiglu_blocker
-
-    model = get_peft_model(tiny_llama(), LoraConfig(r=4, lora_alpha=8, **config))
-    patch = apply_fused_projections(model, "torch")
-    blocker = swiglu_blocker(model, patch.reason)
-    assert blocker is None if why is None else why in blocker, blocker
-    if config.get("lora_dropout"):
-        assert "LoRA dropout is on" in blocker  # the projections' own reason is quoted
-    patch.undo()
-
-
-def test_train_reports_an_explicit_swiglu_choice_that_was_not_applied(tmp_path):
-    from hwrun.training import LoraSettings
-
-    data = tmp_path / "train.txt"
-    data.write_text("The king said to the queen that the castle was cold. " * 40, encoding="utf-8")
-    result = hwrun.train(hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu"), data, max_steps=1, batch_size=4,
-                         block_size=32, output_dir=tmp_path / "out", plot=False, disable_tqdm=True,
-                         lora=LoraSettings(r=4, target_modules=("q_proj", "gate_proj", "up_proj")),
-                         kernels={"swiglu": "inductor"})
-    why = result.reasons["kernel swiglu"]
-    assert why.startswith("inductor: asked for") and why.endswith("(not applied: LoRA adapts gate/up, so the fused "
-                                                                  "MLP runs act(gate) * up through the adapters)")

@@ -132,7 +132,7 @@ def test_every_patch_undo_is_idempotent(setup):
     stack.add("fused loss", apply_fused_loss(model))
     stack.add("rope table", apply_rope_table(model, 32))
     peft_model = get_peft_model(model, lora_config(model.config))
-    stack.add("fused projections", apply_fused_projections(peft_model, "torch"))
+    stack.add("fused projections", apply_fused_projections(peft_model, "inductor"))
     calls = []
     stack.push("a plain step", lambda: calls.append(1))
     assert stack.names == ["fused loss", "rope table", "fused projections", "a plain step"]
@@ -140,7 +140,7 @@ def test_every_patch_undo_is_idempotent(setup):
     stack.undo()  # nothing left to do
     assert calls == [1] and stack.names == []
     clean = patched_state(peft_model)
-    for patch in (apply_fused_loss(model), apply_rope_table(model, 32), apply_fused_projections(peft_model, "torch")):
+    for patch in (apply_fused_loss(model), apply_rope_table(model, 32), apply_fused_projections(peft_model, "inductor")):
         patch.undo()
         patch.undo()  # each record's undo alone is idempotent too
     assert patched_state(peft_model) == clean

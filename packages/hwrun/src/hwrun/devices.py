@@ -34,7 +34,6 @@ TABLES = (
     "hwrun.training.arguments:FUSED_ADAMW",
     "hwrun.training.arguments:NON_BLOCKING_COPIES",
     "hwrun.training.run:TRAIN_COMPILE_DEFAULT",
-    "hwrun.training.patches.fused_loss:TRITON_KERNELS",
     "hwrun.training.kernel_policy:LIGER_DEVICES",
 )
 

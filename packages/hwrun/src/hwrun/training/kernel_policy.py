@@ -1,32 +1,34 @@
-"""Which implementation `train()` runs for each of four training ops, decided by measurement.
+"""Which implementation `train()` runs for each of four training ops: the one place that decides.
 
-For cross-entropy, SwiGLU, RMSNorm and RoPE the candidates are hwrun's own (a Triton kernel or, for RoPE, the
-cos/sin table), Liger's kernels (the optional extra `hwrun[liger]`), torch's own op where torch has one, and
-the torch form that inductor compiles. The rule for `kernels="auto"` (per op, per device):
+For cross-entropy, SwiGLU, RMSNorm and RoPE the candidates are hwrun's own (the Triton loss chunk kernel; for
+RoPE the cos/sin table), Liger's kernels (the optional extra `hwrun[liger]`), torch's own op where torch has one,
+and the torch form that inductor compiles. The rule for `kernels="auto"` (per op, per device):
 
 1. hwrun's own where it was measured end to end at least `OWN_MARGIN` (2 %) ahead on that device: a kernel
-   of our own is code to keep, so it has to pay for itself;
+   of our own is code to keep, so it has to pay for itself (one that did not, the SwiGLU backward at +1.8 %,
+   was deleted: `REMOVED`);
 2. otherwise a library's (Liger, torch's own op) where it was measured ahead of the torch form there;
 3. otherwise the op's default (`UNMEASURED_DEFAULT`): the torch form, or for RoPE the table.
 
 `MEASUREMENTS` holds every end-to-end ratio with its source (docs/benchmarks/train.md) and, where a figure
-was not measured on the candidate alone, its caveat. A kernel that was never measured on a device is never
-chosen by "auto"; the reason says "not measured yet", and `tools/bench/train.py --configs ...` (the command
-in docs/benchmarks/train.md, "Kernel policy") measures it.
+was not measured on the candidate alone, its caveat. A candidate never measured on a device is never chosen
+by "auto" there; the reason says "not measured yet".
 
-The RoPE table is the one exception, and it is not a kernel: it is a lookup of the model's own rotary values
-for the block's positions, computed once instead of in every layer, with no code specific to a device. On
-CUDA it is chosen by the rule from the one figure there is, measured together with the fused projections
-(+2.4 % to +3.2 % on an H200; the table's own share is not measured, and the reason says so). Elsewhere it
-is the default because it is a table rather than a kernel, and each reason says that too.
+The RoPE table is not a kernel: it is a lookup of the model's own rotary values for the block's positions,
+computed once instead of in every layer, with no code specific to a device. On CUDA it is chosen by the one
+figure there is, measured together with the fused projections (+2.4 % to +3.2 % on an H200; the table's own
+share is not measured, and the reason says so). Elsewhere it is the default because it is a table.
 
-Explicit choices (`train(kernels={"swiglu": "liger"})`) are checked here before any work: a name that is not
-a candidate, a library that is not installed, a device the candidate does not run on.
+Explicit choices (`train(kernels={"swiglu": "liger"})`, `hwrun train --kernel swiglu=liger`) are checked here
+before any work: a name that is not a candidate, a library that is not installed, a device the candidate does
+not run on. The older keywords (`loss_kernel=`, `swiglu_kernel=` of hwrun 0.1.0) are read here too, with a
+FutureWarning naming the replacement (`from_old_keyword`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -52,30 +54,30 @@ LIGER_DEVICES: dict[str, tuple[bool, str]] = {
 
 @dataclass(frozen=True)
 class Candidate:
-    """One implementation of an op: who wrote it (`source`: hwrun, liger, torch or inductor) and what it is."""
+    """One implementation of an op: who wrote it (`source`: hwrun, liger, torch or inductor), what it is, and the
+    train() option it runs inside (`needs`: an explicit choice with that option off is refused)."""
 
     op: str
     name: str
     source: str
     what: str
+    needs: str | None = None
 
 
 CANDIDATES: dict[str, tuple[Candidate, ...]] = {
     "cross_entropy": (
         Candidate("cross_entropy", "hwrun", "hwrun", "hwrun's chunked linear + cross-entropy with its Triton "
-                  "chunk kernel (patches.ce_kernel)"),
+                  "chunk kernel (patches.ce_kernel)", "fused_loss"),
         Candidate("cross_entropy", "inductor", "inductor", "hwrun's chunked linear + cross-entropy, each chunk in "
-                  "the torch form that torch.compile fuses (eager: in place)"),
+                  "the torch form that torch.compile fuses (eager: in place)", "fused_loss"),
         Candidate("cross_entropy", "liger", "liger", "Liger's fused linear cross-entropy "
-                  "(LigerFusedLinearCrossEntropyFunction)"),
+                  "(LigerFusedLinearCrossEntropyFunction)", "fused_loss"),
         Candidate("cross_entropy", "torch", "torch", "torch's own chunked torch.nn.functional.linear_cross_entropy "
-                  "(where torch has it)"),
+                  "(where torch has it)", "fused_loss"),
     ),
     "swiglu": (
-        Candidate("swiglu", "hwrun", "hwrun", "hwrun's Triton SwiGLU backward on the fused gate/up output "
-                  "(patches.swiglu_kernel)"),
-        Candidate("swiglu", "inductor", "inductor", "SwiGLU on the fused gate/up output, backward in torch, "
-                  "compiled by inductor"),
+        Candidate("swiglu", "inductor", "inductor", "silu(gate) * up in torch, compiled by inductor (on the fused "
+                  "gate/up output where the projections are fused)"),
         Candidate("swiglu", "liger", "liger", "Liger's SwiGLU kernel (LigerSiLUMulFunction) on separate gate and "
                   "up matmuls, as Liger's own MLP runs it"),
     ),
@@ -86,11 +88,18 @@ CANDIDATES: dict[str, tuple[Candidate, ...]] = {
     ),
     "rope": (
         Candidate("rope", "hwrun", "hwrun", "hwrun's cos/sin table for packed blocks (patches.rope_table), "
-                  "rotation compiled by inductor"),
+                  "rotation compiled by inductor", "rope_table"),
         Candidate("rope", "inductor", "inductor", "the model's own rotary module and rotation, compiled by inductor"),
         Candidate("rope", "liger", "liger", "Liger's RoPE kernel for the rotation (cos/sin from hwrun's table "
                   "where rope_table applies)"),
     ),
+}
+
+#: Candidates that were deleted, and why (an explicit choice of one is refused with this).
+REMOVED: dict[tuple[str, str], str] = {
+    ("swiglu", "hwrun"): "hwrun's Triton SwiGLU backward was deleted in hwrun 0.2.0: it measured +1.8 % end to end "
+                         "on an H200 (88,821 vs 87,213 tokens/s, docs/benchmarks/train.md, 2026-12-04), below the 2 % "
+                         "a kernel of our own must gain",
 }
 
 #: The default of each op where nothing measured beats it, and why.
@@ -122,8 +131,6 @@ class Measurement:
 MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement("cross_entropy", "hwrun", "inductor", "cuda", 89_512 / 87_631,
                 "docs/benchmarks/train.md, 2026-12-03: hwrun 89,512 vs hwrun_torch_loss 87,631 tokens/s"),
-    Measurement("swiglu", "hwrun", "inductor", "cuda", 88_821 / 87_213,
-                "docs/benchmarks/train.md, 2026-12-04: hwrun 88,821 vs hwrun_torch_swiglu 87,213 tokens/s"),
     Measurement("rope", "hwrun", "inductor", "cuda", 87_844 / 85_825,
                 "docs/benchmarks/train.md, layer path: hwrun 87,844 vs hwrun_unfused 85,825 tokens/s (call 1; "
                 "89,899 vs 87,136 in call 2, +3.2%)",
@@ -141,16 +148,20 @@ class Choice:
     reason: str
 
 
-def candidate(op: str, name: str) -> Candidate:
-    """The candidate `name` of `op` (a TrainingConfigError naming the valid ones otherwise)."""
+def candidate(op: str, name: str, asked: str | None = None) -> Candidate:
+    """The candidate `name` of `op` (a TrainingConfigError naming the valid ones otherwise). `asked`: how the
+    user spelled the choice, when not as kernels[op]=name (the error names it)."""
     if op not in CANDIDATES:
         raise TrainingConfigError(f"kernels: {op!r} is not an op hwrun chooses a kernel for; the ops are "
                                   f"{', '.join(OPS)}.")
     for item in CANDIDATES[op]:
         if item.name == name:
             return item
+    asked = asked or f"kernels[{op!r}]={name!r}"
     names = ", ".join(c.name for c in CANDIDATES[op])
-    raise TrainingConfigError(f"kernels[{op!r}]={name!r} is not an implementation of {op}; choose 'auto' or one of "
+    if (op, name) in REMOVED:
+        raise TrainingConfigError(f"{asked}: {REMOVED[op, name]}. Fix: choose 'auto' or one of {names} for {op}.")
+    raise TrainingConfigError(f"{asked} is not an implementation of {op}; choose 'auto' or one of "
                               f"{names} ({'; '.join(f'{c.name}: {c.what}' for c in CANDIDATES[op])}).")
 
 
@@ -188,7 +199,7 @@ def runs_on(item: Candidate, kind: str) -> str | None:
     if item.source == "torch" and not torch_has(item.op):
         return f"torch {_torch_version()} has no own {item.op} op (it needs torch.nn.functional's " \
                f"{'linear_cross_entropy with LinearCrossEntropyOptions' if item.op == 'cross_entropy' else 'rms_norm'})"
-    if item.source == "hwrun" and item.op in ("cross_entropy", "swiglu"):
+    if item.source == "hwrun" and item.op == "cross_entropy":
         if importlib.util.find_spec("triton") is None:
             return "hwrun's kernel is Triton code and triton is not installed"
         if not platform(kind).triton:
@@ -208,19 +219,6 @@ def _figure(m: Measurement) -> str:
     return f"{m.ratio - 1:+.1%} end to end over {m.baseline} ({m.source}{caveat})"
 
 
-def own_blocker(op: str, kind: str) -> str | None:
-    """None when hwrun's own `op` can run as the default on `kind` here, else why not."""
-    from hwrun.devices import row
-
-    from .patches.fused_loss import TRITON_KERNELS
-
-    why = runs_on(candidate(op, "hwrun"), kind)
-    if why is None and op in ("cross_entropy", "swiglu"):
-        usable, row_why = row(TRITON_KERNELS, kind, (False, f"hwrun has no Triton row for the device kind {kind!r}"))
-        why = None if usable else f"hwrun's Triton kernels are not used on {kind}: {row_why}"
-    return why
-
-
 def auto_choice(op: str, kind: str) -> Choice:
     """What `kernels="auto"` runs for `op` on `kind`, by the module's rule, with the figures that decided.
     Every reason starts with the implementation's name and a colon."""
@@ -229,7 +227,7 @@ def auto_choice(op: str, kind: str) -> Choice:
     unmeasured = [c.name for c in CANDIDATES[op] if c.name != default and measured(op, c.name, kind) is None
                   and runs_on(c, kind) is None]  # candidates that cannot run here are not pending
     pending = f"; not measured yet on {kind}: {', '.join(unmeasured)}" if unmeasured else ""
-    blocker = own_blocker(op, kind) if own is not None else None
+    blocker = runs_on(candidate(op, "hwrun"), kind) if own is not None else None
     if own is not None and own.ratio >= OWN_MARGIN and blocker is None:
         return Choice(op, "hwrun", f"hwrun: hwrun's own, {_figure(own)}, >= the {OWN_MARGIN - 1:.0%} a kernel of "
                                    f"our own must gain{pending}")
@@ -249,57 +247,52 @@ def auto_choice(op: str, kind: str) -> Choice:
     return Choice(op, default, f"{default}: {why}{pending}")
 
 
-#: The older keywords' values per kernel-policy name ('hwrun' is 'triton', 'inductor' is 'torch').
-LEGACY_NAMES = {"hwrun": "triton", "inductor": "torch"}
-LEGACY_KEYWORDS = {"cross_entropy": "loss_kernel", "swiglu": "swiglu_kernel"}
-
-
-def explicit_choice(op: str, impl: str, kind: str, spelled: str | None = None) -> Choice:
+def explicit_choice(op: str, impl: str, kind: str, asked: str | None = None) -> Choice:
     """`impl` for `op`, asked for explicitly: checked to run on `kind` here (TrainingConfigError otherwise).
-    `spelled` is how the user asked when it was an older keyword (e.g. "loss_kernel='triton'"): the error
-    names it, and the fix is given in that keyword's values."""
-    item = candidate(op, impl)
+    `asked` is how the user spelled it when it was an older keyword (e.g. "loss_kernel='triton'")."""
+    item = candidate(op, impl, asked)
     why_not = runs_on(item, kind)
     if why_not is not None:
         from hwrun.devices import platform
 
         runnable = [c.name for c in CANDIDATES[op] if runs_on(c, kind) is None]
-        where = f"{platform(kind).display_name} ({kind})"
-        if spelled is not None:
-            keyword = LEGACY_KEYWORDS[op]
-            values = [f"'{LEGACY_NAMES[name]}'" for name in runnable if name in LEGACY_NAMES]
-            raise TrainingConfigError(f"{spelled} (kernels[{op!r}]={impl!r}) cannot run on {where}: {why_not}. "
-                                      f"Fix: use {keyword}={' or '.join([*values, repr('auto')])}, or kernels="
-                                      f"{{{op!r}: ...}} with one of {', '.join(runnable)}.")
-        raise TrainingConfigError(f"kernels[{op!r}]={impl!r} cannot run on {where}: "
-                                  f"{why_not}. Fix: choose 'auto' or one of {', '.join(runnable)} for {op} there.")
+        spelled = f"{asked} (kernels[{op!r}]={impl!r})" if asked else f"kernels[{op!r}]={impl!r}"
+        raise TrainingConfigError(f"{spelled} cannot run on {platform(kind).display_name} ({kind}): {why_not}. "
+                                  f"Fix: choose 'auto' or one of {', '.join(runnable)} for {op} there "
+                                  f"(kernels={{{op!r}: ...}}, hwrun train --kernel {op}=...).")
     figure = measured(op, impl, kind)
     note = _figure(figure).replace(" end to end", "") if figure else f"not measured yet on {kind}"
     return Choice(op, impl, f"{impl}: asked for ({item.what}); {note}")
 
 
-def legacy_asks(loss_kernel: str, swiglu_kernel: str) -> dict[str, str]:
-    """The old keywords as kernel choices: loss_kernel/swiglu_kernel 'triton' is hwrun's kernel, 'torch' the
-    torch form under inductor, 'auto' no choice."""
-    mapping = {value: name for name, value in LEGACY_NAMES.items()}
-    asks = {}
-    if loss_kernel != "auto":
-        asks["cross_entropy"] = mapping[loss_kernel]
-    if swiglu_kernel != "auto":
-        asks["swiglu"] = mapping[swiglu_kernel]
-    return asks
+#: The older keywords of hwrun 0.1.0 (`train(loss_kernel=, swiglu_kernel=)`, `apply_fused_loss(kernel=)`) and
+#: what their values are in kernels= names: 'triton' was hwrun's own kernel, 'torch' the torch form.
+OLD_KEYWORDS = {"loss_kernel": "cross_entropy", "swiglu_kernel": "swiglu"}
+OLD_VALUES = {"auto": "auto", "triton": "hwrun", "torch": "inductor"}
 
 
-def legacy_spellings(loss_kernel: str = "auto", swiglu_kernel: str = "auto") -> dict[str, str]:
-    """{op: "loss_kernel='triton'"} for each op asked for through an older keyword (for error messages)."""
-    given = {"cross_entropy": loss_kernel, "swiglu": swiglu_kernel}
-    return {op: f"{LEGACY_KEYWORDS[op]}={given[op]!r}" for op in legacy_asks(loss_kernel, swiglu_kernel)}
+def from_old_keyword(keyword: str, value: str, op: str | None = None, stacklevel: int = 3,
+                     replacement: str = "kernels={{{op!r}: {impl!r}}} (hwrun train --kernel {op}={impl})") -> str:
+    """The kernels= name of `value`, given through the deprecated `keyword`, with a FutureWarning naming the
+    replacement (`replacement`, formatted with op and impl); a value that was never valid, or names a deleted
+    kernel, is a TrainingConfigError saying so."""
+    op = op or OLD_KEYWORDS[keyword]
+    if value not in OLD_VALUES:
+        raise TrainingConfigError(f"{keyword}={value!r} is not one of 'auto', 'triton', 'torch'; {keyword} is "
+                                  f"deprecated: use kernels={{{op!r}: IMPL}} with IMPL 'auto' or one of "
+                                  f"{', '.join(c.name for c in CANDIDATES[op])}.")
+    impl = OLD_VALUES[value]
+    if impl != "auto":
+        candidate(op, impl, f"{keyword}={value!r} (kernels[{op!r}]={impl!r})")  # a deleted kernel raises here
+    warnings.warn(f"{keyword}={value!r} is deprecated and will be removed; use "
+                  f"{replacement.format(op=op, impl=impl)} instead.", FutureWarning, stacklevel=stacklevel)
+    return impl
 
 
-def check_kernels(kernels: Mapping[str, str] | None, loss_kernel: str = "auto",
-                  swiglu_kernel: str = "auto") -> dict[str, str]:
-    """The explicit choices of a run, checked by name only (no device yet): `kernels` merged with the old
-    `loss_kernel`/`swiglu_kernel` keywords, which must not contradict it. Returns {op: impl} without 'auto'."""
+def check_kernels(kernels: Mapping[str, str] | None, old: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The explicit choices of a run, checked by name only (no device yet): `kernels` merged with the values of
+    the deprecated keywords in `old` ({keyword: value} of loss_kernel/swiglu_kernel, already warned about and
+    translated by `from_old_keyword`), which must not contradict it. Returns {op: impl} without 'auto'."""
     if kernels is None:
         kernels = {}
     if not isinstance(kernels, Mapping):
@@ -312,21 +305,30 @@ def check_kernels(kernels: Mapping[str, str] | None, loss_kernel: str = "auto",
                 candidate(op, impl)  # raises, naming the ops
             continue
         asks[op] = candidate(op, impl).name
-    spellings = legacy_spellings(loss_kernel, swiglu_kernel)
-    for op, impl in legacy_asks(loss_kernel, swiglu_kernel).items():
+    for keyword, impl in (old or {}).items():
+        op = OLD_KEYWORDS[keyword]
+        if impl == "auto":
+            continue
         if op in asks and asks[op] != impl:
-            raise TrainingConfigError(f"{spellings[op]} asks for kernels[{op!r}]={impl!r} but kernels[{op!r}]="
-                                      f"{asks[op]!r}; give one of them (kernels= is the newer spelling).")
+            raise TrainingConfigError(f"{keyword} asks for kernels[{op!r}]={impl!r} but kernels[{op!r}]="
+                                      f"{asks[op]!r}; give kernels= alone ({keyword} is deprecated).")
         asks[op] = impl
     return asks
 
 
 def resolve(kind: str, asks: Mapping[str, str], spelled: Mapping[str, str] | None = None) -> dict[str, Choice]:
     """Every op's choice on the platform `kind`: the explicit ones checked to run there, the rest by the rule.
-    `spelled`: {op: how the user asked} for ops asked through an older keyword (see `legacy_spellings`)."""
+    `spelled`: {op: how the user asked} for ops asked through a deprecated keyword."""
     spelled = spelled or {}
     return {op: explicit_choice(op, asks[op], kind, spelled.get(op)) if op in asks else auto_choice(op, kind)
             for op in OPS}
+
+
+def choose(op: str, impl: str, kind: str) -> str:
+    """`impl` of `op` for a patch called on its own: 'auto' is the rule's choice on `kind`, any other name is
+    checked to be a candidate (not to run on `kind`: the tests run Triton kernels on the host through Triton's
+    interpreter). The patches ask this rather than deciding themselves."""
+    return auto_choice(op, kind).impl if impl == "auto" else candidate(op, impl).name
 
 
 def policy_rows(kinds: tuple[str, ...] = ("cuda", "xpu", "rocm", "hpu", "mps", "cpu")) -> list[dict[str, str]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
@@ -179,7 +179,7 @@ def lora_settings(lora: Any, qlora: bool) -> LoraSettings | None:
     )
 
 
-def check_all(plan: Any, options: Mapping[str, Any], kernel_checks: Sequence[Callable[[], None]] = ()) -> None:
+def check_all(plan: Any, options: Mapping[str, Any]) -> None:
     """Every check above but `check_overrides` (which imports transformers), before anything is read, loaded or
     written."""
     check_plan(plan)
@@ -187,5 +187,3 @@ def check_all(plan: Any, options: Mapping[str, Any], kernel_checks: Sequence[Cal
     check_numbers(options["epochs"], options["max_steps"], options["lr"], options["batch_size"],
                   options["grad_accum"], options["block_size"], options["seed"], options["save_steps"],
                   options["max_data_bytes"])
-    for check in kernel_checks:
-        check()

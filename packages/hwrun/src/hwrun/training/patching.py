@@ -5,7 +5,7 @@ first, whether the run finished or failed (idempotent)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,29 +51,20 @@ class PatchStack:
 
 @dataclass(frozen=True)
 class PatchOptions:
-    """Which of hwrun's own training patches a run asked for, with the kernels already resolved."""
+    """Which of hwrun's own training patches a run asked for, with each op's implementation as the kernel policy
+    resolved it (`kernels`: {op: impl}, hwrun.training.kernel_policy's names)."""
 
     fused_loss: bool
-    loss_kernel: str
     rope_table: bool
     fused_projections: bool
-    swiglu_kernel: str
     compiled: bool
-    loss_impl: str = "hwrun"  # fused_loss.LOSS_IMPLS
-    rmsnorm: str = "inductor"  # the model's own, or a library_kernels.RMSNORM_FUNCTIONS name
-    rope_rotation: str = "inductor"  # the model's own rotation, or "liger"
+    kernels: Mapping[str, str]
 
     @classmethod
-    def from_choices(cls, choices: dict, *, fused_loss: bool, rope_table: bool, fused_projections: bool,
-                     compiled: bool) -> PatchOptions:
+    def from_choices(cls, choices: Mapping[str, Any], *, fused_loss: bool, rope_table: bool,
+                     fused_projections: bool, compiled: bool) -> PatchOptions:
         """The patches that the kernel policy's `choices` ({op: Choice}) ask for."""
-        loss = choices["cross_entropy"].impl
-        swiglu = choices["swiglu"].impl
-        rope = choices["rope"].impl
-        return cls(fused_loss, "triton" if loss == "hwrun" else "torch", rope_table and rope != "inductor",
-                   fused_projections, {"hwrun": "triton", "inductor": "torch"}.get(swiglu, swiglu), compiled,
-                   loss_impl=loss if loss in ("liger", "torch") else "hwrun", rmsnorm=choices["rmsnorm"].impl,
-                   rope_rotation="liger" if rope == "liger" else "inductor")
+        return cls(fused_loss, rope_table, fused_projections, compiled, {op: c.impl for op, c in choices.items()})
 
 
 def patch_base(model: Any, dataset: Any, options: PatchOptions, stack: PatchStack, reasons: dict) -> None:
@@ -87,12 +78,12 @@ def patch_base(model: Any, dataset: Any, options: PatchOptions, stack: PatchStac
         model.config.use_cache = False  # training needs no KV cache; restored before the final save
         stack.push("use_cache", lambda: setattr(model.config, "use_cache", use_cache))
     if options.fused_loss:
-        patch = stack.add("fused loss", apply_fused_loss(model, compiled=options.compiled, kernel=options.loss_kernel,
-                                                         impl=options.loss_impl))
+        patch = stack.add("fused loss", apply_fused_loss(model, compiled=options.compiled,
+                                                         impl=options.kernels["cross_entropy"]))
         reasons["loss"] = patch.reason
     else:
         reasons["loss"] = "model's own loss (fused_loss=False)"
-    if options.rope_table and isinstance(dataset, PackedDataset):
+    if options.rope_table and options.kernels["rope"] != "inductor" and isinstance(dataset, PackedDataset):
         reasons["rope"] = stack.add("rope table", apply_rope_table(model, int(dataset.blocks.shape[1]))).reason
     _library_kernels_base(model, options, stack, reasons)
     restore = _use_causal_sdpa(model, dataset)
@@ -108,32 +99,9 @@ def patch_lora(model: Any, options: PatchOptions, blocker: str | None, stack: Pa
 
     if not options.fused_projections:
         return
-    patch = apply_fused_projections(model, options.swiglu_kernel) if blocker is None else ModelPatch(False, blocker)
+    swiglu = options.kernels["swiglu"]
+    patch = apply_fused_projections(model, swiglu) if blocker is None else ModelPatch(False, blocker)
     reasons["projections"] = stack.add("fused projections", patch).reason
-
-
-def swiglu_blocker(model: Any, projections: str | None) -> str | None:
-    """None when some MLP of `model` runs the SwiGLU op on its fused gate/up output (where hwrun's SwiGLU
-    choices, 'hwrun' and 'inductor', apply), else why none does; `projections` is the fused-projections reason."""
-    from .patches.fused_projections import _SILU
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    whys = []
-    for module in base.modules():
-        group = vars(module).get("_hwrun_gate_up")
-        if group is None:
-            continue
-        if group.lora:
-            whys.append("LoRA adapts gate/up, so the fused MLP runs act(gate) * up through the adapters")
-        elif type(getattr(module, "act_fn", None)).__name__ not in _SILU:
-            whys.append(f"the activation is {type(getattr(module, 'act_fn', None)).__name__}, not SiLU")
-        elif group.sizes[0] != group.sizes[1]:
-            whys.append("gate and up differ in size")
-        else:
-            return None
-    if whys:
-        return whys[0]
-    return f"gate/up are not fused ({projections or 'fused_projections did not run'})"
 
 
 def _library_kernels_base(model: Any, options: PatchOptions, stack: PatchStack, reasons: dict) -> None:
@@ -141,9 +109,10 @@ def _library_kernels_base(model: Any, options: PatchOptions, stack: PatchStack, 
     or MLPs, so per-instance forwards stay): RMSNorm (Liger's or torch's) and Liger's SwiGLU."""
     from .patches.library_kernels import apply_liger_swiglu, apply_rmsnorm
 
-    if options.rmsnorm != "inductor":
-        reasons["rmsnorm"] = stack.add(f"{options.rmsnorm} rmsnorm", apply_rmsnorm(model, options.rmsnorm)).reason
-    if options.swiglu_kernel == "liger":
+    rmsnorm = options.kernels["rmsnorm"]
+    if rmsnorm != "inductor":
+        reasons["rmsnorm"] = stack.add(f"{rmsnorm} rmsnorm", apply_rmsnorm(model, rmsnorm)).reason
+    if options.kernels["swiglu"] == "liger":
         reasons["swiglu"] = stack.add("liger swiglu", apply_liger_swiglu(model)).reason
 
 
@@ -152,7 +121,7 @@ def patch_last(model: Any, options: PatchOptions, stack: PatchStack, reasons: di
     which reuses the fused attention forward where q/k/v are fused."""
     from .patches.library_kernels import apply_liger_rope
 
-    if options.rope_rotation == "liger":
+    if options.kernels["rope"] == "liger":
         reasons["rope rotation"] = stack.add("liger rope", apply_liger_rope(model)).reason
 
 

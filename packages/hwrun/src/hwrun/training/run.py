@@ -184,11 +184,7 @@ class OutputPlan:
 
 def _validate(plan: RunPlan, data: Any, options: dict[str, Any]) -> RunSettings:
     """Phase 1: every option's type and range, before anything is read, loaded or written."""
-    from .patches.fused_loss import check_kernel
-    from .patches.swiglu import check_swiglu_kernel
-
-    check_all(plan, {**options, "data": data},
-              (lambda: check_kernel(options["loss_kernel"]), lambda: check_swiglu_kernel(options["swiglu_kernel"])))
+    check_all(plan, {**options, "data": data})
     if plan.adapter is not None:
         raise TrainingConfigError(
             f"plan.model={plan.model!r} with adapter {plan.adapter!r}: train() fine-tunes a base model "
@@ -204,7 +200,7 @@ def _validate(plan: RunPlan, data: Any, options: dict[str, Any]) -> RunSettings:
                                   "pass lora=True, or drop merge.")
     if qlora:
         _check_qlora(plan)
-    asks = _check_kernel_asks(plan, options, lora=settings is not None, qlora=qlora)
+    asks = _check_kernel_asks(plan, options)
     if settings is not None:
         from ..model.source import resolve_source
         from .lora import check_rank
@@ -217,37 +213,24 @@ def _validate(plan: RunPlan, data: Any, options: dict[str, Any]) -> RunSettings:
     return RunSettings(options, settings, qlora, record, asks)
 
 
-#: The option each op's explicit kernel needs switched on: an explicit choice with it off is a contradiction.
-_KERNEL_NEEDS = {("cross_entropy", None): "fused_loss", ("swiglu", "hwrun"): "fused_projections",
-                 ("swiglu", "inductor"): "fused_projections", ("rope", "hwrun"): "rope_table"}
+def _check_kernel_asks(plan: RunPlan, options: Mapping[str, Any]) -> dict[str, str]:
+    """The explicit kernel choices (`kernels=`, and the deprecated `loss_kernel`/`swiglu_kernel`), checked by the
+    kernel policy against its candidates, the plan's device and the run's other options, before any work."""
+    from .kernel_policy import OLD_KEYWORDS, candidate, check_kernels, from_old_keyword, resolve
 
-
-def _check_kernel_asks(plan: RunPlan, options: Mapping[str, Any], *, lora: bool, qlora: bool) -> dict[str, str]:
-    """The explicit kernel choices (`kernels=`, and the older `loss_kernel`/`swiglu_kernel`), checked against
-    the kernel policy's candidates, the plan's device and the run's other options, before any work."""
-    from .kernel_policy import check_kernels, legacy_spellings, resolve
-
-    asks = check_kernels(options["kernels"], options["loss_kernel"], options["swiglu_kernel"])
-    given = dict(options["kernels"] or {})
-    spelled = {op: how for op, how in legacy_spellings(options["loss_kernel"], options["swiglu_kernel"]).items()
-               if given.get(op, "auto") == "auto"}  # asked through an older keyword only
+    old, spelled = {}, {}
+    for keyword in OLD_KEYWORDS:
+        if options[keyword] is not None:  # warned about at the caller of train(): 4 frames up
+            old[keyword] = from_old_keyword(keyword, options[keyword], stacklevel=5)
+            spelled[OLD_KEYWORDS[keyword]] = f"{keyword}={options[keyword]!r}"
+    asks = check_kernels(options["kernels"], old)
     resolve(plan.accelerator.kind, asks, spelled)  # an explicit choice that cannot run on this device raises here
-    for op, impl in given.items():
-        if impl == "auto":
-            continue
-        needs = _KERNEL_NEEDS.get((op, None)) or _KERNEL_NEEDS.get((op, impl))
+    for op, impl in asks.items():
+        needs = candidate(op, impl).needs
         if needs is not None and options[needs] is False:
-            raise TrainingConfigError(f"kernels[{op!r}]={impl!r} runs inside hwrun's {needs.replace('_', ' ')}, "
-                                      f"but {needs}=False switches that off. Fix: drop one of the two.")
-    swiglu = asks.get("swiglu")
-    if swiglu in ("hwrun", "inductor") and (not lora or qlora):
-        asked = spelled.get("swiglu", f"kernels['swiglu']={swiglu!r}")
-        why = ("this is a full fine-tune (no LoRA), and hwrun fuses the projections of LoRA runs only" if not lora
-               else "qlora=True: the 4-bit base layers are not plain Linear layers, so gate/up stay separate")
-        raise TrainingConfigError(f"{asked} runs on hwrun's fused gate/up projections, which this run cannot "
-                                  f"have: {why}. Fix: drop the SwiGLU choice (or choose 'liger', which runs on "
-                                  "separate gate and up where Liger runs)"
-                                  f"{'' if lora else ', or train with lora=True'}.")
+            asked = spelled.get(op, f"kernels[{op!r}]={impl!r}")
+            raise TrainingConfigError(f"{asked} runs inside hwrun's {needs.replace('_', ' ')}, but {needs}=False "
+                                      "switches that off. Fix: drop one of the two.")
     return asks
 
 
@@ -540,7 +523,6 @@ def _patch(model: Any, dataset: Any, plan: RunPlan, args: Any, run: RunSettings,
     model = _peft_model(model, lora_config(model.config, run.settings, targets), targets, get_peft_model)
     reasons["lora"] = f"r={run.settings.r} on {_adapted(model.peft_config['default'])} ({targets.reason})"
     patch_lora(model, options, _fusion_blocker(args, run.qlora) or quantized_blocker(plan.quantization), stack, reasons)
-    _note_unapplied_swiglu(model, choices["swiglu"], "swiglu" in run.kernel_asks, reasons)
     patch_last(model, options, stack, reasons)
     return model
 
@@ -563,19 +545,6 @@ def _peft_model(model: Any, config: Any, targets: Any, get_peft_model: Callable[
             f"layers are {', '.join(linear[:12]) or 'none'}. Fix: name some of those, or leave --lora-targets out "
             "for PEFT's choice for the architecture."
         ) from None
-
-
-def _note_unapplied_swiglu(model: Any, choice: Any, explicit: bool, reasons: dict) -> None:
-    """After the fused projections: an explicit or own-kernel SwiGLU choice that no MLP runs gets
-    "(not applied: why)" on its reason (LoRA on gate/up, LoRA dropout there, fusion blocked)."""
-    from .patching import swiglu_blocker
-
-    if choice.impl not in ("hwrun", "inductor") or not (explicit or choice.impl == "hwrun"):
-        return
-    why = swiglu_blocker(model, reasons.get("projections"))
-    if why is not None:
-        reasons["kernel swiglu"] = f"{choice.reason} (not applied: {why})"
-        logger.warning("kernels['swiglu']=%r is not applied: %s.", choice.impl, why)
 
 
 @dataclass
@@ -742,7 +711,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
           grad_accum: int = 1, seed: int = 42, output_dir: str | os.PathLike = "hwrun-train",
           resume: bool | str | None = "auto", block_size: int = 512, merge: bool = False,
           save_steps: int = 100, fused_loss: bool = True, fused_projections: bool = True,
-          rope_table: bool = True, loss_kernel: str = "auto", swiglu_kernel: str = "auto",
+          rope_table: bool = True, loss_kernel: str | None = None, swiglu_kernel: str | None = None,
           kernels: Mapping[str, str] | None = None, plot: bool = True, callbacks: Sequence[Any] = (),
           echo: Callable[[str], Any] | None = None,
           overwrite: bool = False, on_nonfinite: str = "stop", max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
@@ -771,12 +740,10 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     (packed blocks) switch hwrun's own training path off one by one; each logs why where it cannot apply.
     `kernels` picks the implementation of each training op, {op: impl} with op one of cross_entropy, swiglu,
     rmsnorm, rope and impl 'auto' (the default: hwrun.training.kernel_policy's measured choice for the
-    device), 'hwrun' (our own), 'inductor' (the torch form, compiled), 'liger' (Liger's kernel, CUDA/ROCm/XPU,
-    `pip install hwrun[liger]`) or 'torch' (torch's own op, where torch has one); result.reasons has every
-    op's choice and why ("kernel <op>"). `loss_kernel` and `swiglu_kernel` are the older spelling for two
-    of them: 'triton' is kernels[op]='hwrun', 'torch' is 'inductor', 'auto' the policy's choice.
-    swiglu 'hwrun'/'inductor' run on the fused gate/up projections: refused for full fine-tuning and QLoRA,
-    and marked "(not applied: why)" in the reason where no MLP runs them (e.g. LoRA on gate/up).
+    device), 'hwrun' (our own: the loss kernel, the RoPE table), 'inductor' (the torch form, compiled), 'liger'
+    (Liger's kernel, CUDA/ROCm/XPU, `pip install hwrun[liger]`) or 'torch' (torch's own op, where torch has one);
+    result.reasons has every op's choice and why ("kernel <op>"). `loss_kernel` and `swiglu_kernel` are
+    deprecated (hwrun 0.1.0's spelling; a FutureWarning): 'triton' is kernels[op]='hwrun', 'torch' 'inductor'.
     """
     options = {name: value for name, value in locals().items()
                if name not in ("plan", "data", "training_overrides")}

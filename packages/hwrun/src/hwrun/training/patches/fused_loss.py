@@ -64,53 +64,42 @@ def _chunk_loss_grad_in_place(logits, targets, scale):
     return loss, grad.to(logits.dtype)
 
 
+#: The chunk form of `linear_cross_entropy` (its `kernel`): 'triton' is hwrun's Triton chunk kernel (`ce_kernel`),
+#: 'torch' the torch form, 'auto' the kernel policy's choice for the device (`hwrun.training.kernel_policy`).
 KERNELS = ("auto", "torch", "triton")
-
-#: Per kind: does kernel='auto' run hwrun's Triton kernels (the loss chunk kernel `ce_kernel` and the
-#: SwiGLU backward `swiglu_kernel`) there, and why. Only where they were measured: a platform with
-#: Triton (`Platform.triton`) is not enough, the kernels' block sizes are tuned and checked on NVIDIA.
-TRITON_KERNELS: dict[str, tuple[bool, str]] = {
-    "hpu": (False, "Gaudi has no Triton"),
-    "xpu": (False, "torch's XPU wheels ship Intel's Triton, but hwrun's kernels are not yet run or measured there"),
-    "rocm": (False, "Triton runs on ROCm, but hwrun's kernels are tuned and checked on NVIDIA only"),
-    "cuda": (True, "measured on an H200 (docs/benchmarks/train.md); triton ships with torch's CUDA wheels"),
-    "mps": (False, "no Triton on Apple GPUs"),
-    "cpu": (False, "Triton compiles for GPUs; the host runs the torch form"),
-}
-
-
-def triton_kernel_usable(kind: str) -> bool:
-    """Whether kernel='auto' runs hwrun's Triton kernels on the platform `kind`: its `TRITON_KERNELS`
-    row, the platform has Triton, and triton is installed. Other devices use the torch form."""
-    from hwrun.devices import platform, row
-
-    wanted, _ = row(TRITON_KERNELS, kind, (False, "no row"))
-    return wanted and platform(kind).triton and importlib.util.find_spec("triton") is not None
 
 
 def auto_kernel(kernel: str, device_type: str) -> str:
-    """`kernel` with 'auto' resolved for a model on `device_type`: 'triton' where `triton_kernel_usable`, else 'torch'."""
+    """`kernel` with 'auto' resolved by the kernel policy for tensors on `device_type`: 'triton' where it runs
+    hwrun's own loss kernel there (CUDA, measured +2.1 %), else 'torch'."""
     if kernel != "auto":
         return kernel
     from hwrun.devices import kind_of_device_type
 
-    return "triton" if triton_kernel_usable(kind_of_device_type(device_type)) else "torch"
+    from ..kernel_policy import choose
+
+    return "triton" if choose("cross_entropy", "auto", kind_of_device_type(device_type)) == "hwrun" else "torch"
 
 
 def check_kernel(kernel: str) -> None:
     """Reject a `kernel` value that is not one of KERNELS, saying what each one does."""
     if kernel not in KERNELS:
-        raise TrainingConfigError(f"kernel={kernel!r} is not one of {KERNELS}: 'auto' uses the Triton chunk kernel on "
-                         "CUDA and the torch form elsewhere, 'torch' always the torch form, 'triton' the "
-                         "kernel (CUDA, or any device under TRITON_INTERPRET=1).")
+        raise TrainingConfigError(f"kernel={kernel!r} is not one of {KERNELS}: 'auto' runs the kernel policy's "
+                                  "choice for the device (the Triton chunk kernel on CUDA, the torch form "
+                                  "elsewhere), 'torch' always the torch form, 'triton' the kernel (CUDA, or any "
+                                  "device under TRITON_INTERPRET=1).")
 
 
 def chunk_function(compiled: bool = False, kernel: str = "torch", kind: str = "cpu"):
-    """The per-chunk loss/gradient function: hwrun's Triton kernel (`kernel='triton'`, or 'auto' where
-    `TRITON_KERNELS` allows on the platform `kind`), else the torch form: out of place for a compiled
+    """The per-chunk loss/gradient function: hwrun's Triton kernel (`kernel='triton'`, or 'auto' where the
+    kernel policy chooses it on the platform `kind`), else the torch form: out of place for a compiled
     model, in place otherwise."""
     check_kernel(kernel)
-    if kernel == "triton" or (kernel == "auto" and triton_kernel_usable(kind)):
+    if kernel == "auto":
+        from ..kernel_policy import choose
+
+        kernel = "triton" if choose("cross_entropy", "auto", kind) == "hwrun" else "torch"
+    if kernel == "triton":
         from .ce_kernel import chunk_ce_triton
 
         return chunk_ce_triton
@@ -197,8 +186,8 @@ def linear_cross_entropy(hidden: Any, weight: Any, targets: Any, *, num_items_in
     `hidden` is (N, H), `weight` (V, H), `targets` (N,) with -100 = ignore: the same reduction as
     Transformers' `ForCausalLMLoss` (sum / num_items_in_batch when given, else mean over valid).
     `compiled=True` when the caller runs under `torch.compile` (the fusable form; see the module doc).
-    `kernel` picks the per-chunk softmax/gradient: 'torch', 'triton' (`ce_kernel`) or 'auto' (Triton
-    on CUDA, else torch). Under `torch.compile`, call `prepare_linear_cross_entropy(kernel)` first.
+    `kernel` picks the per-chunk softmax/gradient: 'torch', 'triton' (`ce_kernel`) or 'auto' (the kernel
+    policy's choice: Triton on CUDA, else torch). Under `torch.compile`, call `prepare_linear_cross_entropy(kernel)` first.
     """
     import torch
 
@@ -212,9 +201,8 @@ def linear_cross_entropy(hidden: Any, weight: Any, targets: Any, *, num_items_in
     return function.apply(hidden, weight, targets, scale, int(chunk_tokens), chunk_fn)
 
 
-#: Who computes the fused loss: hwrun's chunked function (its chunk form set by `kernel`), Liger's fused
-#: linear cross-entropy, or torch's own chunked `F.linear_cross_entropy` (kernel_policy decides).
-LOSS_IMPLS = ("hwrun", "liger", "torch")
+#: The libraries that can compute the fused loss instead of hwrun's chunked function.
+LIBRARY_LOSSES = ("liger", "torch")
 
 
 def library_linear_cross_entropy(impl: str, chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
@@ -241,7 +229,7 @@ def library_linear_cross_entropy(impl: str, chunk_tokens: int = DEFAULT_CHUNK_TO
             return F.linear_cross_entropy(hidden, weight, targets, reduction=reduction, ignore_index=IGNORE_INDEX,
                                           options=options)
     else:
-        raise TrainingConfigError(f"impl={impl!r} is not a library loss; use one of {LOSS_IMPLS[1:]}.")
+        raise TrainingConfigError(f"impl={impl!r} is not a library loss; use one of {LIBRARY_LOSSES}.")
 
     def loss(hidden, weight, targets, num_items_in_batch=None):
         if num_items_in_batch is None:
@@ -283,29 +271,37 @@ def fused_loss_support(model: Any) -> str | None:
     return None
 
 
-def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-                     compiled: bool = False, kernel: str = "auto", impl: str = "hwrun") -> FusedLossPatch:
+def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, compiled: bool = False,
+                     kernel: str | None = None, impl: str = "auto") -> FusedLossPatch:
     """Make this CausalLM instance compute its training loss with `linear_cross_entropy`
     (explicit, idempotent, reversible via `.undo()`); calls without labels run unchanged.
-    `compiled=True` when the model will run under `torch.compile` (the loss takes its fusable form);
-    `kernel` as in `linear_cross_entropy` ('auto': the Triton chunk kernel where the model runs on CUDA).
-    `impl` 'liger' or 'torch' computes the same loss with Liger's fused linear cross-entropy or torch's own
-    chunked `F.linear_cross_entropy` instead (`kernel` is then unused; `chunk_tokens` is torch's chunk size,
-    unused by Liger, which chunks on its own). A second call with the same `impl` changes nothing; with
-    another `impl` it is refused (undo the first patch)."""
-    check_kernel(kernel)
-    if impl not in LOSS_IMPLS:
-        raise TrainingConfigError(f"impl={impl!r} is not one of {LOSS_IMPLS}.")
+    `compiled=True` when the model will run under `torch.compile` (the loss takes its fusable form).
+    `impl` is the kernel policy's name for the loss (`hwrun.training.kernel_policy`): 'auto' (the policy's choice
+    for the model's device: hwrun's on CUDA), 'hwrun' (the chunked loss with the Triton chunk kernel), 'inductor'
+    (the chunked loss in the torch form), 'liger' (Liger's fused linear cross-entropy, which chunks on its own)
+    or 'torch' (torch's own chunked `F.linear_cross_entropy`, `chunk_tokens` per chunk). `kernel` is hwrun 0.1.0's
+    spelling ('triton', 'torch', 'auto'; a FutureWarning). A second call with the same `impl` changes nothing;
+    with another `impl` it is refused (undo the first patch)."""
+    from hwrun.devices import kind_of_device_type
+
+    from ..kernel_policy import choose, from_old_keyword
+
+    if kernel is not None:
+        old = from_old_keyword("kernel", kernel, "cross_entropy", replacement="impl={impl!r}")
+        if impl != "auto" and old != "auto" and old != impl:
+            raise TrainingConfigError(f"apply_fused_loss(kernel={kernel!r}, impl={impl!r}): kernel={kernel!r} is "
+                                      f"impl={old!r}; give impl alone (kernel is deprecated).")
+        impl = old if impl == "auto" else impl
+    parameter = next(iter(model.parameters()), None)
+    device_type = parameter.device.type if parameter is not None else "cpu"
+    impl = choose("cross_entropy", impl, kind_of_device_type(device_type))  # resolved once, here
     running = getattr(model, _FLAG, False)
     if running:
-        if running in (True, impl):
+        if running == impl:
             return FusedLossPatch(model, True, "already applied")
         raise TrainingConfigError(f"apply_fused_loss(impl={impl!r}): this model already computes its loss with "
                                   f"impl={running!r} (patched earlier). Fix: undo that patch first (its .undo()), "
                                   "then apply this one.")
-    asked = kernel
-    parameter = next(iter(model.parameters()), None)
-    kernel = auto_kernel(kernel, parameter.device.type if parameter is not None else "cpu")  # resolved once, here
     reason = fused_loss_support(model)
     if reason is not None:
         logger.info("Fused chunked loss not applied: %s; using the model's own loss.", reason)
@@ -316,7 +312,8 @@ def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 
     original = type(model).forward
     decoder = model.get_decoder()
-    library = library_linear_cross_entropy(impl, chunk_tokens) if impl != "hwrun" else None
+    library = library_linear_cross_entropy(impl, chunk_tokens) if impl in LIBRARY_LOSSES else None
+    kernel = "triton" if impl == "hwrun" else "torch"  # the chunk form of hwrun's chunked loss
     if library is None:
         prepare_linear_cross_entropy(kernel)
 
@@ -351,11 +348,7 @@ def apply_fused_loss(model: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                 "torch": "torch's own chunked F.linear_cross_entropy"}[impl]
         logger.info("Fused loss: %s (the full logits are never materialised).", what)
         return FusedLossPatch(model, True, what)
-    how = "out of place, fused by torch.compile" if compiled else "in place"
-    if kernel == "triton":
-        how = "Triton kernel"
-    if asked == "auto":
-        how += ", chosen by kernel='auto' for this device (TRITON_KERNELS)"
+    how = "Triton kernel" if kernel == "triton" else "out of place, fused by torch.compile" if compiled else "in place"
     logger.info("Fused chunked cross-entropy on (%d tokens per chunk, softmax/gradient %s): the full "
                 "logits are never materialised.", chunk_tokens, how)
     return FusedLossPatch(model, True, f"fused chunked cross-entropy ({how})")

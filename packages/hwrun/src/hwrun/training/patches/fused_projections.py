@@ -14,8 +14,11 @@ separate weights and the original forwards. Patching checks on a small input tha
 forward gives what the original gives, and leaves the model as it was where it does not.
 
 With SiLU and gate/up without LoRA, the MLP's `silu(gate) * up` runs through `swiglu` on the
-fused matmul's output: its backward writes [d_gate | d_up] in one pass (a Triton kernel on CUDA)
-instead of a pointwise concatenation of two halves."""
+fused matmul's output (its backward in torch, compiled by inductor).
+
+Why kept: measured together with the RoPE table, this layer path gained +2.4 % and +3.2 % end to end in two
+H200 calls (hwrun 87,844 vs 85,825 and 89,899 vs 87,136 tokens/s without both, docs/benchmarks/train.md, the
+fused layer path); the two shares were not measured apart."""
 
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from typing import Any
 
 from .record import ModelPatch
 from .rope_table import rotary_module
-from .swiglu import auto_swiglu_kernel, check_swiglu_kernel, prepare_swiglu, swiglu
+from .swiglu import prepare_swiglu, swiglu
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +103,6 @@ class _FusedGroup:
         if len({m.lora_A[n].weight.dtype for _, m, n in self.adapted}) > 1:
             raise _Unfusable("the LoRA A matrices differ in dtype")
         self.sizes = [w.shape[0] for w in weights]
-        self.swiglu_kernel = "auto"  # for gate/up: the `swiglu` backward ('auto', 'triton', 'torch')
         self.weight: Any = None
         self.bias: Any = None
 
@@ -196,11 +198,10 @@ def _attention_forward(self, hidden_states, position_embeddings=None, attention_
 
 def _mlp_forward(self, x):
     """LlamaMLP.forward with gate and up from one fused group. With SiLU and no LoRA on gate/up,
-    `swiglu` takes the one [gate | up] matmul output and writes both halves of its gradient in one
-    pass (the Triton kernel on CUDA)."""
+    `swiglu` takes the one [gate | up] matmul output and writes both halves of its gradient at once."""
     group = self._hwrun_gate_up
     if not group.lora and type(self.act_fn).__name__ in _SILU and group.sizes[0] == group.sizes[1]:
-        return self.down_proj(swiglu(group.joint(x), group.swiglu_kernel))
+        return self.down_proj(swiglu(group.joint(x)))
     gate, up = group(x)
     return self.down_proj(self.act_fn(gate) * up)
 
@@ -272,15 +273,23 @@ def apply_fused_projections(model: Any, swiglu_kernel: str = "auto") -> ModelPat
     """Fuse q/k/v (with their LoRA A matrices) and gate/up in every decoder layer of `model` (a
     PEFT or plain Transformers causal LM with frozen base weights). Explicit, idempotent,
     reversible (`.undo()`); layers or groups that cannot be fused run as before, with the reason
-    logged. `swiglu_kernel` is the fused MLP's SwiGLU backward: 'auto' (the kernel policy's choice), 'triton'
-    or 'torch'; 'liger' leaves gate/up separate (Liger's SwiGLU kernel takes them as two tensors, see
-    `library_kernels.apply_liger_swiglu`)."""
-    if swiglu_kernel != "liger":
-        check_swiglu_kernel(swiglu_kernel)
+    logged. `swiglu_kernel` is the kernel policy's SwiGLU choice: 'auto' (the policy's for the model's device),
+    'inductor' (gate/up fused, `swiglu` on their output) or 'liger' (gate/up left separate: Liger's SwiGLU
+    kernel takes them as two tensors, see `library_kernels.apply_liger_swiglu`); hwrun 0.1.0's 'torch' is
+    'inductor' (a FutureWarning)."""
+    from hwrun.devices import kind_of_device_type
+
+    from ..kernel_policy import OLD_VALUES, choose, from_old_keyword
+
     base_model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if swiglu_kernel in OLD_VALUES and swiglu_kernel != "auto":  # hwrun 0.1.0's 'torch'/'triton'
+        swiglu_kernel = from_old_keyword("swiglu_kernel", swiglu_kernel, replacement="swiglu_kernel={impl!r}")
+    parameter = next(iter(base_model.parameters()), None)
+    swiglu_kernel = choose("swiglu", swiglu_kernel, kind_of_device_type(parameter.device.type if parameter
+                                                                         is not None else "cpu"))
     if getattr(base_model, _FLAG, None) is not None:
         return ModelPatch(True, "already applied")
-    prepare_swiglu()  # its autograd.Function and op exist before any trace
+    prepare_swiglu()  # its autograd.Function exists before any trace
     decoder = base_model.get_decoder() if hasattr(base_model, "get_decoder") else None
     layers = getattr(decoder, "layers", None)
     if layers is None:
@@ -308,9 +317,6 @@ def apply_fused_projections(model: Any, swiglu_kernel: str = "auto") -> ModelPat
                 continue
             try:
                 undo.append(_patch_one(module, names, attribute, forward, check))
-                group = getattr(module, attribute)
-                # 'auto' resolved once here, not in the (possibly compiled) forward
-                group.swiglu_kernel = auto_swiglu_kernel(swiglu_kernel, group.weight.device.type)
                 fused[label] += 1
             except _Unfusable as exc:
                 skipped[label] = str(exc)

@@ -1,38 +1,13 @@
-"""SwiGLU (`silu(gate) * up`) on the output of one fused gate/up matmul, with a backward that
-writes both halves of the gradient in one pass: hwrun's Triton kernel (`swiglu_kernel`) or the
-same formula in torch, which inductor compiles. The forward stays torch code, which `torch.compile` fuses.
-
-Which one 'auto' runs is the kernel policy's choice (`hwrun.training.kernel_policy`): the Triton
-kernel measured +1.8 % end to end on the H200 (88,821 against 87,213 tokens/s, docs/benchmarks/
-train.md, 2026-12-04), below the 2 % a kernel of our own must gain, so 'auto' runs the torch form
-everywhere; `kernel='triton'` (train(kernels={"swiglu": "hwrun"})) still selects the kernel."""
+"""SwiGLU (`silu(gate) * up`) on the output of one fused gate/up matmul, with a backward in torch that writes
+both halves of the gradient, [d_gate | d_up], from the saved [gate | up]; `torch.compile` fuses forward and
+backward. It is what the fused projections' MLP runs (the kernel policy's 'inductor' SwiGLU). hwrun's Triton
+kernel for this backward was deleted: +1.8 % end to end on the H200, below the policy's 2 % bar."""
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
-_FUNCTION: list[Any] = []  # [the autograd.Function, the Triton op or None], filled by prepare_swiglu
-
-
-def triton_swiglu_usable(kind: str) -> bool:
-    """Whether the Triton backward can run on the platform `kind` (the same `TRITON_KERNELS` rule as
-    the loss kernel: CUDA, with triton installed). Whether 'auto' runs it is the kernel policy's choice."""
-    from .fused_loss import triton_kernel_usable
-
-    return triton_kernel_usable(kind)
-
-
-def auto_swiglu_kernel(kernel: str, device_type: str) -> str:
-    """`kernel` with 'auto' resolved for tensors on `device_type`: 'triton' where the kernel policy
-    chooses hwrun's own SwiGLU (measured >= 2 % ahead there; nowhere at present), else 'torch'."""
-    if kernel != "auto":
-        return kernel
-    from hwrun.devices import kind_of_device_type
-
-    from ..kernel_policy import auto_choice
-
-    return "triton" if auto_choice("swiglu", kind_of_device_type(device_type)).impl == "hwrun" else "torch"
+_FUNCTION: list[Any] = []  # the autograd.Function, built by prepare_swiglu
 
 
 def swiglu_backward_torch(y: Any, d_out: Any) -> Any:
@@ -46,17 +21,10 @@ def swiglu_backward_torch(y: Any, d_out: Any) -> Any:
 
 
 def prepare_swiglu() -> None:
-    """Define the autograd.Function and, where triton is installed, register the
-    `hwrun::swiglu_backward` op; call before `torch.compile` traces `swiglu` (Dynamo can trace
-    neither a class definition nor an op registration). Idempotent."""
-    if _FUNCTION:
-        return
-    op = None
-    if importlib.util.find_spec("triton") is not None:
-        from .swiglu_kernel import swiglu_backward_op
-
-        op = swiglu_backward_op()
-    _FUNCTION.extend([_build_function(), op])
+    """Define the autograd.Function; call before `torch.compile` traces `swiglu` (Dynamo cannot trace a class
+    definition). Idempotent."""
+    if not _FUNCTION:
+        _FUNCTION.append(_build_function())
 
 
 def _build_function():
@@ -67,45 +35,21 @@ def _build_function():
         """silu(gate) * up for y = [gate | up]; y is saved, the backward writes [d_gate | d_up]."""
 
         @staticmethod
-        def forward(ctx, y, use_triton):  # noqa: D401
+        def forward(ctx, y):  # noqa: D401
             gate, up = y.chunk(2, dim=-1)
             ctx.save_for_backward(y)
-            ctx.use_triton = use_triton
             return F.silu(gate) * up
 
         @staticmethod
         def backward(ctx, d_out):
             (y,) = ctx.saved_tensors
-            if ctx.use_triton:
-                return _FUNCTION[1](y, d_out.contiguous()), None
-            return swiglu_backward_torch(y, d_out), None
+            return swiglu_backward_torch(y, d_out)
 
     return FusedSwiGLU
 
 
-KERNELS = ("auto", "triton", "torch")
-
-
-def check_swiglu_kernel(kernel: str) -> None:
-    """Reject a `kernel` value that is not one of KERNELS, saying what each one does."""
-    from ...errors import TrainingConfigError
-
-    if kernel not in KERNELS:
-        raise TrainingConfigError(f"swiglu_kernel={kernel!r} is not one of {KERNELS}: 'auto' runs what the kernel "
-                                  "policy chooses for the device (the torch form: hwrun's kernel gained 1.8 %, "
-                                  "below its 2 % bar), 'triton' always hwrun's kernel (needs triton), 'torch' "
-                                  "always torch.")
-
-
-def swiglu(y: Any, kernel: str = "auto") -> Any:
-    """silu(gate) * up for y = [gate | up] on the last dimension. `kernel`: 'auto' (the kernel
-    policy's choice), 'triton' or 'torch'. Under `torch.compile`, call `prepare_swiglu()` first."""
-    check_swiglu_kernel(kernel)
-    if not _FUNCTION:
-        prepare_swiglu()
-    has_op = _FUNCTION[1] is not None
-    if kernel == "triton" and not has_op:
-        raise RuntimeError("swiglu(kernel='triton') needs the triton package, which is not installed; "
-                           "use kernel='torch' or 'auto'.")
-    use_triton = has_op and auto_swiglu_kernel(kernel, y.device.type) == "triton"
-    return _FUNCTION[0].apply(y, use_triton)
+def swiglu(y: Any) -> Any:
+    """silu(gate) * up for y = [gate | up] on the last dimension. Under `torch.compile`, call `prepare_swiglu()`
+    first."""
+    prepare_swiglu()
+    return _FUNCTION[0].apply(y)
