@@ -13,18 +13,18 @@ One ~1.24B-parameter Llama built from a config (hidden 2048, 16 layers, 32/8 hea
   hwrun_qlora         hwrun.train(qlora=True): 4-bit NF4 base (bitsandbytes), for peak memory
   hwrun_model_loss    as hwrun with fused_loss=False (the model's own loss), to see what the fused loss costs
   hwrun_unfused       as hwrun with fused_projections=False and rope_table=False (hwrun before them)
-  hwrun_torch_loss    as hwrun with loss_kernel="torch" (the loss chunks in the torch form inductor
-                      fuses, instead of hwrun's Triton kernel)
-  hwrun_torch_swiglu  as hwrun with swiglu_kernel="torch" (the MLP's SwiGLU backward as compiled torch)
+  hwrun_unfused_projections  as hwrun with fused_projections=False (the fused projections' own share)
   hwrun_reduce_overhead  as hwrun with torch_compile_mode="reduce-overhead" (CUDA graphs over the step)
   plain_bf16_compile_reduce_overhead  plain Trainer with the same mode: what the flag alone gives
   The kernel policy's comparison (hwrun.training.kernel_policy; each as hwrun with one kernels= choice):
-  hwrun_swiglu_kernel  swiglu=hwrun (our Triton SwiGLU backward; no longer the default)
+  hwrun_torch_loss     cross_entropy=inductor (the loss chunks in the torch form inductor fuses, instead of
+                       hwrun's Triton kernel)
   hwrun_liger_ce       cross_entropy=liger (Liger's fused linear cross-entropy)
   hwrun_linear_ce      cross_entropy=torch (torch's own chunked F.linear_cross_entropy, where torch has it)
   hwrun_liger_swiglu   swiglu=liger (Liger's SwiGLU on separate gate/up matmuls)
   hwrun_liger_rmsnorm  rmsnorm=liger;  hwrun_torch_rmsnorm  rmsnorm=torch (F.rms_norm)
   hwrun_liger_rope     rope=liger (Liger's rotation, cos/sin table kept);  hwrun_inductor_rope  rope=inductor
+                       (no table: the table's own share)
   hwrun_liger_all      all four ops with Liger's kernels
   plain_liger          plain Trainer, bf16, use_liger_kernel=True (Liger's own patching), eager
   plain_liger_compile  as plain_liger with torch_compile=True
@@ -67,7 +67,7 @@ SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_att
              num_key_value_heads=2, vocab_size=512, seq=64, batch=4, warmup=2, steps=3)
 #: hwrun configurations that differ from `hwrun` by their train(kernels=...) choice (the kernel policy's table).
 KERNEL_CONFIGS = {
-    "hwrun_swiglu_kernel": {"swiglu": "hwrun"},
+    "hwrun_torch_loss": {"cross_entropy": "inductor"},
     "hwrun_liger_ce": {"cross_entropy": "liger"},
     "hwrun_linear_ce": {"cross_entropy": "torch"},
     "hwrun_liger_swiglu": {"swiglu": "liger"},
@@ -83,16 +83,14 @@ POLICY_PAIRS = (
     ("cross_entropy", "hwrun", "inductor", "hwrun", "hwrun_torch_loss"),
     ("cross_entropy", "liger", "inductor", "hwrun_liger_ce", "hwrun_torch_loss"),
     ("cross_entropy", "torch", "inductor", "hwrun_linear_ce", "hwrun_torch_loss"),
-    ("swiglu", "hwrun", "inductor", "hwrun_swiglu_kernel", "hwrun_torch_swiglu"),
-    ("swiglu", "liger", "inductor", "hwrun_liger_swiglu", "hwrun_torch_swiglu"),
+    ("swiglu", "liger", "inductor", "hwrun_liger_swiglu", "hwrun"),
     ("rmsnorm", "liger", "inductor", "hwrun_liger_rmsnorm", "hwrun"),
     ("rmsnorm", "torch", "inductor", "hwrun_torch_rmsnorm", "hwrun"),
     ("rope", "hwrun", "inductor", "hwrun", "hwrun_inductor_rope"),
     ("rope", "liger", "inductor", "hwrun_liger_rope", "hwrun_inductor_rope"),
 )
 CONFIGS = ("plain_fp32", "plain_bf16", "plain_bf16_compile", "hwrun", "hwrun_qlora", "hwrun_model_loss", "hwrun_unfused",
-           "hwrun_torch_loss", "hwrun_torch_swiglu",
-           "hwrun_reduce_overhead", "plain_bf16_compile_reduce_overhead", *KERNEL_CONFIGS, "plain_liger",
+           "hwrun_unfused_projections", "hwrun_reduce_overhead", "plain_bf16_compile_reduce_overhead", *KERNEL_CONFIGS, "plain_liger",
            "plain_liger_compile")
 PLAIN = ("plain_fp32", "plain_bf16", "plain_bf16_compile")  # the issue's baseline set
 PLAIN_EXTRA = ("plain_bf16_compile_reduce_overhead", "plain_liger", "plain_liger_compile")  # context rows
@@ -289,10 +287,8 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool, profile: bool =
         qlora = name == "hwrun_qlora"
         fused_loss = name != "hwrun_model_loss"
         layers = {"fused_projections": False, "rope_table": False} if name == "hwrun_unfused" else {}
-        if name == "hwrun_torch_loss":
-            layers["loss_kernel"] = "torch"
-        if name == "hwrun_torch_swiglu":
-            layers["swiglu_kernel"] = "torch"
+        if name == "hwrun_unfused_projections":
+            layers["fused_projections"] = False
         if name in KERNEL_CONFIGS:
             layers["kernels"] = KERNEL_CONFIGS[name]
         overrides = {"torch_compile_mode": "reduce-overhead"} if name == "hwrun_reduce_overhead" and not smoke else {}
@@ -390,6 +386,9 @@ def write_outputs(out: Path, runs: list[dict], meta: dict) -> str:
         ratios["best_plain"] = plain_best["config"]
     if "hwrun" in ok and "hwrun_qlora" in ok and ok["hwrun"]["peak_bytes"] and ok["hwrun_qlora"]["peak_bytes"]:
         ratios["qlora_peak_vs_lora_peak"] = ok["hwrun_qlora"]["peak_bytes"] / ok["hwrun"]["peak_bytes"]
+    for key, against in (("layer_path_gain", "hwrun_unfused"), ("fused_projections_gain", "hwrun_unfused_projections")):
+        if "hwrun" in ok and against in ok:  # what the fused projections (and the RoPE table) are kept for
+            ratios[key] = ok["hwrun"]["tokens_per_s"] / ok[against]["tokens_per_s"]
     def ran(config: str, op: str, impl: str) -> bool:  # the run's own reasons say it ran `impl` for `op`
         return config in ok and str(ok[config]["decisions"].get(f"kernel {op}", "")).startswith(f"{impl}:")
 

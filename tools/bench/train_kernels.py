@@ -10,8 +10,9 @@ tokens, 32/8 heads of 64, bf16):
                 included), Liger's fused linear cross-entropy (eager and compiled) and torch's own chunked
                 F.linear_cross_entropy where torch has it
   swiglu rows   the backward of silu(gate) * up: on one fused [gate | up] matmul output, the compiled torch
-                autograd (a pointwise cat of both halves) vs hwrun's swiglu_kernel; on separate gate and up,
-                the compiled torch autograd vs Liger's kernel; with bytes moved per ms
+                autograd (a pointwise cat of both halves) vs hwrun's `swiglu` (its own torch backward, what
+                the fused MLP runs); on separate gate and up, the compiled torch autograd vs Liger's kernel;
+                with bytes moved per ms
   rmsnorm rows  Llama's RMSNorm forward + backward (tokens x hidden): compiled torch vs Liger vs F.rms_norm
   rope rows     Llama's rotation of q and k forward + backward: compiled torch vs Liger
 Loss rows give the largest error of the loss and of d(loss)/d(hidden) against float32 cross-entropy over
@@ -244,8 +245,9 @@ def _grad_rows(kind: str, candidates, inputs, upstream, reference, bytes_moved: 
 
 
 def swiglu_rows(tokens: int, width: int, setup: Setup) -> list[dict]:
-    """The SwiGLU backward, one Llama MLP's size: on the fused [gate | up] output (inductor vs hwrun's Triton
-    kernel), and on separate gate and up tensors (inductor vs Liger's kernel, as Liger's MLP runs it)."""
+    """The SwiGLU backward, one Llama MLP's size: on the fused [gate | up] output (inductor's autograd vs hwrun's
+    `swiglu` with its torch backward, both compiled), and on separate gate and up tensors (inductor vs Liger's
+    kernel, as Liger's MLP runs it)."""
     import torch
     import torch.nn.functional as F
 
@@ -261,14 +263,10 @@ def swiglu_rows(tokens: int, width: int, setup: Setup) -> list[dict]:
         gate, up = y.chunk(2, dim=-1)
         return F.silu(gate) * up
 
-    triton_missing = setup.cannot("triton")
-    ours = None
-    if triton_missing is None:
-        from hwrun.training.patches.swiglu import prepare_swiglu, swiglu
+    from hwrun.training.patches.swiglu import prepare_swiglu, swiglu
 
-        prepare_swiglu()
-        ours = setup.compile(lambda y: swiglu(y, "triton"))
-    rows = _grad_rows("swiglu", [("inductor", setup.compile(plain), None), ("triton", ours, triton_missing)],
+    prepare_swiglu()
+    rows = _grad_rows("swiglu", [("inductor", setup.compile(plain), None), ("hwrun_torch", setup.compile(swiglu), None)],
                       [y], [d_out], [reference], bytes_moved, setup, {"rows": tokens, "width": width, "fused": True})
 
     a = y.detach()[:, :width].contiguous().requires_grad_()
