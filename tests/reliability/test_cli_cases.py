@@ -1,20 +1,42 @@
-"""Issue 27's bad-input suite: every case of every table through the real CLI, as a subprocess.
+"""Issue 27's bad-input suite: every case of every table through the real CLI.
 
-Each case runs `python -m <module> ARGV` in a scratch folder holding a user's files; it must
+Each case runs the CLI's `main(ARGV)` in a scratch folder holding a user's files; it must
 end with exit 2 and exactly one stderr line naming the bad value (or, for doctor cases, the
 named problem), with no traceback, and every file in the folder unchanged (checksums).
 Each case is its own test with its own time bound (issue 40: one shared fixture let one slow
 case turn every case into an error); pytest-xdist spreads them over the cores.
+
+How a case runs (issue 40.2: the suite within 10 minutes on 2 cores): as its own process,
+`python -m <module> ARGV`, unless it is in `IN_PROCESS`. Those import torch, Transformers or the
+training stack, which took 2-10 s per process, nearly all of it interpreter start-up and imports
+(188 s of test time for the file); they call the same `main(argv)` the console script calls, in
+this process, with everything a process would have fresh made so (`_in_process`): the scratch
+folder as the current folder, the environment, the root logger without handlers (so the CLI's
+`logging.basicConfig` writes to the captured stderr), Python's default warning filters with
+warnings printed on stderr, and afterwards the environment, loggers, torch's thread count,
+signal handlers and the libraries' progress-bar switches as they were. stdout and stderr are
+captured at the file descriptors (`capfd`), so a library's C-level output counts too, and a
+`SystemExit` is its exit status. Every CLI keeps cases that run as processes: each of hwenv's
+and hwdist's light ones (no torch import, 0.1-0.3 s as a process), and `SUBPROCESS_WITNESSES`,
+one per command that imports the heavy stack, which prove that the real process start
+(imports and all) prints nothing else on stderr and exits with the status `main` returns.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
+import traceback
+import warnings
 from pathlib import Path
 
 import pytest
@@ -36,6 +58,46 @@ DEVICE_VARIABLES = ("HWENV_DEVICE", "ZE_AFFINITY_MASK", "ZE_ENABLE_PCI_ID_DEVICE
 #: fails alone, naming itself, and the others run on.
 BOUNDS_S = {"hwenv.cli": 120, "hwdist": 300, "hwrun.cli.main": 300}
 SLOW_BOUND_S = 600
+
+
+#: Cases run in this process through `main(argv)` (the module doc says how): each imports torch, Transformers or
+#: the training stack, 2-10 s as a process. A case not named here runs as a process (the safe default).
+IN_PROCESS = frozenset({
+    # hwenv: doctor and a device check import torch
+    "hwenv-device-absent", "doctor-gaudi-unsupported-group", "doctor-gaudi-variables-disagree",
+    "doctor-mask-subdevice-flat", "doctor-cuda-visible-garbage", "doctor-hip-visible-duplicate",
+    "doctor-lazy-mode-malformed-off-gaudi", "doctor-int64-malformed-off-gaudi",
+    # hwdist: the dry run and bench import torch
+    "hwdist-launch-by-index-on-cuda", "hwdist-bench-size-too-big",
+    # hwrun plan / generate
+    "hwrun-model-custom-code-untrusted", "hwrun-model-config-not-object", "hwrun-model-truncated-safetensors",
+    "hwrun-model-config-no-model-type", "hwrun-generate-adapter-overwritten", "hwrun-generate-adapter-base-missing",
+    "hwrun-hwenv-device-absent", "hwrun-compile-misspelt", "hwrun-plan-gaudi-module-out-of-range",
+    "hwrun-plan-gaudi-selections-disagree", "hwrun-temperature-without-sample", "hwrun-top-k-negative",
+    "hwrun-temperature-negative", "hwrun-top-p-without-sample", "hwrun-batch-file-binary", "hwrun-batch-file-dev-zero",
+    # hwrun train: refusals (the training stack's import is what cost 7-10 s each)
+    "hwrun-train-output-empty", "hwrun-train-output-current-folder", "hwrun-train-overwrite-foreign-model",
+    "hwrun-train-resume-corrupted-checkpoint", "hwrun-train-output-is-a-file", "hwrun-train-output-unwritable",
+    "hwrun-train-data-dev-zero", "hwrun-train-data-past-bound", "hwrun-train-resume-another-models-run",
+    "hwrun-train-max-positions-zero", "hwrun-train-lora-r-unbounded", "hwrun-train-batch-size-unbounded",
+})
+#: One case per command that imports the heavy stack, kept as a real process (with everything light): the proof that
+#: the process itself, imports included, writes only the one line and exits with `main`'s status. The training one
+#: is the run that trains (Trainer's output, a process group of its own, the removed output folder).
+SUBPROCESS_WITNESSES = {
+    "hwenv doctor": "doctor-gaudi-module-out-of-range",
+    "hwenv env (device check)": "hwenv-device-unknown",
+    "hwdist bench": "hwdist-bench-device-unknown",
+    "hwrun plan": "hwrun-plan-invalid-affinity-mask",
+    "hwrun generate": "hwrun-generate-adapter-nan",
+    "hwrun train": "hwrun-train-lr-diverges",
+}
+#: Python's own warning filters in a process started without -W or PYTHONWARNINGS (pytest installs its own).
+PYTHON_DEFAULT_WARNINGS = (("default", DeprecationWarning, "__main__"), ("ignore", DeprecationWarning, ""),
+                           ("ignore", PendingDeprecationWarning, ""), ("ignore", ImportWarning, ""),
+                           ("ignore", ResourceWarning, ""))
+#: The module whose `main(argv)` `python -m MODULE` runs.
+MAIN_OF = {"hwdist": "hwdist.cli"}
 
 
 def bound_s(case) -> int:
@@ -84,16 +146,133 @@ def _run(case, cwd: Path, timeout: float | None = None) -> subprocess.CompletedP
     return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 
 
+class _PastBound(BaseException):
+    """Raised by the alarm of an in-process case past its bound (a BaseException: the CLI's handlers let it by)."""
+
+
+@contextlib.contextmanager
+def _bounded(seconds: float):
+    """SIGALRM after `seconds` raises `_PastBound` in the main thread (a hang in Python code ends there)."""
+    def alarm(signum, frame):
+        raise _PastBound()
+
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+@contextlib.contextmanager
+def _as_a_fresh_process(case, cwd: Path):
+    """This process's state as `python -m MODULE` in `cwd` would start with it, and afterwards as it was."""
+    environ, cwd_before, argv_before = dict(os.environ), os.getcwd(), sys.argv
+    root = logging.getLogger()
+    root_state = (root.handlers[:], root.level, root.filters[:])
+    loggers = {name: (lg.level, lg.disabled, lg.filters[:], lg.handlers[:], lg.propagate)
+               for name, lg in logging.Logger.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)}
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    hub_bars = sys.modules.get("huggingface_hub.utils.tqdm")
+    hub_bar_states = dict(hub_bars.progress_bar_states) if hub_bars is not None else None
+    tf_logging = sys.modules.get("transformers.utils.logging")
+    tf_bars = tf_logging._tqdm_active if tf_logging is not None else None
+    execs = {name: getattr(os, name) for name in dir(os) if name.startswith("exec")}  # execv, execvpe, ...
+    try:
+        os.environ.clear()
+        os.environ.update({key: value for key, value in environ.items() if key not in DEVICE_VARIABLES})
+        os.environ.update(case.env)
+        os.chdir(cwd)
+        sys.argv = [case.module, *case.argv]
+        root.handlers, root.filters = [], []
+        root.setLevel(logging.WARNING)
+
+        def no_exec(*args, **kwargs):  # an exec would replace this pytest worker: refused, the case fails
+            raise AssertionError(f"case {case.id} tried to exec {args[:2]} in process")
+
+        for name in execs:
+            setattr(os, name, no_exec)
+        with warnings.catch_warnings():
+            warnings.resetwarnings()
+            for action, category, module in reversed(PYTHON_DEFAULT_WARNINGS):
+                warnings.filterwarnings(action, category=category, module=module)
+            warnings.showwarning = _show_warning
+            yield
+    finally:
+        for name, function in execs.items():
+            setattr(os, name, function)
+        for handler in root.handlers:
+            if handler not in root_state[0]:
+                handler.close()
+        root.handlers, root.level, root.filters = root_state
+        for name, (level, disabled, filters, own, propagate) in loggers.items():
+            lg = logging.getLogger(name)
+            lg.level, lg.disabled, lg.filters, lg.handlers, lg.propagate = level, disabled, filters, own, propagate
+        logging.Logger.manager._clear_cache()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        if threads is not None:  # (torch imported by the case kept its default; the CLIs give back what they set)
+            torch.set_num_threads(threads)
+        if hub_bar_states is not None:
+            hub_bars.progress_bar_states.clear()
+            hub_bars.progress_bar_states.update(hub_bar_states)
+        if tf_bars is not None:
+            tf_logging._tqdm_active = tf_bars
+        sys.argv = argv_before
+        os.chdir(cwd_before)
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+def _in_process(case, cwd: Path, capfd, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """`main(ARGV)` of `case.module` in this process, as `_run` would run it (the module doc says how)."""
+    main = importlib.import_module(MAIN_OF.get(case.module, case.module)).main
+    timeout = bound_s(case) if timeout is None else timeout
+    capfd.readouterr()  # what came before is not the case's
+    started = time.monotonic()
+    code: object = None
+    try:
+        with _as_a_fresh_process(case, cwd), _bounded(timeout):
+            code = main(list(case.argv))
+    except SystemExit as exit:
+        code = exit.code
+    except _PastBound:
+        stderr = capfd.readouterr().err
+        pytest.fail(f"case {case.id}: `{case.command()}` did not finish within its bound of {timeout:.0f} s in process "
+                    f"(load average {os.getloadavg()[0]:.1f}); its stderr:\n{stderr[-2000:]}")
+    except Exception:  # as a process would: the traceback on stderr, exit 1
+        traceback.print_exc(file=sys.stderr)
+        code = 1
+    if isinstance(code, str):  # sys.exit("text"): printed, status 1
+        print(code, file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    out, err = capfd.readouterr()
+    assert time.monotonic() - started <= timeout, f"case {case.id} took longer than its bound of {timeout:.0f} s"
+    return subprocess.CompletedProcess(["main", *case.argv], 0 if code is None else int(code), out, err)
+
+
 def _params() -> list:
     """One test per case; the end-to-end ones (`Case.slow`) carry the slow marker (and run all the same)."""
     return [pytest.param(case, id=case.id, marks=[pytest.mark.slow] if case.slow else []) for case in CASES]
 
 
 @pytest.mark.parametrize("case", _params())
-def test_bad_input_is_one_clear_line_and_changes_nothing(case, tmp_path):
+def test_bad_input_is_one_clear_line_and_changes_nothing(case, tmp_path, capfd):
     folder = _user_folder(tmp_path / "work", case.files)
     before = _checksums(folder)
-    result = _run(case, folder)
+    result = _in_process(case, folder, capfd) if case.id in IN_PROCESS else _run(case, folder)
     said = f"case {case.id}: `{case.command()}` exited {result.returncode}; its stderr:\n{result.stderr[-4000:]}"
     assert _checksums(folder) == before, f"a file in the working folder changed\n{said}"
     assert "Traceback" not in result.stderr, said
@@ -132,3 +311,47 @@ def test_a_case_past_its_bound_fails_naming_itself(tmp_path):
                         files={"hwenv/__init__.py": "", "hwenv/cli.py": "import time\ntime.sleep(60)\n"})
     with pytest.raises(pytest.fail.Exception, match=r"case sleeper: `.*` did not finish within its bound of 1 s"):
         _run(sleeper, _user_folder(tmp_path / "work", sleeper.files), timeout=1)
+
+
+def test_in_process_cases_and_witnesses_are_cases():
+    ids = {case.id for case in CASES}
+    assert IN_PROCESS <= ids, sorted(IN_PROCESS - ids)
+    for command, witness in SUBPROCESS_WITNESSES.items():
+        assert witness in ids and witness not in IN_PROCESS, (command, witness)
+
+
+def test_in_process_sees_what_a_process_prints(tmp_path, capfd, monkeypatch):
+    """A CLI's log records and warnings reach the case's stderr in process as they would from a process, so the
+    one-line check fails on them; `SystemExit` is the status; and the case leaves this process as it was."""
+    fake = type(sys)("hwstack_fake_cli")
+
+    def main(argv):
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        logging.getLogger("some.library").warning("a library's note")
+        warnings.warn("a library's FutureWarning", FutureWarning, stacklevel=1)
+        warnings.warn("a DeprecationWarning Python hides", DeprecationWarning, stacklevel=1)
+        logging.getLogger("transformers").setLevel(logging.ERROR)
+        os.environ["RANK"] = "0"
+        print("to stdout")
+        sys.exit(int(argv[0]))
+
+    fake.main = main
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    case = CASE.Case("fake", fake.__name__, ("3",), "unclear-error", "-", "-", "-", env={"HWENV_DEVICE": "cpu"})
+    environ, handlers, level = dict(os.environ), logging.getLogger().handlers[:], logging.getLogger("transformers").level
+    result = _in_process(case, _user_folder(tmp_path / "work"), capfd)
+    assert result.returncode == 3 and result.stdout == "to stdout\n"
+    lines = result.stderr.splitlines()
+    assert lines[0] == "WARNING some.library: a library's note" and "FutureWarning: a library's FutureWarning" in lines[1]
+    assert "DeprecationWarning" not in result.stderr
+    assert dict(os.environ) == environ and os.getcwd() != str(tmp_path / "work")
+    assert logging.getLogger().handlers == handlers and logging.getLogger("transformers").level == level
+
+
+def test_an_in_process_case_past_its_bound_fails_naming_itself(tmp_path, capfd, monkeypatch):
+    fake = type(sys)("hwstack_fake_sleeper")
+    fake.main = lambda argv: time.sleep(30)
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    sleeper = CASE.Case("sleeper", fake.__name__, (), "hang-unbounded", "-", "-", "-")
+    with pytest.raises(pytest.fail.Exception, match=r"case sleeper: `.*` did not finish within its bound of 1 s"):
+        _in_process(sleeper, _user_folder(tmp_path / "work"), capfd, timeout=1)
