@@ -329,17 +329,3 @@ def choose(op: str, impl: str, kind: str) -> str:
     checked to be a candidate (not to run on `kind`: the tests run Triton kernels on the host through Triton's
     interpreter). The patches ask this rather than deciding themselves."""
     return auto_choice(op, kind).impl if impl == "auto" else candidate(op, impl).name
-
-
-def policy_rows(kinds: tuple[str, ...] = ("cuda", "xpu", "rocm", "hpu", "mps", "cpu")) -> list[dict[str, str]]:
-    """The policy as table rows (op, candidate, per-kind measured ratio or 'not measured', chosen defaults), for
-    docs/benchmarks/train.md's "Kernel policy" table."""
-    rows = []
-    for op in OPS:
-        for item in CANDIDATES[op]:
-            cells = {}
-            for kind in kinds:
-                figure = measured(op, item.name, kind)
-                cells[kind] = f"{figure.ratio - 1:+.1%} vs {figure.baseline}" if figure else "not measured"
-            rows.append({"op": op, "candidate": item.name, **cells})
-    return rows

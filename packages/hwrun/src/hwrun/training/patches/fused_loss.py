@@ -69,18 +69,6 @@ def _chunk_loss_grad_in_place(logits, targets, scale):
 KERNELS = ("auto", "torch", "triton")
 
 
-def auto_kernel(kernel: str, device_type: str) -> str:
-    """`kernel` with 'auto' resolved by the kernel policy for tensors on `device_type`: 'triton' where it runs
-    hwrun's own loss kernel there (CUDA, measured +2.1 %), else 'torch'."""
-    if kernel != "auto":
-        return kernel
-    from hwrun.devices import kind_of_device_type
-
-    from ..kernel_policy import choose
-
-    return "triton" if choose("cross_entropy", "auto", kind_of_device_type(device_type)) == "hwrun" else "torch"
-
-
 def check_kernel(kernel: str) -> None:
     """Reject a `kernel` value that is not one of KERNELS, saying what each one does."""
     if kernel not in KERNELS:
@@ -90,7 +78,7 @@ def check_kernel(kernel: str) -> None:
                                   "device under TRITON_INTERPRET=1).")
 
 
-def chunk_function(compiled: bool = False, kernel: str = "torch", kind: str = "cpu"):
+def chunk_function(compiled: bool = False, kernel: str = "torch", kind: str | None = "cpu"):
     """The per-chunk loss/gradient function: hwrun's Triton kernel (`kernel='triton'`, or 'auto' where the
     kernel policy chooses it on the platform `kind`), else the torch form: out of place for a compiled
     model, in place otherwise."""
@@ -187,9 +175,12 @@ def linear_cross_entropy(hidden: Any, weight: Any, targets: Any, *, num_items_in
     Transformers' `ForCausalLMLoss` (sum / num_items_in_batch when given, else mean over valid).
     `compiled=True` when the caller runs under `torch.compile` (the fusable form; see the module doc).
     `kernel` picks the per-chunk softmax/gradient: 'torch', 'triton' (`ce_kernel`) or 'auto' (the kernel
-    policy's choice: Triton on CUDA, else torch). Under `torch.compile`, call `prepare_linear_cross_entropy(kernel)` first.
+    policy's choice: Triton on CUDA, else torch; pass a resolved one under `torch.compile`). Under
+    `torch.compile`, call `prepare_linear_cross_entropy(kernel)` first.
     """
     import torch
+
+    from hwrun.devices import kind_of_device_type
 
     function = _linear_ce()
     if num_items_in_batch is None:
@@ -197,7 +188,8 @@ def linear_cross_entropy(hidden: Any, weight: Any, targets: Any, *, num_items_in
     else:
         denominator = torch.as_tensor(num_items_in_batch, device=hidden.device)
     scale = 1.0 / denominator.to(torch.float32)
-    chunk_fn = chunk_function(compiled, auto_kernel(kernel, hidden.device.type))
+    kind = kind_of_device_type(hidden.device.type) if kernel == "auto" else None  # only 'auto' asks the policy
+    chunk_fn = chunk_function(compiled, kernel, kind)
     return function.apply(hidden, weight, targets, scale, int(chunk_tokens), chunk_fn)
 
 
