@@ -52,7 +52,7 @@ def _serve(backend, waves):
             for request in wave:
                 tokens[request.request_id] = []
 
-                def sink(event, rid=request.request_id):
+                def sink(event, rid=request.request_id, done=done):
                     tokens[rid].extend(event.token_ids)
                     if event.finished:
                         done[rid].set()

@@ -47,6 +47,7 @@ from .scheduler import (
     prefill_chunk_for,
 )
 from .steps import check_decoder_args, slot_step_support
+from .transfers import Transfers
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,8 @@ class EngineCore:
             return blocks
 
         # shared prompt prefixes (prefix_caching): off with LoRA adapters, whose K/V differ per adapter
-        self.kv = KVCache(slots, max_cache_len, sizer=sizer, prefix_caching=prefix_caching and not adapters)
+        self.kv = KVCache(slots, max_cache_len, sizer=sizer, prefix_caching=prefix_caching and not adapters,
+                          transfers=Transfers(self.platform, model.device))
         self.adapters = AdapterRows(model, adapters, slots) if adapters else None
         self.runner = ModelRunner(model, self.step_name, self.kv, platform=self.platform,
                                   graph_tools=self.graph_tools, use_graphs=self.use_graphs,
@@ -215,13 +217,18 @@ class EngineCore:
         self._preempted()
         self._prefill(forwards)
         events = constrain(self.scheduler, self.runner)
+        if events:  # choices a grammar failed left: pack before the shape, so every decoding row is stepped
+            self._move(self.scheduler.pack())
         decoding = self.scheduler.decoding()
         if decoding:
             rows, columns = self.scheduler.shape(decoding)
-            self.runner.run(self.runner.kind(r.slot for r in decoding), rows, columns)
+            # the tokens this step reports were produced before it (its prefill's, the last step's): their copy to
+            # the host is queued before the step, and the host waits for it alone while the step runs on
             slots, columns_read = [r.slot for r in decoding], [r.read for r in decoding]
-            tokens = self.runner.read(slots, columns_read)
-            logprobs = self.runner.read_logprobs(slots, columns_read)
+            tokens_later = self.runner.read_later(slots, columns_read)
+            logprobs = self.runner.read_logprobs(slots, columns_read)  # only rows that asked (a blocking read)
+            self.runner.run(self.runner.kind(r.slot for r in decoding), rows, columns)
+            tokens = tokens_later()
             self.last_rows, self.last_columns = rows, columns
             for request, token in zip(decoding, tokens, strict=True):
                 request.produced += 1

@@ -12,8 +12,10 @@ block_size]`, offset `position % block_size` (computed on the device from the ro
 mapping), and reads a row's K/V by gathering its blocks up to the step's column bucket into the attention input.
 
 The host half (`take`, `release`, `follow`, `busy`, `free_slots`; `needed`, `reserve`, `drop`, `holds`) is
-bookkeeping the scheduler reads and writes, mirrored into host table rows; `sync()` (the runner, before each forward)
-copies the rows that changed to the device. The device half (`allocate`, `write_decode`, `write`, `gather`,
+bookkeeping the scheduler reads and writes; `sync()` (the runner, before each forward) writes the rows that changed
+into a host copy of the table (pinned where the platform allows, `transfers.Transfers`) and, only when one changed,
+copies it to the device table in one non-blocking copy: no stream synchronize, the device table's storage never
+changes (captured steps keep reading it). The device half (`allocate`, `write_decode`, `write`, `gather`,
 `gather_rows`, `copy`) is what the steps call. A row moving to another slot moves its table row, not its K/V.
 """
 
@@ -31,12 +33,14 @@ SCRATCH = 0
 class KVCache:
     """Paged K/V for `slots` rows of up to `max_cache_len` positions each: `num_blocks` blocks of `block_size`
     (default: every slot at `max_cache_len`, the old reservation; `sizer(bytes_per_token)` -> blocks decides it
-    instead once the model's K/V shape is known, at `allocate`); `prefix_caching` shares full prompt blocks."""
+    instead once the model's K/V shape is known, at `allocate`); `prefix_caching` shares full prompt blocks;
+    `transfers` (`transfers.Transfers`, default: plain copies) copies the block table to the device."""
 
     paged = True
 
     def __init__(self, slots: int, max_cache_len: int, num_blocks: int | None = None,
-                 block_size: int = DEFAULT_BLOCK_SIZE, sizer: Any = None, prefix_caching: bool = False) -> None:
+                 block_size: int = DEFAULT_BLOCK_SIZE, sizer: Any = None, prefix_caching: bool = False,
+                 transfers: Any = None) -> None:
         self.slots = slots
         self.max_cache_len = max_cache_len
         self.block_size = block_size
@@ -50,6 +54,10 @@ class KVCache:
         self.rows: list[list[int]] = [[] for _ in range(slots)]  # host mirror: each slot's device blocks
         self._dirty: set[int] = set()
         self.table: Any = None  # device (slots, max_blocks) long
+        self.host_table: Any = None  # its host copy (pinned where supported), rewritten row by row in `sync`
+        self.transfers = transfers
+        self._copied: Any = None  # the event after the last host -> device table copy (None: none, or no events)
+        self.table_copies = 0  # host -> device table copies (one per step at most, when a row changed)
         self.keys: list[Any] = []  # per layer (num_blocks + 1, kv heads, block_size, head dim)
         self.values: list[Any] = []
 
@@ -161,6 +169,11 @@ class KVCache:
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.table = torch.full((self.slots, self.max_blocks), SCRATCH, dtype=torch.long, device=device)
+        if self.transfers is None:
+            from .transfers import Transfers
+
+            self.transfers = Transfers(None, device)  # plain copies
+        self.host_table = self.transfers.host((self.slots, self.max_blocks), torch.long)
         self.head_index = torch.arange(kv_heads, device=device)[None, :].expand(self.slots, kv_heads)
         self.offsets = torch.arange(self.span_len, device=device)
         if not torch.compiler.is_compiling():
@@ -169,15 +182,22 @@ class KVCache:
         self._dirty = set(range(self.slots))
 
     def sync(self) -> None:
-        """Copy the host table rows that changed to the device table (outside any graph)."""
+        """Bring the device table up to the host rows (outside any graph): the rows that changed are written into the
+        host table, then one non-blocking copy of it is queued; nothing when no row changed."""
         import torch
 
         if self.table is None or not self._dirty:
             return
-        for slot in sorted(self._dirty):
-            row = self.rows[slot] + [SCRATCH] * (self.max_blocks - len(self.rows[slot]))
-            self.table[slot] = torch.tensor(row, dtype=torch.long)
+        self.transfers.settle(self._copied)  # the last copy has read the host table (it has, a step ago)
+        for slot in self._dirty:
+            row = self.rows[slot]
+            self.host_table[slot, len(row):] = SCRATCH
+            if row:
+                self.host_table[slot, :len(row)] = torch.tensor(row, dtype=torch.long)
         self._dirty.clear()
+        self.transfers.copy(self.table, self.host_table)
+        self._copied = self.transfers.record()
+        self.table_copies += 1
 
     def span(self, columns: int) -> int:
         """Positions a gather up to `columns` returns (whole blocks)."""

@@ -22,20 +22,9 @@ from .choosing import GREEDY, KIND_NAMES, KINDS, MASKED, PROCESSED, SAMPLED, Row
 from .graphs import FilterChoice, capture_graph, compile_step, with_filter_fallback
 from .kv_cache import KVCache
 from .scheduler import Chunk
-from .steps import STEP_KINDS
+from .steps import STEP_KINDS, prefill_attention
 
 __all__ = ["GREEDY", "MASKED", "PROCESSED", "SAMPLED", "ModelRunner", "prefill_attention"]
-
-
-def prefill_attention() -> Any:
-    """A context in which a prefill forward's attention may use every SDPA backend but cuDNN's. cuDNN attention builds
-    a plan per shape, and prefill shapes change with every prompt width and chunk: on an H100 (torch 2.11, bf16) each
-    new shape cost ~39 ms, against ~0.05 ms (flash, causal) and ~0.4 ms (memory-efficient, masked) once the kernels
-    were loaded. Decode steps keep cuDNN where it is chosen: their shapes are fixed (one plan per bucket, at capture)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    names = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "OVERRIDEABLE", "MATH")  # OVERRIDEABLE: XPU's and others'
-    return sdpa_kernel([getattr(SDPBackend, name) for name in names if hasattr(SDPBackend, name)])
 
 
 class ModelRunner:
@@ -47,8 +36,11 @@ class ModelRunner:
                  adapters: Any = None) -> None:
         import torch
 
+        from .transfers import Transfers
+
         self.device = model.device
         self.kv = kv
+        self.transfers = kv.transfers if kv.transfers is not None else Transfers(None, self.device)
         self.slots, self.max_cache_len = kv.slots, kv.max_cache_len
         long = dict(dtype=torch.long, device=self.device)
         self.token = torch.zeros((self.slots, 1), **long)  # each slot's newest token ...
@@ -168,16 +160,17 @@ class ModelRunner:
 
         with torch.inference_mode(), prefill_attention():
             self.kv.sync()
-            rows = torch.tensor([c.slot for c in forward], dtype=torch.long, device=self.device)
+            to_device = self.transfers.to_device  # no stream synchronize (pinned host memory, non-blocking)
+            rows = to_device([c.slot for c in forward])
             if forward[0].start:
                 (chunk,) = forward
                 logits = self.step.extend(chunk.tokens, chunk.slot, chunk.start)
             else:
                 logits = self.step.prefill([c.tokens for c in forward], rows)
-            ends = torch.tensor([c.start + len(c.tokens) for c in forward], dtype=torch.long, device=self.device)
+            ends = to_device([c.start + len(c.tokens) for c in forward])
             done = [i for i, c in enumerate(forward) if c.last and not c.resume]  # a resumed row keeps its tokens
             if len(done) < len(forward):
-                index = torch.tensor([i for i, c in enumerate(forward) if not c.last or c.resume], device=self.device)
+                index = to_device([i for i, c in enumerate(forward) if not c.last or c.resume])
                 self.position[rows[index], 0] = ends[index]
             if not done:
                 return
@@ -186,8 +179,8 @@ class ModelRunner:
             for i in done:
                 for copy in forward[i].copies:
                     self.kv.copy(forward[i].slot, copy, forward[i].start + len(forward[i].tokens))
-            index = torch.tensor(sources, dtype=torch.long, device=self.device)
-            rows, logits, ends = torch.tensor(slots, dtype=torch.long, device=self.device), logits[index], ends[index]
+            index = to_device(sources)
+            rows, logits, ends = to_device(slots), logits[index], ends[index]
             self.choice.logits.counts[rows] = 0  # what idle steps chose while the prompt was prefilled is not its
             first = self.choice.first(logits, rows, slots)
             self.token[rows, 0] = first
@@ -225,13 +218,16 @@ class ModelRunner:
             self.choice.masks(matchers)
 
     def read(self, slots: list[int], columns: list[int]) -> list[int]:
-        """Token `columns[i]` of slot `slots[i]`'s produced tokens, for each i: the host's one read per step."""
+        """Token `columns[i]` of slot `slots[i]`'s produced tokens, for each i (waits for them)."""
+        return self.read_later(slots, columns)()
+
+    def read_later(self, slots: list[int], columns: list[int]) -> Any:
+        """Queue the copy of token `columns[i]` of slot `slots[i]`, for each i, to the host; the returned function
+        waits for that copy alone and gives the tokens (a step queued after it runs on meanwhile)."""
         import torch
 
         with torch.inference_mode():
-            index = torch.tensor(slots, device=self.device)
-            cols = torch.tensor(columns, device=self.device)
-            return self.out[index, cols].tolist()
+            return self.transfers.read_later(self.out, slots, columns)
 
     def read_logprobs(self, slots: list[int], columns: list[int]) -> dict[int, tuple[float, tuple]]:
         """{slot: (logprob, top (id, logprob) pairs)} of token `columns[i]` of `slots[i]`, where asked."""

@@ -127,14 +127,12 @@ class Scheduler:
         forwards: list[list[Chunk]] = []
         group: list[Chunk] = []
         width = 0  # the longest chunk in `group`
-        self.waiting_for_blocks = 0
-        starved = False  # a request before this one could not get its blocks: everyone after it waits for blocks
+        self.waiting_for_blocks, starved = 0, False  # starved: an earlier request lacks blocks, so this one waits
         for request in list(self.requests.values()):
             if request.decoding or request.waits:
                 continue
-            if starved or request in self.preempted:
-                starved = True  # first come, first served: a request preempted now waits, and everyone after it
-                self.waiting_for_blocks += 1
+            if starved or request in self.preempted:  # first come, first served: a request preempted now waits
+                starved, self.waiting_for_blocks = True, self.waiting_for_blocks + 1
                 continue
             if budget <= 0:
                 break
@@ -146,8 +144,7 @@ class Scheduler:
             followers = request.followers if last else []
             extra = len(followers) * blocks_for(request.length + steps, self.kv.block_size)
             if not self._room(request, end + (steps if last else 0), extra):
-                starved = True  # first come, first served: nobody after it starts before it
-                self.waiting_for_blocks += 1
+                starved, self.waiting_for_blocks = True, self.waiting_for_blocks + 1  # nobody after it starts first
                 continue
             for follower in followers:
                 self.kv.reserve(follower.slot, request.length + steps)
@@ -227,7 +224,7 @@ class Scheduler:
     def shape(self, decoding: list[Request], steps: int = 1) -> tuple[int, int]:
         """(rows, columns) of the next `steps` decode steps: the smallest row bucket holding every admitted request
         (packed in the lowest slots), and the smallest cache bucket past the furthest position they write."""
-        rows = next(size for size in self.buckets if size >= len(self.requests))
+        rows = next(size for size in self.buckets if size >= max(len(self.requests), *(r.slot + 1 for r in decoding)))
         # a row writes its newest token's K/V at position `written` and attends over 0 .. that position
         furthest = max(r.written for r in decoding) + steps
         columns = next(size for size in self.cache_buckets if size >= min(furthest, self.kv.max_cache_len))

@@ -90,6 +90,17 @@ def attention_blocker(model: Any, max_cache_len: int) -> str | None:
     return None
 
 
+def prefill_attention() -> Any:
+    """A context in which a prefill forward's attention may use every SDPA backend but cuDNN's. cuDNN attention builds
+    a plan per shape, and prefill shapes change with every prompt width and chunk: on an H100 (torch 2.11, bf16) each
+    new shape cost ~39 ms, against ~0.05 ms (flash, causal) and ~0.4 ms (memory-efficient, masked) once the kernels
+    were loaded. Decode steps keep cuDNN where it is chosen: their shapes are fixed (one plan per bucket, at capture)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    names = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "OVERRIDEABLE", "MATH")  # OVERRIDEABLE: XPU's and others'
+    return sdpa_kernel([getattr(SDPBackend, name) for name in names if hasattr(SDPBackend, name)])
+
+
 def cache_keyword(model: Any) -> str:
     """The KV-cache keyword of `model.forward`: `cache` from Transformers 5.25 (`past_key_values` still
     works there, with a deprecation warning, until 5.40), `past_key_values` before."""
@@ -98,8 +109,9 @@ def cache_keyword(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
 
 
-def padded(prompts: list[list[int]], left: bool, device: Any) -> tuple[Any, Any]:
-    """(ids, lengths) on `device`: `prompts` padded with 0 to the longest, on the left or the right."""
+def padded(prompts: list[list[int]], left: bool, transfers: Any) -> tuple[Any, Any]:
+    """(ids, lengths) on the device of `transfers` (`transfers.Transfers`: no stream synchronize): `prompts` padded
+    with 0 to the longest, on the left or the right."""
     import torch
 
     lengths = [len(p) for p in prompts]
@@ -108,7 +120,7 @@ def padded(prompts: list[list[int]], left: bool, device: Any) -> tuple[Any, Any]
     for row, prompt in enumerate(prompts):
         start = width - len(prompt) if left else 0
         ids[row, start:start + len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-    return ids.to(device), torch.tensor(lengths, dtype=torch.long, device=device)
+    return transfers.to_device(ids), transfers.to_device(lengths)
 
 
 class FusedStep:
@@ -120,6 +132,7 @@ class FusedStep:
         from ..decode.fused_step import FusedLlamaStep
 
         self.device = model.device
+        self.kv = kv
         self.fused = FusedLlamaStep(model, batch_size=kv.slots, max_cache_len=kv.max_cache_len,
                                     per_row_positions=True, storage=kv)
 
@@ -134,7 +147,7 @@ class FusedStep:
         """Each prompt's last-token logits; their K/V into cache `rows` from column 0."""
         import torch
 
-        ids, lengths = padded(prompts, False, self.device)
+        ids, lengths = padded(prompts, False, self.kv.transfers)
         width = ids.shape[1]
         positions = torch.arange(width, device=self.device).unsqueeze(0).expand(len(prompts), width)
         return self.fused(ids, positions, rows=rows, last_index=lengths - 1)
@@ -143,9 +156,8 @@ class FusedStep:
         """The last-token logits of `tokens`, continuing row `row`'s prompt at positions `offset..`."""
         import torch
 
-        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        ids, rows = self.kv.transfers.to_device([tokens]), self.kv.transfers.to_device([row])
         positions = torch.arange(offset, offset + len(tokens), device=self.device).unsqueeze(0)
-        rows = torch.tensor([row], dtype=torch.long, device=self.device)
         return self.fused(ids, positions, rows=rows, offset=offset)
 
 
@@ -198,7 +210,7 @@ class ModelStep:
 
     def prefill(self, prompts: list[list[int]], rows: Any) -> Any:
         """Each prompt's last-token logits; their K/V into cache `rows` from column 0."""
-        ids, lengths = padded(prompts, True, self.device)
+        ids, lengths = padded(prompts, True, self.kv.transfers)
         return self._left_padded(ids, rows, ids.shape[1] - lengths)
 
     def _left_padded(self, ids: Any, rows: Any, pads: Any = None) -> Any:
@@ -222,10 +234,10 @@ class ModelStep:
         """The last-token logits of `tokens`, continuing row `row`'s prompt at positions `offset..`."""
         import torch
 
-        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        ids = self.kv.transfers.to_device([tokens])
         positions = torch.arange(offset, offset + len(tokens), device=self.device).unsqueeze(0)
         visible = self.key_index[:offset + len(tokens)][None, None, :] <= positions[:, :, None]
-        self.cache.extending(torch.tensor([row], dtype=torch.long, device=self.device), offset)
+        self.cache.extending(self.kv.transfers.to_device([row]), offset)
         try:
             return self._forward(ids, positions, visible, [row])
         finally:
