@@ -278,7 +278,8 @@ def from_old_keyword(keyword: str, value: str, op: str | None = None, stacklevel
     kernel, is a TrainingConfigError saying so."""
     op = op or OLD_KEYWORDS[keyword]
     if value not in OLD_VALUES:
-        raise TrainingConfigError(f"{keyword}={value!r} is not one of 'auto', 'triton', 'torch'; {keyword} is "
+        valid = [v for v, impl in OLD_VALUES.items() if (op, impl) not in REMOVED]
+        raise TrainingConfigError(f"{keyword}={value!r} is not one of {', '.join(map(repr, valid))}; {keyword} is "
                                   f"deprecated: use kernels={{{op!r}: IMPL}} with IMPL 'auto' or one of "
                                   f"{', '.join(c.name for c in CANDIDATES[op])}.")
     impl = OLD_VALUES[value]
