@@ -94,7 +94,9 @@ class Transfers:
 
 
 def _probe(platform: Any) -> tuple[bool, Any]:
-    """(pinned memory works, the device module's Event class or None): asked of the platform, then tried once."""
+    """(pinned memory works, the device module's Event class or None): asked of the platform, then tried once. A
+    platform with a lazy mode (Gaudi) keeps blocking copies: there a host read is what runs the queued graph, and
+    non-blocking copies under it are not verified."""
     if platform is None or not platform.is_accelerator:
         return False, None
     import torch
@@ -102,7 +104,7 @@ def _probe(platform: Any) -> tuple[bool, Any]:
 
     try:
         torch.empty(1, pin_memory=True)
-        pinned = True
+        pinned = platform.lazy_mode_variable is None
     except Exception as error:  # noqa: BLE001 - no page-locked memory here (no driver, a CPU-only torch)
         logger.info("%s: no pinned host memory (%s): host copies are plain", platform.kind, error)
         pinned = False
