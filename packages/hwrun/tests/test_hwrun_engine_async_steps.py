@@ -120,3 +120,28 @@ def test_transfers_without_a_device_are_plain_copies():
     assert transfers.read_later(source, [2, 0], [1, 3])() == [9, 3] and transfers.waits == 0
     moved = transfers.to_device([1, 2, 3])
     assert moved.dtype == torch.long and moved.tolist() == [1, 2, 3]
+
+
+def test_logprobs_are_read_without_waiting_before_the_step(model, monkeypatch):
+    from hwrun.inference.decode import SamplingParams
+
+    engine = EngineCore(model, slots=2, max_cache_len=64, step="fused")
+    log = _fake_device(engine, monkeypatch)
+    engine.add("lp", PROMPTS[0], max_new_tokens=6, eos_token_id=None, sampling=SamplingParams(logprobs=2))
+    events = []
+    while engine.active:
+        start = len(log)
+        events += engine.step()
+        mine = log[start:]
+        assert mine.count("run") == 1 and "wait" not in mine[:mine.index("run")], mine
+    assert [e.token_id for e in events] == _greedy(model, PROMPTS[0], 6)
+    for event, expected in zip(events, _greedy_logprobs(model, PROMPTS[0], [e.token_id for e in events]), strict=True):
+        assert event.top[0][0] == event.token_id and len(event.top) == 2
+        assert abs(event.logprob - expected) < 1e-4
+
+
+def _greedy_logprobs(model, prompt, tokens):
+    seq = list(prompt) + list(tokens)
+    with torch.no_grad():
+        logits = model(torch.tensor([seq])).logits[0, len(prompt) - 1:-1].float()
+    return [float(row.log_softmax(-1)[t]) for row, t in zip(logits, tokens, strict=True)]

@@ -88,13 +88,25 @@ class RowChoice:
         index = torch.tensor([s for s, _ in matchers], dtype=torch.long)
         self.logits.bitmask[index.to(self.logits.bitmask.device)] = self.host_mask[index].to(self.logits.bitmask.device)
 
-    def read_logprobs(self, slots: list[int], columns: list[int]) -> dict[int, tuple[float, tuple]]:
-        """{slot: (logprob, top pairs)} of token `columns[i]` of `slots[i]`, for the slots that report logprobs."""
-        asked = [(s, c) for s, c in zip(slots, columns, strict=True) if self.logits.logprobs[s] is not None]
+    def read_logprobs_later(self, slots: list[int], columns: list[int], transfers: Any) -> Any:
+        """Queue the copies of {slot: (logprob, top pairs)} of token `columns[i]` of `slots[i]`, for the slots that
+        report logprobs, to the host (`transfers.Transfers.read_later`); the returned function waits and gives them."""
+        from ..decode.logits import RING
+
+        asked = [(s, c % RING) for s, c in zip(slots, columns, strict=True) if self.logits.logprobs[s] is not None]
         if not asked:
-            return {}
-        found = self.logits.read([s for s, _ in asked], [c for _, c in asked])
-        return {slot: value for (slot, _), value in zip(asked, found, strict=True)}
+            return dict
+        rows, ring = [s for s, _ in asked], [c for _, c in asked]
+        reads = [transfers.read_later(t, rows, ring) for t in (self.logits.logprob, self.logits.top_logprobs,
+                                                                self.logits.top_ids)]
+
+        def values() -> dict[int, tuple[float, tuple]]:
+            chosen, top, ids = (read() for read in reads)
+            return {slot: (chosen[i], tuple(zip(ids[i][:self.logits.logprobs[slot] or 0],
+                                                top[i][:self.logits.logprobs[slot] or 0], strict=True)))
+                    for i, slot in enumerate(rows)}
+
+        return values
 
     # ---- device: the choice ---------------------------------------------------------------------------------------
 

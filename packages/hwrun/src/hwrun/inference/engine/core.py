@@ -226,9 +226,9 @@ class EngineCore:
             # the host is queued before the step, and the host waits for it alone while the step runs on
             slots, columns_read = [r.slot for r in decoding], [r.read for r in decoding]
             tokens_later = self.runner.read_later(slots, columns_read)
-            logprobs = self.runner.read_logprobs(slots, columns_read)  # only rows that asked (a blocking read)
+            logprobs_later = self.runner.read_logprobs_later(slots, columns_read)  # of the rows that asked
             self.runner.run(self.runner.kind(r.slot for r in decoding), rows, columns)
-            tokens = tokens_later()
+            tokens, logprobs = tokens_later(), logprobs_later()
             self.last_rows, self.last_columns = rows, columns
             for request, token in zip(decoding, tokens, strict=True):
                 request.produced += 1

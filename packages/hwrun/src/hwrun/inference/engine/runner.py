@@ -229,12 +229,13 @@ class ModelRunner:
         with torch.inference_mode():
             return self.transfers.read_later(self.out, slots, columns)
 
-    def read_logprobs(self, slots: list[int], columns: list[int]) -> dict[int, tuple[float, tuple]]:
-        """{slot: (logprob, top (id, logprob) pairs)} of token `columns[i]` of `slots[i]`, where asked."""
+    def read_logprobs_later(self, slots: list[int], columns: list[int]) -> Any:
+        """As `read_later`, for {slot: (logprob, top (id, logprob) pairs)} of token `columns[i]` of `slots[i]`, where
+        asked."""
         import torch
 
         with torch.inference_mode():
-            return self.choice.read_logprobs(slots, columns)
+            return self.choice.read_logprobs_later(slots, columns, self.transfers)
 
     def produced(self, rows: int) -> Any:
         """The produced tokens of the first `rows` slots, on the host (one transfer)."""

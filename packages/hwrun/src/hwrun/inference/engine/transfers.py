@@ -28,7 +28,7 @@ class Transfers:
         self.device = device
         self.pinned, self.event_class = _probe(platform)
         self.waits = 0  # waits for the device on an event (the engine's one read per step): counted for tests
-        self._reads: dict[Any, Any] = {}  # dtype -> the host buffer `read_later` copies into
+        self._reads: dict[Any, Any] = {}  # (dtype, trailing shape) -> the host buffer `read_later` copies into
 
     def host(self, shape: tuple[int, ...], dtype: Any) -> Any:
         """A zeroed host buffer (pinned where supported)."""
@@ -72,9 +72,10 @@ class Transfers:
 
         index = self.to_device([rows, columns])
         picked = source[index[0], index[1]]
-        buffer = self._reads.get(source.dtype)
-        if buffer is None or buffer.numel() < len(rows):
-            buffer = self._reads[source.dtype] = self.host((max(len(rows), source.shape[0]),), source.dtype)
+        key = (source.dtype, tuple(picked.shape[1:]))  # one host buffer per kind of value read
+        buffer = self._reads.get(key)
+        if buffer is None or buffer.shape[0] < len(rows):
+            buffer = self._reads[key] = self.host((max(len(rows), source.shape[0]), *key[1]), source.dtype)
         host = buffer[:len(rows)]
         with torch.inference_mode():
             host.copy_(picked, non_blocking=self.pinned)
