@@ -12,9 +12,11 @@ training stack, which took 2-10 s per process, nearly all of it interpreter star
 (188 s of test time for the file); they call the same `main(argv)` the console script calls, in
 this process, with everything a process would have fresh made so (`_in_process`): the scratch
 folder as the current folder, the environment, the root logger without handlers (so the CLI's
-`logging.basicConfig` writes to the captured stderr), Python's default warning filters with
-warnings printed on stderr, and afterwards the environment, loggers, torch's thread count,
-signal handlers and the libraries' progress-bar switches as they were. stdout and stderr are
+`logging.basicConfig` writes to the captured stderr), logging not disabled, Transformers' logger
+at its default level, Python's default warning filters with warnings printed on stderr, and
+afterwards the environment, loggers, torch's thread count, signal handlers and the libraries'
+progress-bar switches as they were (what a library prints once, at its import, or through a
+logger whose level an earlier test changed, only a process shows: the witnesses below). stdout and stderr are
 captured at the file descriptors (`capfd`), so a library's C-level output counts too, and a
 `SystemExit` is its exit status. Every CLI keeps cases that run as processes: each of hwenv's
 and hwdist's light ones (no torch import, 0.1-0.3 s as a process), and `SUBPROCESS_WITNESSES`,
@@ -175,7 +177,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 @contextlib.contextmanager
 def _as_a_fresh_process(case, cwd: Path):
     """This process's state as `python -m MODULE` in `cwd` would start with it, and afterwards as it was."""
-    environ, cwd_before, argv_before = dict(os.environ), os.getcwd(), sys.argv
+    environ, cwd_before, argv_before, disabled = dict(os.environ), os.getcwd(), sys.argv, logging.root.manager.disable
     root = logging.getLogger()
     root_state = (root.handlers[:], root.level, root.filters[:])
     loggers = {name: (lg.level, lg.disabled, lg.filters[:], lg.handlers[:], lg.propagate)
@@ -196,6 +198,9 @@ def _as_a_fresh_process(case, cwd: Path):
         sys.argv = [case.module, *case.argv]
         root.handlers, root.filters = [], []
         root.setLevel(logging.WARNING)
+        logging.disable(logging.NOTSET)  # a test before may have silenced logging; a new process has not
+        if tf_logging is not None:  # another in-process CLI call (quiet_transformers) may have left it at ERROR
+            tf_logging._get_library_root_logger().setLevel(tf_logging._get_default_logging_level())
 
         def no_exec(*args, **kwargs):  # an exec would replace this pytest worker: refused, the case fails
             raise AssertionError(f"case {case.id} tried to exec {args[:2]} in process")
@@ -218,6 +223,7 @@ def _as_a_fresh_process(case, cwd: Path):
         for name, (level, disabled, filters, own, propagate) in loggers.items():
             lg = logging.getLogger(name)
             lg.level, lg.disabled, lg.filters, lg.handlers, lg.propagate = level, disabled, filters, own, propagate
+        logging.disable(disabled)
         logging.Logger.manager._clear_cache()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
