@@ -145,3 +145,38 @@ def _greedy_logprobs(model, prompt, tokens):
     with torch.no_grad():
         logits = model(torch.tensor([seq])).logits[0, len(prompt) - 1:-1].float()
     return [float(row.log_softmax(-1)[t]) for row, t in zip(logits, tokens, strict=True)]
+
+
+#: Tensor calls that make the host wait for a device (on a GPU): reads of values, and truth tests.
+HOST_READS = {"item", "tolist", "__bool__", "nonzero", "cpu", "numpy", "__int__", "__float__", "__index__"}
+
+
+@pytest.mark.parametrize("step", ["fused", "model"])
+def test_a_steady_decode_step_reads_the_device_once(model, step):
+    """Traced on CPU with a torch function mode: in steady decoding (no joins, no new blocks) a step's only host
+    read is the one `tolist` of its reported tokens' host buffer, and every tensor made from host values goes
+    through `transfers` (pinned, non-blocking where the device allows)."""
+    from collections import Counter
+
+    from torch.overrides import TorchFunctionMode
+
+    class Reads(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = Counter()
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", "")
+            if name in HOST_READS or name == "tensor":
+                self.seen[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    engine = EngineCore(model, slots=4, max_cache_len=64, step=step)
+    for index in range(3):
+        engine.add(index, [5 + index, 9, 14, 22], max_new_tokens=12, eos_token_id=None)
+    for _ in range(2):
+        engine.step()  # the prefills, the first blocks
+    with Reads() as reads:
+        for _ in range(5):  # positions 5..9: inside the first block
+            assert len(engine.step()) == 3
+    assert dict(reads.seen) == {"tolist": 5, "tensor": 5}  # per step: the token read, its index (transfers)
