@@ -35,11 +35,20 @@ WORKER = textwrap.dedent('''
     from transformers import TrainerCallback
     from transformers.integrations import is_deepspeed_zero3_enabled
 
-    # argv: model, data, then a JSON list of runs {"out": folder, "options": train() keywords}, done in order
+    # argv: model, data, then a JSON list of runs {"out": folder, "options": train() keywords}, done in order;
+    # options {"cli": argv} run `hwrun ARGV` through the CLI's main() instead
     model, data, runs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     rank = int(os.environ["RANK"])
     for run in runs:
         out, options, captured = run["out"], run["options"], {}
+        if "cli" in options:
+            from accelerate.state import AcceleratorState, PartialState
+            from hwrun.cli.main import main
+
+            AcceleratorState._reset_state(True)  # each run ended its process group; the command starts its own
+            PartialState._reset_state()
+            assert main(options["cli"]) == 0, options["cli"]
+            continue
 
         class Capture(TrainerCallback):
             def on_train_end(self, args, state, control, model=None, optimizer=None, **kwargs):
@@ -74,26 +83,37 @@ CONSTANT = {"lr_scheduler_type": "constant"}  # changing max_steps then leaves t
 def launch(root, *runs):
     done = launch_worker_runs(WORKER, root, hwrun.DEFAULT_MODEL, root / "train.txt", list(runs))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def cli_command(root) -> list[str]:
+    """`hwrun train --deepspeed zero3` (full fine-tuning, 3 steps) into root/cli-zero3."""
+    return ["train", "--data", str(root / "train.txt"), "--max-steps", "3", "--save-steps", "3", "--batch-size", "2",
+            "--block-size", "32", "--no-progress", "--deepspeed", "zero3", "--lr", "3e-4", "--output",
+            str(root / "cli-zero3")]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """One launch, in order: full fine-tuning with plain DDP (the reference) and with ZeRO-3, LoRA
     with ZeRO-2, LoRA + merge with ZeRO-3, and ZeRO-3 full fine-tuning for 6 steps straight and for
-    3 steps; then a second launch resumes the 3-step run to 6."""
+    3 steps, then `hwrun train --deepspeed zero3` through the CLI; then a second launch resumes the
+    3-step run to 6. (Two launches serve every test: each is ~30 s of two processes starting on 2 cores,
+    more than its runs; issue 40.2.) Returns the folder and the first launch's stdout."""
     root = tmp_path_factory.mktemp("deepspeed")
     (root / "train.txt").write_text("The king said to the queen that the castle was cold. " * 30, encoding="utf-8")
-    launch(root, (root / "ddp-full", FULL), (root / "zero3-full", {**FULL, "deepspeed": ZERO3}),
-           (root / "zero2-lora", {**LORA, "deepspeed": ZERO2}),
-           (root / "zero3-merge", {**LORA, "merge": True, "deepspeed": ZERO3}),
-           (root / "zero3-straight", {**FULL, **CONSTANT, "max_steps": 6, "deepspeed": ZERO3}),
-           (root / "zero3-resumed", {**FULL, **CONSTANT, "deepspeed": ZERO3}))
+    done = launch(root, (root / "ddp-full", FULL), (root / "zero3-full", {**FULL, "deepspeed": ZERO3}),
+                  (root / "zero2-lora", {**LORA, "deepspeed": ZERO2}),
+                  (root / "zero3-merge", {**LORA, "merge": True, "deepspeed": ZERO3}),
+                  (root / "zero3-straight", {**FULL, **CONSTANT, "max_steps": 6, "deepspeed": ZERO3}),
+                  (root / "zero3-resumed", {**FULL, **CONSTANT, "deepspeed": ZERO3}),
+                  (root / "cli-zero3", {"cli": cli_command(root)}))
     first, _ = rank_outputs(root / "zero3-resumed")
     assert all(i["step"] == 3 and i["resumed_from"] is None for i in first)
     # overwrite=True: the first launch's workers wrote rank{r}.json/.safetensors there, files that are not hwrun's
     launch(root, (root / "zero3-resumed", {**FULL, **CONSTANT, "max_steps": 6, "resume": "auto", "deepspeed": ZERO3,
                                            "overwrite": True}))
-    return root
+    return root, done.stdout
 
 
 @pytest.mark.slow
@@ -102,7 +122,7 @@ def test_zero2_lora_trains_with_deepspeeds_optimizer_and_saves_the_adapter(runs)
     import torch
     from hwrun.training import check_checkpoint
 
-    out = runs / "zero2-lora"
+    out = runs[0] / "zero2-lora"
     info, (rank0, rank1) = rank_outputs(out)
     assert all(i["world"] == 2 and i["step"] == 3 and i["optimizer"] == "DeepSpeedZeroOptimizer" for i in info)
     assert all(not i["partitioned"] and "sharding" not in i["reasons"] for i in info)  # ZeRO-2 keeps whole weights
@@ -119,9 +139,9 @@ def test_zero2_lora_trains_with_deepspeeds_optimizer_and_saves_the_adapter(runs)
 def test_zero3_full_fine_tuning_matches_plain_ddp_and_saves_the_whole_model(runs):
     from hwrun.training import check_checkpoint
 
-    out = runs / "zero3-full"
+    out = runs[0] / "zero3-full"
     info, (rank0, rank1) = rank_outputs(out)
-    reference, (ddp, _) = rank_outputs(runs / "ddp-full")
+    reference, (ddp, _) = rank_outputs(runs[0] / "ddp-full")
     assert all(i["optimizer"] == "DeepSpeedZeroOptimizer_Stage3" and i["partitioned"] for i in info)
     assert all("ZeRO-3" in i["reasons"]["sharding"] and "device_map" in i["reasons"]["sharding"] for i in info)
     assert not any(i["zero3_flag_after"] for i in info)  # later loads in the process get whole weights
@@ -135,7 +155,7 @@ def test_zero3_full_fine_tuning_matches_plain_ddp_and_saves_the_whole_model(runs
 @pytest.mark.slow
 @pytest.mark.facts("X18")
 def test_zero3_merge_saves_a_plain_model_equal_to_base_plus_adapter(runs):
-    out = runs / "zero3-merge"
+    out = runs[0] / "zero3-merge"
     info, (rank0, rank1) = rank_outputs(out)
     assert all(i["merged"] and i["partitioned"] for i in info)
     assert_same_on_both_ranks(rank0, rank1)
@@ -145,9 +165,9 @@ def test_zero3_merge_saves_a_plain_model_equal_to_base_plus_adapter(runs):
 @pytest.mark.slow
 @pytest.mark.facts("X18")
 def test_zero3_resume_continues_the_uninterrupted_loss_curve(runs):
-    out = runs / "zero3-resumed"
+    out = runs[0] / "zero3-resumed"
     resumed, (rank0, rank1) = rank_outputs(out)
-    straight, (reference, _) = rank_outputs(runs / "zero3-straight")
+    straight, (reference, _) = rank_outputs(runs[0] / "zero3-straight")
     assert all(i["resumed_from"] == str(out / "checkpoint-3") and i["step"] == 6 and i["partitioned"] for i in resumed)
     assert_same_on_both_ranks(rank0, rank1)
     assert_same_training(resumed[0]["losses"], straight[0]["losses"], rank0, reference, steps=6)
@@ -197,42 +217,20 @@ def test_zero3_from_accelerate_launch_is_checked_the_same_way(tmp_path, no_model
     assert not is_deepspeed_zero3_enabled()
 
 
-CLI_WORKER = textwrap.dedent('''
-    import json, os, sys
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator, comm over gloo
-    from accelerate.state import AcceleratorState, PartialState
-    from hwrun.cli.main import main
-
-    for argv in json.loads(sys.argv[1]):
-        AcceleratorState._reset_state(True)  # each command ended its process group; the next starts its own
-        PartialState._reset_state()
-        assert main(argv) == 0, argv
-''')
-
-
 @pytest.mark.slow
 @pytest.mark.facts("X18")
-def test_cli_deepspeed_zero3_at_world_size_2(tmp_path):
-    """`hwrun train --deepspeed zero3` (full fine-tuning) through the CLI under `hwdist launch` (2 CPU processes): a
-    checkpoint that verifies and the final model gathered into one safetensors file (zero2 and LoRA: the same configs
-    through train(deepspeed=...) above; the flag's mapping: test_hwrun_train_sharding_flags.py)."""
-    import json
-
-    from hwrun.testing import launch_cpu_workers
+def test_cli_deepspeed_zero3_at_world_size_2(runs):
+    """`hwrun train --deepspeed zero3` (full fine-tuning) through the CLI under `hwdist launch` (2 CPU processes, the
+    last command of the module's first launch): a checkpoint that verifies and the final model gathered into one
+    safetensors file (zero2 and LoRA: the same configs through train(deepspeed=...) above; the flag's mapping:
+    test_hwrun_train_sharding_flags.py)."""
     from hwrun.training import check_checkpoint
 
-    (tmp_path / "train.txt").write_text("The king said to the queen that the castle was cold. " * 30, encoding="utf-8")
-    common = ["train", "--data", str(tmp_path / "train.txt"), "--max-steps", "3", "--save-steps", "3", "--batch-size",
-              "2", "--block-size", "32", "--no-progress"]
-    worker = tmp_path / "worker.py"
-    worker.write_text(CLI_WORKER, encoding="utf-8")
-    commands = [[*common, "--deepspeed", "zero3", "--lr", "3e-4", "--output", str(tmp_path / "zero3")]]
-    done = launch_cpu_workers(worker, json.dumps(commands), timeout=540)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.stdout.count("done: 3 steps") == 1, done.stdout[-3000:]  # rank 0 prints, rank 1 is quiet
-    assert check_checkpoint(tmp_path / "zero3" / "checkpoint-3", verify=True) is None
+    root, stdout = runs
+    assert stdout.count("done: 3 steps") == 1, stdout[-3000:]  # rank 0 prints, rank 1 is quiet
+    assert check_checkpoint(root / "cli-zero3" / "checkpoint-3", verify=True) is None
     from safetensors.torch import load_file
 
-    saved = load_file(tmp_path / "zero3" / "model.safetensors")
+    saved = load_file(root / "cli-zero3" / "model.safetensors")
     base = load_file(Path(hwrun.DEFAULT_MODEL) / "model.safetensors")
     assert saved.keys() == base.keys() and all(saved[k].shape == base[k].shape for k in base)  # whole, not shards

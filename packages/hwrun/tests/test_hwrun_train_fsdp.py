@@ -163,15 +163,39 @@ def assert_sharded(info, *, steps):
     assert all(i["world"] == 2 and i["step"] == steps and i["types"] == ["DTensor"] for i in info), info
 
 
+#: The resume test's two modes (a constant LR, so that changing max_steps does not change the schedule).
+RESUME_MODES = {"lora": {**LORA, "lr_scheduler_type": "constant"},
+                "full": {**LORA, "lora": None, "lr": 3e-4, "lr_scheduler_type": "constant"}}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two 2-process launches serve every test below (each launch is ~30 s of two processes starting on 2 cores,
+    far more than its 3-step runs; issue 40.2). The first, in order: LoRA into lora/, full fine-tuning into full/,
+    LoRA with merge=True into merged/, then for the resume test each mode 6 steps straight and 3 steps into
+    MODE-resumed/; the second launch resumes MODE-resumed/ to 6 steps (a new process, as after a real stop)."""
+    root = tmp_path_factory.mktemp("fsdp")
+    data = root / "train.txt"
+    data.write_text("The king said to the queen that the castle was cold. " * 30, encoding="utf-8")
+    launch_fsdp(root, data, (root / "lora", LORA), (root / "full", {**LORA, "lora": None, "lr": 3e-4}),
+                (root / "merged", {**LORA, "merge": True}),
+                *[(root / f"{mode}-straight", {**o, "max_steps": 6}) for mode, o in RESUME_MODES.items()],
+                *[(root / f"{mode}-resumed", o) for mode, o in RESUME_MODES.items()])
+    first = {mode: rank_outputs(root / f"{mode}-resumed")[0] for mode in RESUME_MODES}  # before the resume
+    # overwrite=True: the first launch's workers wrote rank{r}.json/.safetensors into the folder, files hwrun's
+    # own record does not list (they stay as they are)
+    launch_fsdp(root, data, *[(root / f"{mode}-resumed", {**o, "max_steps": 6, "resume": "auto", "overwrite": True})
+                              for mode, o in RESUME_MODES.items()])
+    return root, first
+
+
 @pytest.mark.slow
 @pytest.mark.facts("X18")
-def test_two_process_fsdp2_lora_saves_the_gathered_adapter(tmp_path, data):
+def test_two_process_fsdp2_lora_saves_the_gathered_adapter(runs):
     import torch
     from hwrun.training import check_checkpoint
 
-    out = tmp_path / "out"
-    launch_fsdp(tmp_path, data, (out, LORA))
-
+    out = runs[0] / "lora"
     info, (rank0, rank1) = rank_outputs(out)
     # If this fails, accelerate now builds FSDP on CPU: set FSDP_SUPPORT["cpu"] to True.
     assert all(i["accelerate_kept_fsdp_on_cpu"] is False for i in info)
@@ -185,23 +209,12 @@ def test_two_process_fsdp2_lora_saves_the_gathered_adapter(tmp_path, data):
     assert check_checkpoint(out / "checkpoint-3") is None  # the FSDP checkpoint is complete
 
 
-@pytest.fixture(scope="module")
-def full_and_merged(tmp_path_factory):
-    """One FSDP2 launch, two runs: full fine-tuning into full/, LoRA with merge=True into merged/."""
-    root = tmp_path_factory.mktemp("fsdp")
-    text = root / "train.txt"
-    text.write_text("The king said to the queen that the castle was cold. " * 30, encoding="utf-8")
-    full, merged = root / "full", root / "merged"
-    launch_fsdp(root, text, (full, {**LORA, "lora": None, "lr": 3e-4}), (merged, {**LORA, "merge": True}))
-    return full, merged
-
-
 @pytest.mark.slow
 @pytest.mark.facts("X18")
-def test_two_process_fsdp2_full_fine_tuning_saves_the_whole_model(full_and_merged):
+def test_two_process_fsdp2_full_fine_tuning_saves_the_whole_model(runs):
     from hwrun.training import check_checkpoint
 
-    out = full_and_merged[0]
+    out = runs[0] / "full"
     info, (rank0, rank1) = rank_outputs(out)
     assert_sharded(info, steps=3)
     assert all(not i["merged"] and all(math.isfinite(loss) for _, loss in i["losses"]) for i in info)
@@ -215,8 +228,8 @@ def test_two_process_fsdp2_full_fine_tuning_saves_the_whole_model(full_and_merge
 
 @pytest.mark.slow
 @pytest.mark.facts("X18")
-def test_two_process_fsdp2_merge_saves_a_plain_model_equal_to_base_plus_adapter(full_and_merged):
-    out = full_and_merged[1]
+def test_two_process_fsdp2_merge_saves_a_plain_model_equal_to_base_plus_adapter(runs):
+    out = runs[0] / "merged"
     info, (rank0, rank1) = rank_outputs(out)
     assert_sharded(info, steps=3)
     assert all(i["merged"] for i in info)  # TrainResult.merged on both ranks
@@ -232,29 +245,17 @@ def test_two_process_fsdp2_merge_saves_a_plain_model_equal_to_base_plus_adapter(
 
 @pytest.mark.slow
 @pytest.mark.facts("X18")
-def test_two_process_fsdp2_resume_continues_the_uninterrupted_loss_curve(tmp_path, data):
+def test_two_process_fsdp2_resume_continues_the_uninterrupted_loss_curve(runs):
     """First launch: 3 steps (checkpoint-3) and, for reference, 6 uninterrupted steps; second launch:
     resume='auto' to max_steps=6. LoRA and full fine-tuning. A constant LR, so that changing
     max_steps does not change the schedule; the losses after the resume then depend only on the
     restored weights, AdamW state, RNG and data position."""
-    modes = {"lora": {**LORA}, "full": {**LORA, "lora": None, "lr": 3e-4}}
-    for options in modes.values():
-        options["lr_scheduler_type"] = "constant"
-    launch_fsdp(tmp_path, data, *[(tmp_path / f"{mode}-straight", {**o, "max_steps": 6}) for mode, o in modes.items()],
-                *[(tmp_path / f"{mode}-resumed", o) for mode, o in modes.items()])
-    for mode in modes:
-        first, _ = rank_outputs(tmp_path / f"{mode}-resumed")
-        assert all(i["step"] == 3 and i["resumed_from"] is None for i in first), mode
-    # overwrite=True: the first launch's workers wrote rank{r}.json/.safetensors into the folder, files hwrun's
-    # own record does not list (they stay as they are)
-    launch_fsdp(tmp_path, data, *[(tmp_path / f"{mode}-resumed", {**o, "max_steps": 6, "resume": "auto",
-                                                                   "overwrite": True})
-                                  for mode, o in modes.items()])
-
-    for mode in modes:
-        out = tmp_path / f"{mode}-resumed"
+    root, first = runs
+    for mode in RESUME_MODES:
+        assert all(i["step"] == 3 and i["resumed_from"] is None for i in first[mode]), mode
+        out = root / f"{mode}-resumed"
         resumed, (rank0, rank1) = rank_outputs(out)
-        straight, (reference, _) = rank_outputs(tmp_path / f"{mode}-straight")
+        straight, (reference, _) = rank_outputs(root / f"{mode}-straight")
         assert all(i["resumed_from"] == str(out / "checkpoint-3") and i["step"] == 6 for i in resumed), mode
         assert all(i["types"] == ["DTensor"] for i in resumed + straight), mode  # sharded, both launches
         assert_same_on_both_ranks(rank0, rank1)
