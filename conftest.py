@@ -18,9 +18,15 @@
   and freezes what is left (`gc.freeze()`: those objects move to a generation the collector skips) and unfreezes at
   the end. Objects made by tests are collected as before; what was imported lives for the session anyway (an
   object from before the freeze that a test turns into cyclic garbage stays until the end: memory only). Measured
-  on HEAD's tests with `-n 0` (2026-12-06): test_hwrun_train_run + test_hwrun_inf_generate + test_hwdist_context +
-  test_hwrun_inf_decoder_lifetime 31.1 -> 24.0 CPU-s (their test time 15.8 -> 8.5 s); three families of
-  test_hwrun_families + test_hwdist_hot_path 28.4 -> 17.3 CPU-s.
+  on HEAD's tests with `-n 0` (2026-12-06): test_hwrun_families + decode_sampling + train_nonfinite + train_owner +
+  hwdist_hot_path + hwattn_declared 73.0 -> 44.1 CPU-s (their test time 60.9 -> 31.4 s); test_hwrun_train_run +
+  inf_generate + hwdist_context + inf_decoder_lifetime 31.1 -> 24.0 CPU-s.
+- torch's threads in the workers (issue 40.2): torch gives each process one intra-op thread per core, so two workers
+  on 2 cores ran 4 OpenMP threads on 2 cores, whose waits spin (the README's decode figure, 16.8 against 264.5 tok/s,
+  is the same effect). Each xdist worker sets `torch.set_num_threads(cores // workers)` (at least 1) at start, unless
+  OMP_NUM_THREADS is set; the environment is left as it is, so hwrun's thread rule and the processes a test starts
+  see what a user's would. HEAD's decode_sampling + inf_generate + train_run + decode_families + train_nonfinite
+  with `-n 2`: 89.2 -> 50.4 CPU-s, 51.7 -> 41.6 s (2026-12-06).
 - The scheduling of those modules (`CostFirstScheduling`, issue 40.2): xdist's loadscope hands modules out in
   order of their test count, so a module of two 2-minute tests could start last and leave one worker running it
   alone for minutes while the other had finished. Here the costliest module goes first (longest-processing-time
@@ -99,14 +105,14 @@ ONE_BY_ONE = frozenset({
 EXPECTED_S: dict[str, float] = {
     "packages/hwrun/tests/test_hwrun_decode_slots_buckets.py": 1018,
     "packages/hwrun/tests/test_hwrun_families.py": 547,
-    "packages/hwrun/tests/test_hwrun_train_fsdp.py": 426,
+    "packages/hwrun/tests/test_hwrun_train_fsdp.py": 315,  # 426 then; 4 launches -> 2 since (105 -> 78 CPU-s quiet)
     "tests/reliability/test_cli_cases.py": 70,  # 340 then; most cases run in process since (163 -> 33 CPU-s quiet)
     "packages/hwrun/tests/test_hwrun_train_run.py": 338,
     "packages/hwrun/tests/test_hwrun_decode_slots_families.py": 312,
     "packages/hwrun/tests/test_hwrun_decode_slots_steps.py": 288,
     "packages/hwrun/tests/test_hwrun_inf_generate.py": 286,
     "packages/hwrun/tests/test_hwrun_decode_sampling.py": 204,
-    "packages/hwrun/tests/test_hwrun_train_deepspeed.py": 158,
+    "packages/hwrun/tests/test_hwrun_train_deepspeed.py": 118,  # 158 then; 3 launches -> 2 since (94 -> 71 CPU-s)
     "packages/hwrun/tests/test_hwrun_tp_generate.py": 151,
     "packages/hwrun/tests/test_hwrun_engine_sampling_knobs.py": 132,
     "packages/hwattn/tests/test_hwattn_declared.py": 132,
@@ -236,7 +242,19 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     gc.unfreeze()  # the interpreter's own last collection then sees everything again, as without the freeze
 
 
+def _share_the_cores(config: pytest.Config) -> None:
+    """In an xdist worker: torch's intra-op threads are the host's cores shared by the workers (the module doc)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None or os.environ.get("OMP_NUM_THREADS"):
+        return
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch.set_num_threads(max(1, cores // int(workerinput.get("workercount", 1))))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _keep_bytecode(config)
+    _share_the_cores(config)
     if not hasattr(config, "workerinput"):  # not in an xdist worker: the controller sees every worker's reports
         config.pluginmanager.register(_TestSeconds(), "hwstack-test-seconds")
