@@ -62,6 +62,19 @@ def test_hwrun_graph_loops_run_torchao_weights_as_they_are(tiny, method, batchin
 
 
 @needs_torchao
+def test_the_compiled_engine_runs_torchao_weights(tiny):
+    """The engine's model step compiled by Inductor over torchao weights (the H100 quantization run of 2026-12-06
+    failed here at 64 prompts: 'aliased inputs that are mutated in the graph ... a tensor subclass', because the
+    slot cache held a view of the engine's positions made outside the step); tokens equal Transformers' loop."""
+    plan = hwrun.plan(tiny, device="cpu", quantization="int8-weight-only", compile=True)
+    model, tokenizer = hwrun.load(plan)
+    want = hwrun.generate(plan, PROMPTS, 6, model=model, tokenizer=tokenizer, decode="generate", batching="static")
+    got = hwrun.generate(plan, PROMPTS, 6, model=model, tokenizer=tokenizer, decode="graphs", batching="continuous")
+    assert got.decode == "graphs" and got.batching == "continuous"
+    assert got.token_ids == want.token_ids
+
+
+@needs_torchao
 def test_the_engine_serves_torchao_weights(tiny):
     from hwrun.inference.decision import decide_serving
 

@@ -186,7 +186,7 @@ class FusedLlamaStep:
         (k, v) a prefill attends over (a continued prompt: its row's blocks up to its last position)."""
         if decode:
             self.paged.write_decode(i, positions, k[:, :, 0], v[:, :, 0])
-            keys, values = self.paged.gather(i, k.shape[0], columns)
+            keys, values = self.paged.gather_heads_first(i, k.shape[0], columns)  # (kv heads, rows, columns, dim)
             return keys, values, k, v
         self.paged.write(i, rows, offset, k, v)
         if offset:
@@ -278,9 +278,15 @@ class FusedLlamaStep:
                     if batch != keys.shape[0] or columns != self.max_cache_len:
                         keys, values = keys[:batch, :, :columns], values[:batch, :, :columns]
                 qg = q.reshape(batch, self.n_kv, rep, self.head_dim)
-                scores = torch.matmul(qg, keys.transpose(2, 3)).to(torch.float32) * self.scaling
-                probs = torch.softmax(scores + mask, dim=-1).to(q.dtype)
-                out = torch.matmul(probs, values).reshape(batch, 1, self.q_size)
+                if self.paged is not None:  # the gathered blocks are heads first: batch over (kv heads, rows)
+                    qg = qg.transpose(0, 1)
+                    scores = torch.matmul(qg, keys.transpose(2, 3)).to(torch.float32) * self.scaling
+                    probs = torch.softmax(scores + mask.transpose(0, 1), dim=-1).to(q.dtype)
+                    out = torch.matmul(probs, values).transpose(0, 1).reshape(batch, 1, self.q_size)
+                else:
+                    scores = torch.matmul(qg, keys.transpose(2, 3)).to(torch.float32) * self.scaling
+                    probs = torch.softmax(scores + mask, dim=-1).to(q.dtype)
+                    out = torch.matmul(probs, values).reshape(batch, 1, self.q_size)
             else:
                 if offset:  # a continued prompt: over its cached columns and itself, causal at its positions
                     if self.paged is None:

@@ -116,19 +116,20 @@ class SlotLayer(CacheLayerMixin):
         self.index = index
         self.slots = kv.slots
         self.max_cache_len = kv.max_cache_len
-        # set by SlotCache: ("decode", positions, columns), ("prefill", rows, shift) or ("extend", row, offset)
+        # set by SlotCache: ("decode", rows, columns), ("prefill", rows, shift) or ("extend", row, offset)
         self.mode: tuple | None = None
+        self.positions: Any = None  # the engine's (slots, 1) positions tensor itself (SlotCache sets it)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
         self.num_heads = key_states.shape[1]
         self.kv.allocate(self.kv.layers, self.num_heads, key_states.shape[-1], key_states.dtype, self.device)
         pool = self.kv.keys[self.index]
-        if pool.shape[1] != self.num_heads or pool.shape[3] != key_states.shape[-1]:
+        if pool.shape[0] != self.num_heads or pool.shape[3] != key_states.shape[-1]:
             from ...errors import FastDecodeError
 
             raise FastDecodeError(f"layer {self.index} has K/V of {self.num_heads} heads x {key_states.shape[-1]}, "
-                                  f"the first layer {pool.shape[1]} x {pool.shape[3]}: the engine's block pool holds "
+                                  f"the first layer {pool.shape[0]} x {pool.shape[3]}: the engine's block pool holds "
                                   "one shape for every layer.")
         self.keys, self.values = pool, self.kv.values[self.index]
         self.batch_size = self.slots
@@ -146,7 +147,10 @@ class SlotLayer(CacheLayerMixin):
             raise RuntimeError("SlotCache.update outside an engine step or prefill")
         if mode[0] == "decode":
             # each stepped row's one new column at that row's own position: (rows, heads, 1, dim)
-            position = mode[1][:, None]
+            # a view taken here, inside the step, of the engine's own positions tensor: the step sees one tensor
+            # (a view made outside would be a second, aliased input of a step that mutates it; torch.compile then
+            # rebuilds both from a synthetic base every call, and refuses that outright with torchao weights)
+            position = self.positions[:mode[1]]
             self.kv.write_decode(self.index, position, key_states[:, :, 0], value_states[:, :, 0])
             return self.kv.gather(self.index, position.shape[0], mode[2])
         if mode[0] == "extend":
@@ -186,9 +190,11 @@ class SlotCache(Cache):
         kv.layers = n_layers
         super().__init__(layers=[SlotLayer(kv, index) for index in range(n_layers)])
         self.positions = positions
+        for layer in self.layers:
+            layer.positions = positions
         self.slots = kv.slots
         self.max_cache_len = kv.max_cache_len
-        # one tuple and one view per (rows, columns): a compiled step sees the same objects every time
+        # one tuple per (rows, columns): a compiled step sees the same objects every time
         self._decodes: dict[tuple[int, int], tuple] = {}
         self.decoding()
 
@@ -201,7 +207,7 @@ class SlotCache(Cache):
         at `positions[row]`, and attention reads those rows' first `columns` positions (default: all)."""
         key = (self.slots if rows is None else rows, self.max_cache_len if columns is None else columns)
         if key not in self._decodes:
-            self._decodes[key] = ("decode", self.positions.view(-1)[:key[0]], key[1])
+            self._decodes[key] = ("decode", key[0], key[1])
         self._set(self._decodes[key])
 
     def prefilling(self, rows: torch.Tensor, shift: torch.Tensor) -> None:
