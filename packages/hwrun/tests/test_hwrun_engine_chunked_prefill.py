@@ -101,10 +101,15 @@ def test_chunked_prefill_gives_generates_tokens(families, family, step):
     assert streams["a"] == _reference(model, SHORT[0], 16)
     assert streams["long"] == _reference(model, LONG, 8)
     assert streams["b"] == _reference(model, SHORT[1], 6)
-    # the whole-batch API chunks the same way (its plans run back to back)
-    rows = EngineCore(model, slots=2, max_cache_len=64, step=step, prefill_chunk=5).generate(
-        [LONG, SHORT[0], SHORT[1]], [8, 6, 5], eos_token_id=None)
+    # the whole-batch API: its plans run back to back, each up to `prefill_tokens` (no live streams to keep
+    # flowing, so not the serving chunk): a prompt longer than that is chunked the same way
+    chunked = EngineCore(model, slots=2, max_cache_len=64, step=step, prefill_chunk=5, prefill_tokens=5)
+    rows = chunked.generate([LONG, SHORT[0], SHORT[1]], [8, 6, 5], eos_token_id=None)
     assert rows == [streams["long"], _reference(model, SHORT[0], 6), _reference(model, SHORT[1], 5)]
+    assert chunked.prefills >= len(LONG) // 5
+    whole = EngineCore(model, slots=3, max_cache_len=64, step=step, prefill_chunk=5)
+    assert whole.generate([LONG, SHORT[0], SHORT[1]], [8, 6, 5], eos_token_id=None) == rows
+    assert whole.prefills == 1  # three prompts in one padded forward, though the serving chunk is 5 tokens
 
 
 @pytest.mark.parametrize(("family", "step"), [("llama", "fused"), ("gpt2", "model")])

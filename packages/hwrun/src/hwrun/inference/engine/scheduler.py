@@ -114,16 +114,16 @@ class Scheduler:
         self.requests[request.key] = request
         return True
 
-    def prefill_plan(self, steps: int = 1) -> list[list[Chunk]]:
+    def prefill_plan(self, steps: int = 1, budget: int | None = None) -> list[list[Chunk]]:
         """This step's KV blocks and prefill forwards. First every decoding request gets blocks for its next `steps`
-        writes (`reserve`); then up to `prefill_chunk` prompt tokens of the admitted requests are planned in
+        writes (`reserve`); then up to `budget` (default `prefill_chunk`) prompt tokens of the admitted requests are planned in
         admission order, each chunk with its blocks (a last chunk also its first decode write's and its other
         choices' blocks). A chunk whose blocks are not free takes them from the newest requests after it
         (preempted); when even that is not enough, it and every request after it wait. Prompts that start here
         share padded forwards of <= `prefill_tokens` tokens; a prompt that continues (its earlier part already in
         its blocks) is a forward of its own."""
         self.reserve(steps)
-        budget = self.prefill_chunk
+        budget = self.prefill_chunk if budget is None else budget
         forwards: list[list[Chunk]] = []
         group: list[Chunk] = []
         width = 0  # the longest chunk in `group`
