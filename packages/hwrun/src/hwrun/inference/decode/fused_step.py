@@ -186,6 +186,8 @@ class FusedLlamaStep:
         (k, v) a prefill attends over (a continued prompt: its row's blocks up to its last position)."""
         if decode:
             self.paged.write_decode(i, positions, k[:, :, 0], v[:, :, 0])
+            if self.paged.attention == "triton":  # the kernel reads the blocks itself (engine/paged_attention.py)
+                return None, None, k, v
             keys, values = self.paged.gather_heads_first(i, k.shape[0], columns)  # (kv heads, rows, columns, dim)
             return keys, values, k, v
         self.paged.write(i, rows, offset, k, v)
@@ -278,7 +280,13 @@ class FusedLlamaStep:
                     if batch != keys.shape[0] or columns != self.max_cache_len:
                         keys, values = keys[:batch, :, :columns], values[:batch, :, :columns]
                 qg = q.reshape(batch, self.n_kv, rep, self.head_dim)
-                if self.paged is not None:  # the gathered blocks are heads first: batch over (kv heads, rows)
+                if keys is None:  # paged, read by the Triton kernel through the block table
+                    from ..engine.paged_attention import paged_decode_attention
+
+                    out = paged_decode_attention(q[:, :, 0], self.paged.keys[i], self.paged.values[i],
+                                                 self.paged.table[:batch], positions, self.scaling)
+                    out = out.reshape(batch, 1, self.q_size)
+                elif self.paged is not None:  # the gathered blocks are heads first: batch over (kv heads, rows)
                     qg = qg.transpose(0, 1)
                     scores = torch.matmul(qg, keys.transpose(2, 3)).to(torch.float32) * self.scaling
                     probs = torch.softmax(scores + mask.transpose(0, 1), dim=-1).to(q.dtype)

@@ -36,6 +36,7 @@ from .grammar import constrain, first_masks
 from .graphs import check_compile_allowed, decoder_graph_tools, model_platform
 from .kv_cache import KVCache
 from .kv_memory import KVReport, KVStats, blocks_in, kv_budget, parse_kv_memory
+from .paged_attention import choose_paged_attention
 from .requests import GREEDY, TokenEvent, check_choices, choices, eos_ids
 from .runner import ModelRunner
 from .scheduler import (
@@ -61,7 +62,8 @@ class EngineCore:
     `prefill_chunk` the prompt tokens a step prefills (default per device: `scheduler.prefill_chunk_for`);
     `kv_cache_memory` the bytes (or fraction of the free device memory after load) of K/V blocks the requests share
     (default per device: `kv_memory.kv_budget`; `kv_report` says what it holds); `prefix_caching` lets a prompt
-    share the blocks of a prefix an earlier prompt wrote (hashed by the token chain; freed least recently used)."""
+    share the blocks of a prefix an earlier prompt wrote (hashed by the token chain; freed least recently used);
+    `paged_attention` how a decode step reads them ("auto", "gather", "triton": `engine.paged_attention`)."""
 
     def __init__(self, model: Any, *, slots: int, max_cache_len: int, use_graphs: bool | None = None,
                  compile_backend: Any = None, compile_mode: str | None = None, tune: bool = False,
@@ -69,7 +71,7 @@ class EngineCore:
                  platform: Any = None, buckets: Sequence[int] | None = None,
                  cache_buckets: Sequence[int] | None = None, prefill_chunk: int | None = None,
                  adapters: Sequence[tuple[str, str]] | None = None, kv_cache_memory: Any = None,
-                 prefix_caching: bool = True) -> None:
+                 prefix_caching: bool = True, paged_attention: str = "auto") -> None:
         step, use_graphs = plan_adapters(adapters, step, use_graphs, compile_backend)
         self.platform = model_platform(model, platform)
         check_compile_allowed(self.platform, compile_backend)
@@ -102,6 +104,8 @@ class EngineCore:
         # shared prompt prefixes (prefix_caching): off with LoRA adapters, whose K/V differ per adapter
         self.kv = KVCache(slots, max_cache_len, sizer=sizer, prefix_caching=prefix_caching and not adapters,
                           transfers=Transfers(self.platform, model.device))
+        self.kv.attention, self.paged_attention_reason = choose_paged_attention(model, paged_attention,
+                                                                                self.step_name, self.kv.block_size)
         self.adapters = AdapterRows(model, adapters, slots) if adapters else None
         self.runner = ModelRunner(model, self.step_name, self.kv, platform=self.platform,
                                   graph_tools=self.graph_tools, use_graphs=self.use_graphs,
