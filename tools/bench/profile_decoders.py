@@ -1,7 +1,9 @@
 """Per-step time and kernel tables of hwrun's static graph decoder vs its engine (slots) at one batch size.
 
 Developer script (CUDA): both decoders run the fused step over the same random ~1B Llama; the
-difference between their tables is what the slot bookkeeping (per-row K/V writes, counters) costs.
+difference between their tables is what the slot bookkeeping (per-row K/V writes, counters) and the paged KV read
+cost: the engine runs once gathering each row's blocks (`paged_attention="gather"`) and once with the Triton
+paged-attention kernel (`"triton"`).
 Usage: python tools/bench/profile_decoders.py --out DIR [--batch 64] [--compile inductor|none]
 """
 
@@ -44,7 +46,6 @@ def main(argv=None):
     from hwrun.inference.decode.static import GraphDecoder
     from hwrun.inference.engine import EngineCore
     from hwrun.inference.engine.graphs import capture_graph
-    from hwrun.inference.engine.scheduler import Chunk
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -65,18 +66,25 @@ def main(argv=None):
                 ("graphs", lambda: GraphDecoder(model, batch_size=args.batch, max_cache_len=args.cache_len,
                                                 compile_backend=backend, use_graphs=False)),
                 ("graphs_per_row_writes", graphs_per_row),
-                ("slots", lambda: EngineCore(model, slots=args.batch, max_cache_len=args.cache_len,
-                                             compile_backend=backend, use_graphs=False))):
+                ("slots_gather", lambda: EngineCore(model, slots=args.batch, max_cache_len=args.cache_len,
+                                                    compile_backend=backend, use_graphs=False,
+                                                    paged_attention="gather")),
+                ("slots_triton", lambda: EngineCore(model, slots=args.batch, max_cache_len=args.cache_len,
+                                                    compile_backend=backend, use_graphs=False,
+                                                    paged_attention="triton"))):
             decoder = build()
             if name.startswith("graphs"):
                 decoder._prefill(prompts)
                 buffers = [decoder.token, decoder.position, decoder.count]
                 step = decoder._step_fn
-            else:  # every slot prefilled in one forward, then the engine's greedy step over every slot
+            else:  # every slot's prompt prefilled through the scheduler (KV blocks held), then the greedy step
+                for slot, row in enumerate(prompts.tolist()):
+                    decoder.add(slot, row, max_new_tokens=args.cache_len - 129, eos_token_id=None)
+                while any(not r.decoding for r in decoder.scheduler.requests.values()):
+                    decoder.step()
                 runner = decoder.runner
-                runner.prefill([Chunk(slot, row, 0, True) for slot, row in enumerate(prompts.tolist())])
                 buffers = runner.step_buffers()
-                step = runner.step_function(False, args.batch, args.cache_len)
+                step = runner.step_function(0, args.batch, args.cache_len)  # kind 0: greedy, plain
             results[f"{name}_step_ms"] = step_ms(step)
             graph, _ = capture_graph(step, device, buffers)
             results[f"{name}_replay_ms"] = step_ms(graph.replay)
