@@ -85,6 +85,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     sharding.add_argument("--deepspeed", default=None, metavar="STAGE",
                           help="DeepSpeed ZeRO: zero2 (optimizer state and gradients sharded), zero3 (parameters too), "
                                "or a DeepSpeed JSON config file")
+    p.add_argument("--fsdp-checkpoint", default=None, metavar="KIND",
+                   help="with --fsdp: sharded (default: each process writes its shard of the weights and optimizer "
+                        "state, torch.distributed.checkpoint files; nothing gathered) or full (gathered on rank 0: the "
+                        "model or adapter as safetensors, the optimizer state as one file). Both resume at another "
+                        "process count")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in --output whose checksums verify (start fresh if none)")
     p.add_argument("--overwrite", action="store_true",
@@ -153,6 +158,7 @@ def _run_train(args: argparse.Namespace) -> int:
         raise TrainingConfigError(f"--torch-threads {args.torch_threads} must be an integer >= 1 (leave it out to let "
                                   "hwrun decide).")
 
+    _check_fsdp_checkpoint(args)
     _hub_progress(args.quiet)  # before planning: plan() downloads a Hub model
     report = _report_to(args.report_to)
     run_plan = train_plan(args.model, device=args.device, dtype=args.dtype, attention=args.attention,
@@ -271,6 +277,20 @@ def _report_to(text: str | None) -> list[str] | None:
     return names
 
 
+def _check_fsdp_checkpoint(args: argparse.Namespace) -> None:
+    """`--fsdp-checkpoint`: a kind hwrun knows, and only with --fsdp; checked before the plan (which may download)."""
+    if args.fsdp_checkpoint is None:
+        return
+    from ..training.sharding import fsdp_checkpoint_kind
+
+    fsdp_checkpoint_kind(args.fsdp_checkpoint, "--fsdp-checkpoint {value}")
+    if not args.fsdp:
+        from ..training import TrainingConfigError
+
+        raise TrainingConfigError(f"--fsdp-checkpoint {args.fsdp_checkpoint} without --fsdp: it picks the kind of FSDP "
+                                  "checkpoint. Fix: add --fsdp, or drop --fsdp-checkpoint.")
+
+
 def _sharding_overrides(run_plan: Any, args: argparse.Namespace) -> dict[str, Any]:
     """`--fsdp` / `--deepspeed`: their TrainingArguments keywords. Run alone (no torchrun, `hwdist launch` or
     `accelerate launch` around it) the command forms a process group of one, as `torchrun --nproc-per-node 1` would
@@ -278,9 +298,10 @@ def _sharding_overrides(run_plan: Any, args: argparse.Namespace) -> dict[str, An
     if not args.fsdp and args.deepspeed is None:
         return {}
     from ..training.arguments import is_distributed_launch
-    from ..training.sharding import deepspeed_overrides, fsdp_overrides
+    from ..training.sharding import DEFAULT_FSDP_CHECKPOINT, deepspeed_overrides, fsdp_overrides
 
-    overrides, why = fsdp_overrides(run_plan) if args.fsdp else deepspeed_overrides(run_plan, args.deepspeed)
+    overrides, why = (fsdp_overrides(run_plan, args.fsdp_checkpoint or DEFAULT_FSDP_CHECKPOINT) if args.fsdp else
+                      deepspeed_overrides(run_plan, args.deepspeed))
     logger.info("%s", why)
     if not is_distributed_launch():
         import os

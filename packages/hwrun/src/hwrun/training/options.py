@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import TrainingConfigError
 from .data import DEFAULT_MAX_DATA_BYTES
 from .lora import LoraSettings
+from .sharding import FSDP_CHECKPOINTS
 
 #: `on_nonfinite` policies (hwrun.training.guard): stop (default), skip the step, ignore.
 POLICIES = ("stop", "skip", "ignore")
@@ -135,6 +136,10 @@ def check_kinds(options: Mapping[str, Any]) -> None:
         value = options.get(name)
         if value is not None and (not isinstance(value, str) or not value.strip()):
             problems.append(f"{name}={value!r} (must be a column name, or None)")
+    kind = options.get("fsdp_checkpoint")
+    if kind is not None and (not isinstance(kind, str) or kind not in FSDP_CHECKPOINTS):
+        problems.append(f"fsdp_checkpoint={kind!r} (must be {' or '.join(map(repr, FSDP_CHECKPOINTS))}: the kind of "
+                        "FSDP checkpoint, or None for what fsdp_config says)")
     template = options.get("chat_template")
     if template is not None and (not isinstance(template, (str, os.PathLike)) or not str(template).strip()):
         problems.append(f"chat_template={template!r} (must be a Jinja file's path or the template text, or None)")

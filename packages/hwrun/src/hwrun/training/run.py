@@ -34,6 +34,7 @@ from .lora import LoraSettings, lora_config, lora_targets
 from .options import check_all, check_overrides, lora_settings
 from .patching import PatchOptions, PatchStack, patch_base, patch_last, patch_lora
 from .resume_match import check_resume_matches, data_sha256
+from .sharding import check_fsdp_resume, with_fsdp_checkpoint
 from .sharding import fusion_blocker as _fusion_blocker
 
 if TYPE_CHECKING:
@@ -718,7 +719,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
           text_field: str | None = None, messages_field: str | None = None,
           chat_template: str | os.PathLike | None = None, packing: bool = True,
           eval_fraction: float = 0.0, eval_steps: int | None = None, events: bool = True,
-          **training_overrides: Any) -> TrainResult:
+          fsdp_checkpoint: str | None = None, **training_overrides: Any) -> TrainResult:
     """Fine-tune `plan.model` on `data` (text file, JSONL with "text", folder of .txt, or a
     ready dataset) with Trainer; LoRA when `lora` is given or `qlora=True`, else full fine-tuning.
 
@@ -736,6 +737,10 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     `text_field` / `messages_field` name other columns; `packing=False` puts one example per block.
     `training_overrides` are TrainingArguments keywords (e.g. fsdp=..., deepspeed=...); any other name is a
     TrainingConfigError naming the closest valid one.
+    `fsdp_checkpoint` (with fsdp=): "sharded" (each rank writes its shard, torch.distributed.checkpoint files) or
+    "full" (gathered on rank 0: the model or adapter as safetensors, the optimizer state as one file), both resumable
+    at another world size; None leaves fsdp_config's state_dict_type (Transformers' default: FULL_STATE_DICT). A
+    resume from a checkpoint of the other kind is refused before the model loads (hwrun.training.sharding).
     `fused_loss`, `fused_projections` (LoRA on a frozen base, one process or DDP) and `rope_table`
     (packed blocks) switch hwrun's own training path off one by one; each logs why where it cannot apply.
     `kernels` picks the implementation of each training op, {op: impl} with op one of cross_entropy, swiglu,
@@ -750,7 +755,9 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     _check_eval(eval_fraction, eval_steps, events)
     run = _validate(plan, data, options)
     _check_keywords(training_overrides)
+    training_overrides = with_fsdp_checkpoint(fsdp_checkpoint, training_overrides)
     where = _prepare_output(plan, run)
+    check_fsdp_resume(training_overrides, where.resume_from)
     if where.finished == "done":
         return _finished_result(where, run)
     dataset, data_tokenizer, run = _prepare_data(plan, data, run, where)

@@ -4,9 +4,10 @@ ZeRO-3 flag, and why hwrun's fused projections stay off under sharding."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..errors import TrainingConfigError
@@ -93,11 +94,114 @@ def fusion_blocker(args: Any, qlora: bool) -> str | None:
 
 #: `hwrun train --fsdp`: FSDP2 through Accelerate (Transformers' fsdp_config keys). Rank 0 alone reads the weights
 #: and broadcasts them (cpu_ram_efficient_loading: the other ranks build the model on the meta device); checkpoints
-#: are sharded with torch.distributed.checkpoint (every rank writes its own shard, DCP's .distcp files; a later run at
-#: another world size re-shards them as it loads; sharded_checkpoints.py turns them into safetensors, and says why
-#: they are not safetensors already); the final model is gathered into one safetensors file (or the adapter).
+#: as FSDP_CHECKPOINTS["sharded"] unless `--fsdp-checkpoint full` (fsdp_overrides); the final model is gathered into
+#: one safetensors file (or the adapter).
 FSDP_CONFIG: dict[str, Any] = {"version": 2, "cpu_ram_efficient_loading": True,
                                "state_dict_type": "SHARDED_STATE_DICT", "reshard_after_forward": True}
+
+#: `--fsdp-checkpoint` / `train(fsdp_checkpoint=...)`: the kind of checkpoint -> Accelerate's FSDP state_dict_type.
+#: Both resume at any world size. "sharded": every rank writes its own shard of the weights and of the AdamW state
+#: through torch.distributed.checkpoint (DCP's .distcp files; sharded_checkpoints.py turns them into safetensors and
+#: says why they are not safetensors already); nothing is gathered. "full": the ranks gather every weight (or the
+#: adapter) and the AdamW state onto rank 0's host memory; Trainer's save_model writes them with save_pretrained
+#: (model.safetensors, split into model-0000x-of-0000y.safetensors shards with an index past Transformers' 50GB
+#: max_shard_size; or adapter_model.safetensors), and Accelerate's save_fsdp_model / save_fsdp_optimizer add
+#: pytorch_model_fsdp.bin and optimizer.bin (torch.save of the gathered state dicts), which are what a resume reads
+#: and broadcasts from rank 0 (accelerate 1.16 utils/fsdp_utils.py; transformers 5.25 Trainer._save_checkpoint).
+FSDP_CHECKPOINTS: dict[str, str] = {"sharded": "SHARDED_STATE_DICT", "full": "FULL_STATE_DICT"}
+#: `hwrun train --fsdp` without --fsdp-checkpoint: no rank gathers the model, so rank 0's host memory holds one
+#: shard, not the whole model plus twice its size of AdamW state, and the weights are written once, not twice
+#: (README, "Distributed").
+DEFAULT_FSDP_CHECKPOINT = "sharded"
+#: What a checkpoint folder holds for each kind (Accelerate's names: FSDP_MODEL_NAME, model_index 0).
+_LAYOUT_FILES = {"sharded": "pytorch_model_fsdp_0", "full": "pytorch_model_fsdp.bin"}
+
+
+def fsdp_checkpoint_kind(value: Any, spelled: str = "fsdp_checkpoint={value!r}") -> str:
+    """`value` checked: "full" or "sharded" (FSDP_CHECKPOINTS), else a TrainingConfigError naming it (`spelled` is
+    the caller's spelling, a format string of `value`)."""
+    if isinstance(value, str) and value in FSDP_CHECKPOINTS:
+        return value
+    raise TrainingConfigError(
+        f"{spelled.format(value=value)} is not a kind of FSDP checkpoint: use 'sharded' (each rank writes its shard, "
+        "torch.distributed.checkpoint files) or 'full' (gathered on rank 0, the model or adapter as safetensors). "
+        "Both resume at another world size.")
+
+
+def with_fsdp_checkpoint(kind: str | None, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """`train(fsdp_checkpoint=kind, **overrides)`: the TrainingArguments keywords with fsdp_config's state_dict_type
+    set for `kind` (None: `overrides` as given; Transformers' own default is FULL_STATE_DICT). Refused without fsdp=,
+    with an fsdp_config file (its state_dict_type is in the file), or when fsdp_config names the other kind."""
+    if kind is None:
+        return dict(overrides)
+    fsdp_checkpoint_kind(kind)
+    wanted = FSDP_CHECKPOINTS[kind]
+    if not overrides.get("fsdp"):
+        raise TrainingConfigError(
+            f"fsdp_checkpoint={kind!r} without fsdp=: the kind of checkpoint is an FSDP setting. Fix: add fsdp=True "
+            "(with fsdp_config={'fsdp_version': 2}), or drop fsdp_checkpoint (under `accelerate launch --use_fsdp`, "
+            "its --fsdp_state_dict_type sets it).")
+    config = overrides.get("fsdp_config")
+    if config is not None and not isinstance(config, Mapping):
+        raise TrainingConfigError(
+            f"fsdp_checkpoint={kind!r} with fsdp_config={config!r}, a file: hwrun does not rewrite it. Fix: set "
+            f"\"state_dict_type\": \"{wanted}\" in that file and drop fsdp_checkpoint, or pass fsdp_config as a dict.")
+    config = dict(config or {})
+    given = {config.get(key) for key in ("state_dict_type", "fsdp_state_dict_type")} - {None}
+    if any(str(value).upper() != wanted for value in given):
+        raise TrainingConfigError(
+            f"fsdp_checkpoint={kind!r} asks for {wanted}, but fsdp_config says state_dict_type="
+            f"{', '.join(map(str, sorted(given, key=str)))}. Fix: drop one of the two.")
+    config.pop("fsdp_state_dict_type", None)
+    config["state_dict_type"] = wanted
+    return {**overrides, "fsdp_config": config}
+
+
+def checkpoint_layout(folder: str | os.PathLike) -> str | None:
+    """The kind of FSDP checkpoint `folder` holds ("sharded" or "full", by Accelerate's file names), or None (no
+    FSDP weights: a checkpoint of a run without FSDP)."""
+    found = [kind for kind, name in _LAYOUT_FILES.items() if os.path.exists(os.path.join(folder, name))]
+    return found[0] if len(found) == 1 else None
+
+
+#: The state_dict_type Transformers gives FSDP when fsdp_config names none (transformers 5.25 training_args.py,
+#: `_process_fsdp_args`: `self.fsdp_config.get("state_dict_type", "FULL_STATE_DICT")`).
+TRANSFORMERS_STATE_DICT_TYPE = "FULL_STATE_DICT"
+
+
+def asked_checkpoint_kind(overrides: Mapping[str, Any]) -> str | None:
+    """The kind of FSDP checkpoint ("sharded" or "full") these TrainingArguments keywords write and read, read the way
+    TrainingArguments reads fsdp_config (a dict or a JSON file; an `fsdp_` prefix dropped, so `fsdp_state_dict_type`
+    wins); None without fsdp= (or with a config this cannot read: TrainingArguments reports it)."""
+    if not overrides.get("fsdp"):
+        return None
+    config = overrides.get("fsdp_config")
+    if isinstance(config, (str, os.PathLike)):
+        try:
+            with open(config, encoding="utf-8") as handle:
+                config = json.load(handle)
+        except (OSError, ValueError):
+            return None
+    if config is not None and not isinstance(config, Mapping):
+        return None
+    config = config or {}
+    value = str(config.get("fsdp_state_dict_type", config.get("state_dict_type", TRANSFORMERS_STATE_DICT_TYPE)))
+    return next((kind for kind, name in FSDP_CHECKPOINTS.items() if name == value.upper()), None)
+
+
+def check_fsdp_resume(overrides: Mapping[str, Any], folder: str | None) -> None:
+    """Before the data is read and the model loads: an FSDP run resumes only from a checkpoint of the kind it writes
+    (Trainer reads `pytorch_model_fsdp_0/` under SHARDED_STATE_DICT and `pytorch_model_fsdp.bin` under
+    FULL_STATE_DICT, and would fail on the other one once the model is loaded)."""
+    kind = asked_checkpoint_kind(overrides)
+    found = checkpoint_layout(folder) if folder is not None and kind is not None else None
+    if found is None or found == kind:
+        return
+    raise TrainingConfigError(
+        f"{folder} is a {found!r} FSDP checkpoint ({_LAYOUT_FILES[found]}), but this run writes and reads {kind!r} "
+        f"ones ({FSDP_CHECKPOINTS[kind]}): Trainer would not find its weights. Fix: resume with --fsdp-checkpoint "
+        f"{found} (train(..., fsdp_checkpoint={found!r})); either kind resumes at any world size.")
+
 
 #: Per kind: does DeepSpeed (0.19) run ZeRO there. Its accelerators (deepspeed/accelerator/real_accelerator.py): cuda
 #: (and ROCm through it), xpu (torch.xpu; oneCCL bindings optional), hpu (habana_frameworks; Intel's Gaudi docs use
@@ -118,18 +222,24 @@ DEEPSPEED_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def fsdp_overrides(plan: Any) -> tuple[dict[str, Any], str]:
-    """The TrainingArguments keywords of `--fsdp` for the plan's device, and why. On Gaudi, FSDP runs in eager mode
-    (Intel's Gaudi FSDP guide: eager with torch.compile), so PT_HPU_LAZY_MODE=1 is refused."""
+def fsdp_overrides(plan: Any, checkpoint: str = DEFAULT_FSDP_CHECKPOINT) -> tuple[dict[str, Any], str]:
+    """The TrainingArguments keywords of `--fsdp` (with `--fsdp-checkpoint checkpoint`) for the plan's device, and
+    why. On Gaudi, FSDP runs in eager mode (Intel's Gaudi FSDP guide: eager with torch.compile), so
+    PT_HPU_LAZY_MODE=1 is refused."""
+    fsdp_checkpoint_kind(checkpoint, "--fsdp-checkpoint {value}")
     lazy = plan.accelerator.platform.lazy_mode_variable  # Gaudi's PT_HPU_LAZY_MODE; None where there is no lazy mode
     if lazy is not None and os.environ.get(lazy, "").strip() == "1":
         raise TrainingConfigError(
             f"--fsdp with {lazy}=1: Intel Gaudi runs FSDP in eager mode (with torch.compile), not in lazy "
             f"mode. Fix: unset {lazy} (eager is the default since Gaudi software 1.21) or set it to 0.")
+    saved = ("checkpoints sharded with torch.distributed.checkpoint (each rank writes its shard)" if checkpoint ==
+             "sharded" else "checkpoints gathered on rank 0 (the model or adapter as safetensors, the optimizer as "
+             "one file)")
     why = ("FSDP2 (Accelerate): parameters, gradients and optimizer state sharded over the ranks; rank 0 reads the "
-           "weights and broadcasts them (cpu_ram_efficient_loading); checkpoints sharded with "
-           "torch.distributed.checkpoint, loadable at another world size; the final model gathered into one file")
-    return {"fsdp": "full_shard", "fsdp_config": dict(FSDP_CONFIG)}, why
+           f"weights and broadcasts them (cpu_ram_efficient_loading); {saved}, loadable at another world size; the "
+           "final model gathered into one file")
+    return {"fsdp": "full_shard",
+            "fsdp_config": {**FSDP_CONFIG, "state_dict_type": FSDP_CHECKPOINTS[checkpoint]}}, why
 
 
 def deepspeed_overrides(plan: Any, stage: str) -> tuple[dict[str, Any], str]:
