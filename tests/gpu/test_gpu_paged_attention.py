@@ -18,7 +18,7 @@ pytestmark = [*GPU_MARKS,
 
 def test_the_kernel_equals_attention_over_gathered_blocks_in_bf16():
     import torch
-    from hwrun.inference.engine.paged_attention import paged_decode_attention
+    from hwrun.inference.decode.paged_attention import paged_decode_attention
 
     torch.manual_seed(0)
     kv, blocks, size, dim, heads, rows, per_row = 8, 600, 16, 64, 32, 64, 32

@@ -1,4 +1,4 @@
-"""The engine's decode attention over its KV blocks (`hwrun.inference.engine.paged_attention`): the Triton kernel that
+"""The engine's decode attention over its KV blocks (`hwrun.inference.decode.paged_attention`): the Triton kernel that
 reads each row's blocks through the block table (instead of gathering them into a copy first) equals a torch
 reference and gives the gather path's greedy tokens inside the engine's fused step, run here under Triton's
 interpreter (TRITON_INTERPRET=1, in one subprocess for the module: the interpreter is chosen when Triton is
@@ -13,15 +13,17 @@ import subprocess
 import sys
 
 import pytest
+from hwenv.platforms import get_platform
 from hwrun.errors import FastDecodeError
-from hwrun.inference.engine.paged_attention import AUTO_REASON, paged_attention_support
+from hwrun.inference.decode.paged_attention import AUTO_REASON, paged_attention_support
 
+CUDA = get_platform("cuda")
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 
 INTERPRETED = r'''
 import json, torch
 from hwrun.inference.engine import EngineCore
-from hwrun.inference.engine.paged_attention import paged_decode_attention
+from hwrun.inference.decode.paged_attention import paged_decode_attention
 from hwrun.testing.families import build_tiny_family
 import tempfile
 from transformers import AutoModelForCausalLM
@@ -81,22 +83,22 @@ def test_the_engine_with_the_kernel_gives_the_gather_paths_tokens(interpreted):
 
 
 def test_auto_keeps_the_gather_until_the_kernel_is_measured_on_a_gpu():
-    assert paged_attention_support("auto", 64, 16, "cuda") == ("gather", AUTO_REASON)
-    assert paged_attention_support("gather", 64, 16, "cuda")[0] == "gather"
+    assert paged_attention_support("auto", 64, 16, CUDA) == ("gather", AUTO_REASON)
+    assert paged_attention_support("gather", 64, 16, CUDA)[0] == "gather"
 
 
 def test_bad_choices_are_refused_naming_the_value():
     with pytest.raises(FastDecodeError, match="paged_attention='flash' is not one of auto, gather, triton"):
-        paged_attention_support("flash", 64, 16, "cuda")
+        paged_attention_support("flash", 64, 16, CUDA)
     with pytest.raises(FastDecodeError, match="power-of-two head size.*head_dim=80.*paged_attention='gather'"):
-        paged_attention_support("triton", 80, 16, "cuda")
+        paged_attention_support("triton", 80, 16, CUDA)
 
 
 @needs_triton
 def test_triton_on_a_cpu_without_the_interpreter_is_refused(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(FastDecodeError, match="no kernels for the CPU"):
-        paged_attention_support("triton", 64, 16, "cpu")
+    with pytest.raises(FastDecodeError, match="no kernels for cpu"):
+        paged_attention_support("triton", 64, 16, get_platform("cpu"))
 
 
 def test_the_model_step_refuses_the_kernel(tmp_path):

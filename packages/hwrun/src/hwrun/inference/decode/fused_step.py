@@ -186,7 +186,7 @@ class FusedLlamaStep:
         (k, v) a prefill attends over (a continued prompt: its row's blocks up to its last position)."""
         if decode:
             self.paged.write_decode(i, positions, k[:, :, 0], v[:, :, 0])
-            if self.paged.attention == "triton":  # the kernel reads the blocks itself (engine/paged_attention.py)
+            if self.paged.attention == "triton":  # the kernel reads the blocks itself (decode/paged_attention.py)
                 return None, None, k, v
             keys, values = self.paged.gather_heads_first(i, k.shape[0], columns)  # (kv heads, rows, columns, dim)
             return keys, values, k, v
@@ -281,7 +281,7 @@ class FusedLlamaStep:
                         keys, values = keys[:batch, :, :columns], values[:batch, :, :columns]
                 qg = q.reshape(batch, self.n_kv, rep, self.head_dim)
                 if keys is None:  # paged, read by the Triton kernel through the block table
-                    from ..engine.paged_attention import paged_decode_attention
+                    from .paged_attention import paged_decode_attention
 
                     out = paged_decode_attention(q[:, :, 0], self.paged.keys[i], self.paged.values[i],
                                                  self.paged.table[:batch], positions, self.scaling)

@@ -10,8 +10,8 @@
       |-- grammar          host side of grammar-constrained choices (matchers accept tokens, fill bitmask rows)
       `-- kv_cache         paged K/V: a block pool per layer, a device block table per slot, who holds what
             |-- block_manager  the pool's bookkeeping (each request's blocks, free blocks)
-            |-- kv_memory      how much memory the pool gets (kv_cache_memory, per device), what it holds, its use
-            `-- paged_attention  how a decode step reads the blocks (gathered, or a Triton kernel through the table)
+            `-- kv_memory      how much memory the pool gets (kv_cache_memory, per device), what it holds, its use
+    decode.paged_attention how a decode step reads the blocks (gathered, or a Triton kernel through the table)
     transfers              host <-> device copies without a stream synchronize (pinned buffers, one event wait a step)
     requests               one request's state (its choices, matcher) and the TokenEvent a step reports
     batches, buckets       generate()'s whole-batch loop; the row and column buckets a step runs over

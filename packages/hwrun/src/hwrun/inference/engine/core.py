@@ -30,13 +30,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...errors import FastDecodeError
+from ..decode.paged_attention import choose_paged_attention
 from ..decode.sampling import SamplingParams
 from .adapters import AdapterRows, check_adapter, plan_adapters
 from .grammar import constrain, first_masks
 from .graphs import check_compile_allowed, decoder_graph_tools, model_platform
 from .kv_cache import KVCache
 from .kv_memory import KVReport, KVStats, blocks_in, kv_budget, parse_kv_memory
-from .paged_attention import choose_paged_attention
 from .requests import GREEDY, TokenEvent, check_choices, choices, eos_ids
 from .runner import ModelRunner
 from .scheduler import (
@@ -63,7 +63,7 @@ class EngineCore:
     `kv_cache_memory` the bytes (or fraction of the free device memory after load) of K/V blocks the requests share
     (default per device: `kv_memory.kv_budget`; `kv_report` says what it holds); `prefix_caching` lets a prompt
     share the blocks of a prefix an earlier prompt wrote (hashed by the token chain; freed least recently used);
-    `paged_attention` how a decode step reads them ("auto", "gather", "triton": `engine.paged_attention`)."""
+    `paged_attention` how a decode step reads them ("auto", "gather", "triton": `decode.paged_attention`)."""
 
     def __init__(self, model: Any, *, slots: int, max_cache_len: int, use_graphs: bool | None = None,
                  compile_backend: Any = None, compile_mode: str | None = None, tune: bool = False,
@@ -104,8 +104,8 @@ class EngineCore:
         # shared prompt prefixes (prefix_caching): off with LoRA adapters, whose K/V differ per adapter
         self.kv = KVCache(slots, max_cache_len, sizer=sizer, prefix_caching=prefix_caching and not adapters,
                           transfers=Transfers(self.platform, model.device))
-        self.kv.attention, self.paged_attention_reason = choose_paged_attention(model, paged_attention,
-                                                                                self.step_name, self.kv.block_size)
+        self.kv.attention, self.paged_attention_reason = choose_paged_attention(
+            model, paged_attention, self.step_name, self.kv.block_size, self.platform)
         self.adapters = AdapterRows(model, adapters, slots) if adapters else None
         self.runner = ModelRunner(model, self.step_name, self.kv, platform=self.platform,
                                   graph_tools=self.graph_tools, use_graphs=self.use_graphs,

@@ -54,7 +54,7 @@ class KVCache:
         self.rows: list[list[int]] = [[] for _ in range(slots)]  # host mirror: each slot's device blocks
         self._dirty: set[int] = set()
         self.table: Any = None  # device (slots, max_blocks) long
-        self.attention = "gather"  # how a decode step reads the blocks: "gather" or "triton" (engine/paged_attention)
+        self.attention = "gather"  # how a decode step reads the blocks: "gather" or "triton" (decode/paged_attention)
         self.host_table: Any = None  # its host copy (pinned where supported), rewritten row by row in `sync`
         self.transfers = transfers
         self._copied: Any = None  # the event after the last host -> device table copy (None: none, or no events)

@@ -9,7 +9,7 @@ position, with the query heads of that KV head (grouped-query attention) and an 
 (flash-decoding without the split over the sequence). It is called through `torch.library.triton_op`, so
 `torch.compile` traces it and a captured graph replays it.
 
-Chosen with `EngineCore(paged_attention=...)`: "gather" (the default until the kernel is measured on a GPU),
+The engine chooses it (`EngineCore(paged_attention=...)`, `hwrun.inference.engine`): "gather" (the default until the kernel is measured on a GPU),
 "triton" (needs Triton and a device it compiles for; tested here under Triton's interpreter), "auto" (= "gather"
 today, with that reason). The host and shapes checks are in `paged_attention_support`.
 """
@@ -26,9 +26,9 @@ AUTO_REASON = ("the decode step gathers each row's KV blocks, then attends (the 
                "correct under Triton's interpreter but not yet measured on a GPU; paged_attention='triton' runs it)")
 
 
-def paged_attention_support(choice: str, head_dim: int, block_size: int, device_type: str) -> tuple[str, str]:
-    """(implementation, reason) for `choice` on these shapes and device; `FastDecodeError` when "triton" is asked for
-    and cannot run (the value, why, and what to pass instead)."""
+def paged_attention_support(choice: str, head_dim: int, block_size: int, platform: Any) -> tuple[str, str]:
+    """(implementation, reason) for `choice` on these shapes and the model's platform (hwenv's: its `triton` fact);
+    `FastDecodeError` when "triton" is asked for and cannot run (the value, why, and what to pass instead)."""
     from ...errors import FastDecodeError
 
     if choice not in PAGED_ATTENTION:
@@ -37,13 +37,14 @@ def paged_attention_support(choice: str, head_dim: int, block_size: int, device_
         return "gather", "given: gather each row's KV blocks, then attend"
     if choice == "auto":
         return "gather", AUTO_REASON
-    why = _triton_blocker(head_dim, block_size, device_type)
+    why = _triton_blocker(head_dim, block_size, platform)
     if why is not None:
         raise FastDecodeError(f"paged_attention='triton' cannot run here: {why}. Use paged_attention='gather'.")
     return "triton", "given: the Triton paged-attention kernel reads each row's blocks through the block table"
 
 
-def choose_paged_attention(model: Any, choice: str, step_name: str, block_size: int) -> tuple[str, str]:
+def choose_paged_attention(model: Any, choice: str, step_name: str, block_size: int,
+                           platform: Any) -> tuple[str, str]:
     """(implementation, reason) of the engine's decode attention over its KV blocks for `model` and its step."""
     from ...errors import FastDecodeError
 
@@ -57,10 +58,10 @@ def choose_paged_attention(model: Any, choice: str, step_name: str, block_size: 
         return "gather", "the model's own attention reads each row's gathered KV blocks"
     config = model.config.get_text_config(decoder=True)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return paged_attention_support(choice, head_dim, block_size, model.device.type)
+    return paged_attention_support(choice, head_dim, block_size, platform)
 
 
-def _triton_blocker(head_dim: int, block_size: int, device_type: str) -> str | None:
+def _triton_blocker(head_dim: int, block_size: int, platform: Any) -> str | None:
     import importlib.util
     import os
 
@@ -68,8 +69,9 @@ def _triton_blocker(head_dim: int, block_size: int, device_type: str) -> str | N
         return "Triton is not installed"
     if head_dim & (head_dim - 1) or block_size & (block_size - 1):
         return f"the kernel needs a power-of-two head size and block size (head_dim={head_dim}, block={block_size})"
-    if device_type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        return "Triton compiles no kernels for the CPU (TRITON_INTERPRET=1 runs them in its interpreter, for tests)"
+    if not platform.triton and os.environ.get("TRITON_INTERPRET") != "1":
+        return (f"Triton compiles no kernels for {platform.kind} (TRITON_INTERPRET=1 runs them in its interpreter, "
+                "for tests)")
     return None
 
 
