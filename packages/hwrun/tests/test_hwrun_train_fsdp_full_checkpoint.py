@@ -196,8 +196,12 @@ def test_a_full_fine_tuning_checkpoint_holds_the_model_as_safetensors(runs):
     model = AutoModelForCausalLM.from_pretrained(checkpoint)  # the checkpoint's own config.json beside it
     assert all(torch.equal(value, saved[name]) for name, value in model.state_dict().items())
     from hwrun.training import check_checkpoint
+    from hwrun.training.sharded_checkpoints import fsdp_checkpoint_to_safetensors
 
     assert check_checkpoint(checkpoint, verify=True) is None
+    with pytest.raises(hwrun.errors.CheckpointError, match="already holds the weights as safetensors"):
+        fsdp_checkpoint_to_safetensors(checkpoint, runs / "converted")  # nothing to convert
+    assert not (runs / "converted").exists()
 
 
 @pytest.mark.slow
