@@ -58,7 +58,14 @@ def test_the_budget_is_chosen_per_device_and_can_be_given():
     chunk, why = prefill_chunk_for(cpu)
     assert chunk == 128 and "cpu" in why and "arithmetic" in why
     chunk, why = prefill_chunk_for(cuda)
-    assert chunk == 512 and "reading the weights" in why
+    assert chunk == 512 and "reading the weights" in why  # the model's size not known
+    # scaled by the model's size from the H100's launch floor (1,024 tokens at 1.24B), powers of two in 256..2,048
+    assert prefill_chunk_for(cuda, None, 1_235_814_400)[0] == 1024
+    assert prefill_chunk_for(cuda, None, 500_000_000)[0] == 2048
+    assert prefill_chunk_for(cuda, None, 3_000_000_000)[0] == 256
+    assert prefill_chunk_for(cuda, None, 70_000_000_000)[0] == 256
+    assert "1.24B parameters" in prefill_chunk_for(cuda, None, 1_235_814_400)[1]
+    assert prefill_chunk_for(cpu, None, 1_235_814_400)[0] == 128  # a CPU has no launch floor
     assert prefill_chunk_for(cuda, 64) == (64, "prefill_chunk=64 given")
     for bad in (0, -3, 2.5, True):
         with pytest.raises(FastDecodeError, match="must be a positive number of prompt tokens per step"):

@@ -86,7 +86,8 @@ class EngineCore:
                                   "generate_batch).")
         if step == "auto":
             logger.info("engine step: %s", self.step_reason)
-        self.prefill_chunk, self.prefill_chunk_reason = prefill_chunk_for(self.platform, prefill_chunk)
+        self.prefill_chunk, self.prefill_chunk_reason = prefill_chunk_for(
+            self.platform, prefill_chunk, sum(p.numel() for p in model.parameters()))
         self.model, self.device = model, model.device
         self.slots, self.max_cache_len = slots, max_cache_len
         self.check_every, self.prefill_tokens = max(1, check_every), max(1, prefill_tokens)
