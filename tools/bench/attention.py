@@ -32,6 +32,10 @@ import hwattn
 import hwenv
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_record import stamp  # noqa: E402
+
 FULL = dict(heads=32, kv_heads=8, head_dim=128, batch=1, seqs=[1024, 2048, 4096, 8192, 16384],
             masked_seqs=[1024, 2048, 4096], warmup=3, repeats=10, dtype="bfloat16")
 SMOKE = dict(heads=8, kv_heads=2, head_dim=16, batch=1, seqs=[32, 64], masked_seqs=[32],
@@ -265,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'masked' if masked else 'causal'} seq={seq}: native {fmt_ms(row.get('native_ms'))} ms, "
                   f"repeat {fmt_ms(row.get('repeat_ms'))} ms, eager {fmt_ms(row.get('eager_ms'))} ms", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
+    stamp(result, argv, libraries=("hwattn", "hwenv"))
     (args.out / "attention.json").write_text(json.dumps(result, indent=2))
     table = markdown(result)
     (args.out / "attention.md").write_text(table)

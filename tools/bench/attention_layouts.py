@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from attention import shape_parser, time_call  # noqa: E402
+from bench_record import stamp  # noqa: E402
 
 
 def main(argv=None):
@@ -141,6 +142,7 @@ def main(argv=None):
         traceback.print_exc()
         results["rows"].append({"kernel": "fa4", "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
 
+    stamp(results, argv, libraries=("flash_attn",))
     (out / "attention_layouts.json").write_text(json.dumps(results, indent=2))
     return 0
 

@@ -23,6 +23,10 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_record import offline_transformers, stamp  # noqa: E402
+
 
 def lora_grads(model, ids) -> dict:
     """LoRA parameter name -> float32 gradient of one forward + backward with labels."""
@@ -40,6 +44,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
+    offline_transformers()  # Transformers' Llama + peft below: no Hub kernels offline (bench_record.OFFLINE_ENV)
 
     import hwattn
     import torch
@@ -99,6 +104,7 @@ def main(argv=None) -> int:
     control = results["rows"]["bf16_sdpa_eager"]["max_relative_error"]
     results["passed"] = control < 0.5 and all(r["max_relative_error"] <= 1.5 * control + 0.02
                                               for r in results["rows"].values())
+    stamp(results, argv, libraries=("peft", "hwattn"))
     (out / "check_attention_grads.json").write_text(json.dumps(results, indent=2))
     print("passed" if results["passed"] else "FAILED", f"(control {control:.3g})", flush=True)
     return 0 if results["passed"] else 1

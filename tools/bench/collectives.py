@@ -26,6 +26,10 @@ import hwdist
 from hwdist.bench import OPS, bus_factor, format_table, run_bench, summary
 from hwdist.sizes import format_size, parse_sizes
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_record import stamp  # noqa: E402
+
 NAME = "collectives"
 
 
@@ -151,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             "device_name": device_name, "host": platform.node(), "argv": argv, "smoke": args.smoke}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    data = {"meta": meta, **result.to_dict(), "context": ctx.to_dict()}
+    data = stamp({"meta": meta, **result.to_dict(), "context": ctx.to_dict()}, argv, libraries=("hwdist",))
     (out / f"{NAME}.json").write_text(json.dumps(data, indent=2))
     (out / f"{NAME}.md").write_text(markdown(result, meta))
     plot(data, out / f"{NAME}.png")

@@ -30,6 +30,10 @@ from pathlib import Path
 
 os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")  # every "first call" really compiles
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_record import offline_transformers, stamp  # noqa: E402
+
+offline_transformers()  # Transformers' Llama is measured here: no Hub kernels offline (bench_record.OFFLINE_ENV)
 warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
 
 import hwcompile  # noqa: E402
@@ -358,8 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     overhead = bench_overhead(sizes, device, accel, backend)
     rows = ratios(results)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "compile.json").write_text(json.dumps(dict(meta=meta, results=results, ratios=rows,
-                                                            overhead=overhead), indent=2))
+    report = stamp(dict(meta=meta, results=results, ratios=rows, overhead=overhead), argv,
+                   libraries=("hwcompile", "hwenv"))
+    (args.out / "compile.json").write_text(json.dumps(report, indent=2))
     text = markdown(meta, rows, overhead)
     (args.out / "compile.md").write_text(text)
     plot(rows, args.out / "compile.png")

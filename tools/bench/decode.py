@@ -27,6 +27,9 @@ import traceback
 from pathlib import Path
 
 sys.path[:0] = [str(p) for p in sorted((Path(__file__).resolve().parents[2] / "packages").glob("*/src"))]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_record import offline_transformers, stamp  # noqa: E402
 
 FULL = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
             num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, max_position_embeddings=4096)
@@ -169,6 +172,9 @@ def main(argv=None):
     parser.add_argument("--skip-sampled", action="store_true", help="greedy rows only")
     parser.add_argument("--skip-cli", action="store_true", help="leave out the CLI wall times")
     args = parser.parse_args(argv)
+    # Transformers' static cache + compile and continuous batching are the anchors here, and the CLI rows run in
+    # subprocesses that inherit this: no Hub kernels offline (bench_record.OFFLINE_ENV)
+    offline_transformers()
 
     import hwrun
     import torch
@@ -199,8 +205,9 @@ def main(argv=None):
         "hwrun": hwrun.__version__, "dtype": plan.dtype, "parameters": sum(p.numel() for p in model.parameters()),
         "weight_bytes": weights, "copy_bandwidth_bytes_per_s": bandwidth, "roofline_tokens_per_s": bandwidth / weights,
         "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": args.repeats, "sampled": SAMPLED,
-        "date": time.strftime("%Y-%m-%d"), "rows": [], "cli": {},
+        "rows": [], "cli": {},
     }
+    stamp(results, argv, libraries=("hwenv", "accelerate"))
 
     def save():
         (out / "decode.json").write_text(json.dumps(results, indent=2))

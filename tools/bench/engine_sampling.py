@@ -15,8 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_record import stamp  # noqa: E402
 
 
 def timed(fn, device, calls):
@@ -145,6 +150,7 @@ def main() -> None:
         print(f"EngineCore.step(), tiny model, {rows} rows (ms; x plain): " + ", ".join(
             f"{k} {v:.2f} ({v / base:.2f}x)" for k, v in ms.items()), flush=True)
     if args.out is not None:
+        stamp(result)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
 
 

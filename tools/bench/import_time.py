@@ -21,6 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_record import stamp  # noqa: E402
+
 #: Runs `main(["--help"])` of a CLI module and fails when torch was imported on the way.
 _HELP = ("import sys, contextlib, io, {module} as cli\n"
          "with contextlib.redirect_stdout(io.StringIO()):\n"
@@ -128,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
+        stamp(result, argv, libraries=("hwenv", "hwdist"), accelerator=False)  # the host: imports run on the CPU
         (args.out / "import_time.json").write_text(json.dumps(result, indent=2) + "\n")
         plot(result, args.out / "import_time.png")
     return 0

@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from bench_record import stamp  # noqa: E402
 from decode import FULL, SMOKE, build_model  # noqa: E402
 
 
@@ -108,6 +109,7 @@ def main(argv=None):
               f"decode step), {row['step_ms_max']:.2f} ms max", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    stamp(results, argv)
     (out / "prefill_chunk.json").write_text(json.dumps(results, indent=2))
     return 0
 

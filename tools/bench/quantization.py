@@ -41,6 +41,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), *(str(p) for p in sorted((HERE.parents[1] / "packages").glob("*/src")))]
 
+from bench_record import offline_transformers, stamp  # noqa: E402
 from decode import FULL, SMOKE, Device, measure, prompts_of, save_model_folder  # noqa: E402
 
 METHODS = ("bf16", "int8-weight-only", "int4-weight-only")
@@ -119,6 +120,7 @@ def main(argv=None):
                         help="hwrun.plan(compile=True) for the speed rows: hwrun's graph step compiled by Inductor "
                              "(default: the eager step captured as one graph, hwrun's default)")
     args = parser.parse_args(argv)
+    offline_transformers()  # Transformers' static cache + compile rows: no Hub kernels offline (bench_record)
 
     import hwrun
     import torch
@@ -147,7 +149,7 @@ def main(argv=None):
     results = {"smoke": args.smoke, "weights": weights, "model": str(folder), "torch": torch.__version__,
                "transformers": transformers.__version__, "hwrun": hwrun.__version__, "prompt_len": prompt_len,
                "new_tokens": new_tokens, "repeats": args.repeats, "quality_seqs": quality_seqs,
-               "quality_len": quality_len, "date": time.strftime("%Y-%m-%d"), "methods": {}, "rows": [],
+               "quality_len": quality_len, "methods": {}, "rows": [],
                "compile": args.compile, "command": [sys.executable, sys.argv[0], *(sys.argv[1:] if argv is None
                                                                             else argv)]}
     try:
@@ -156,6 +158,7 @@ def main(argv=None):
         results["torchao"] = torchao.__version__
     except ImportError:
         results["torchao"] = None
+    stamp(results, argv, libraries=("torchao", "hwenv"))
 
     def save():
         (out / "quantization.json").write_text(json.dumps(results, indent=2))

@@ -14,8 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import traceback
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_record import stamp  # noqa: E402
 
 
 def replay_us(fn, repeats=200):
@@ -133,7 +138,8 @@ def main(argv=None):
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = {"torch": torch.__version__, "vocab": args.vocab, "device": torch.cuda.get_device_name(), "rows": {}}
+    results = stamp({"torch": torch.__version__, "vocab": args.vocab, "device": torch.cuda.get_device_name(),
+                     "rows": {}}, argv)
     for rows in (int(r) for r in args.rows.split(",")):
         results["rows"][rows] = measure_rows(rows, args.vocab)
         (out / "sampling_step.json").write_text(json.dumps(results, indent=2))

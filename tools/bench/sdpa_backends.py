@@ -16,6 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from attention import shape_parser, time_call  # noqa: E402
+from bench_record import stamp  # noqa: E402
 
 
 def main(argv=None):
@@ -55,6 +56,7 @@ def main(argv=None):
                 row["error"] = str(exc).splitlines()[0][:200]
             results["rows"].append(row)
             print(row, flush=True)
+    stamp(results, argv)
     (out / "sdpa_backends.json").write_text(json.dumps(results, indent=2))
     return 0
 

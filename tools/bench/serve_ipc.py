@@ -30,6 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_record import stamp  # noqa: E402
+
 CANDIDATES = ("zmq+msgspec", "pipe+pickle", "zmq+pickle", "pipe+msgspec")
 #: The engine must not wait on the front: the child sends this many batches while the front reads nothing for
 #: `UNREAD_PAUSE` seconds; `unread_sends_s` is how long the child's sends took (a blocking transport: the pause).
@@ -156,6 +160,7 @@ def main() -> int:
               "settings": {"rounds": args.rounds, "messages": args.messages, "repeats": args.repeats},
               "rows": rows}
     if args.out is not None:
+        stamp(report, libraries=("zmq", "msgspec"), accelerator=False)  # host IPC only: no device in it
         args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 

@@ -23,6 +23,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_record import stamp  # noqa: E402
+
 COMMANDS: dict[str, list[str]] = {
     "hwrun plan": ["hwrun", "plan"],
     "hwenv doctor": ["hwenv", "doctor"],
@@ -104,9 +108,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name} ({label}): {runs[name][label][-1]}", file=sys.stderr, flush=True)
     imports = {name: {label: import_costs(a, tree_env(tree)) for label, tree in trees.items()}
                for name, a in IMPORTTIME.items()}
-    result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
+    result = {"machine": f"{platform.processor() or platform.machine()}, "
               f"{len(os.sched_getaffinity(0))} cores, Python {platform.python_version()}",
               "runs": runs, "imports": imports}
+    stamp(result, argv, libraries=("hwenv", "hwdist"), accelerator=False)  # start-up runs on the host CPU
     lines = ["| command | tree | runs: s (load) | median s |", "|---|---|---|---:|"]
     for name, by_tree in runs.items():
         for label, samples in by_tree.items():
@@ -122,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / "import_time.commands.json"
         if args.imports_only and path.is_file():  # keep the wall times measured before, replace the breakdown
-            result = {**json.loads(path.read_text()), "imports": imports, "imports_date": result["date"]}
+            result = {**json.loads(path.read_text()), "imports": imports, "imports_date": result["date"],
+                      "imports_command": result["command"]}
         path.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 

@@ -21,6 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_record import offline_transformers, stamp  # noqa: E402
+
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["tool", "urgent", "note"],
           "properties": {"tool": {"type": "string", "enum": ["get_weather", "get_time", "search"]},
                          "urgent": {"type": "boolean"}, "note": {"type": "string", "maxLength": 80}}}
@@ -59,7 +63,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=256,
                         help="requests per (streams, format, round) at least: each stream sends its share in turn")
     args = parser.parse_args()
-    os.environ.setdefault("USE_HUB_KERNELS", "NO")
+    offline_transformers()  # USE_HUB_KERNELS=NO before transformers is imported (bench_record.OFFLINE_ENV)
 
     import hwrun
     import openai
@@ -106,6 +110,7 @@ def main() -> int:
               "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                            "python": platform.python_version()},
               "max_tokens": args.max_tokens, "rounds": args.rounds, "requests": args.requests, "schema": SCHEMA, "rows": rows}
+    stamp(report, libraries=("openai", "xgrammar", "llguidance"))
     (out / "structured_serve.json").write_text(json.dumps(report, indent=2) + "\n")
     _plot(rows, out / "structured_serve.png", plan.accelerator.name)
     return 0

@@ -56,6 +56,13 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_record import offline_transformers, stamp  # noqa: E402
+
+# the plain Trainer rows (from_pretrained, then Trainer's model.train()) and every --one child, which inherits
+# this environment: no Hub kernels offline (bench_record.OFFLINE_ENV; the plain rows died without it on 2026-12-06)
+offline_transformers()
 
 FULL = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
             num_key_value_heads=8, vocab_size=128256, seq=1024, batch=8, warmup=5, steps=10)
@@ -503,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         meta.update(transformers=transformers.__version__, peft=peft.__version__)
     except ImportError:
         pass
+    stamp(meta, argv, libraries=("peft", "accelerate", "liger_kernel", "hwattn"))
     results = []
     for index, name in enumerate(configs):
         result_file = work / f"{name}-{index}.json"

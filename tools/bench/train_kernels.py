@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from attention import time_call  # noqa: E402
+from bench_record import stamp  # noqa: E402
 
 SMOKE = dict(tokens=64, hidden=32, vocab=1000, intermediate=48, heads=4, kv_heads=2, head_dim=16, chunks="32")
 
@@ -97,6 +98,7 @@ def main(argv=None):
                  rmsnorm_rows(args.tokens, args.hidden, setup),
                  rope_rows(args.tokens, args.heads, args.kv_heads, args.head_dim, setup)):
         results["rows"].extend(rows)
+    stamp(results, argv, libraries=("liger_kernel", "transformers"))
     (args.out / "train_kernels.json").write_text(json.dumps(results, indent=2))
     return 0
 
