@@ -1,0 +1,89 @@
+"""tools/carry_wheels.py --check (the benchmarks' imports against the carried wheels and the GPU image) and
+tools/bench/bench_record.py (USE_HUB_KERNELS for Transformers' side, the record each run's JSON carries)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+carry = _load("carry_wheels_under_test", ROOT / "tools" / "carry_wheels.py")
+record = _load("bench_record_under_test", ROOT / "tools" / "bench" / "bench_record.py")
+
+
+def _lock():
+    return carry.locked_packages(ROOT / "uv.lock")
+
+
+def test_imports_of_tells_guarded_imports_from_required_ones(tmp_path):
+    script = tmp_path / "bench.py"
+    script.write_text(
+        "import json\nimport numpy as np\nfrom openai.types import Completion\n"
+        "try:\n    import flash_attn\nexcept ImportError:\n    flash_attn = None\n"
+        "def main():\n    import zmq\n    try:\n        import zmq.asyncio\n    except (OSError, RuntimeError):\n"
+        "        pass\n"
+        "from . import sibling\n")
+    assert carry.imports_of(script) == {"json": False, "numpy": False, "openai": False, "flash_attn": True,
+                                        "zmq": False}
+
+
+def test_check_flags_a_third_party_import_neither_carried_nor_in_the_image(tmp_path):
+    (tmp_path / "helper.py").write_text("import os\n")
+    (tmp_path / "mybench.py").write_text(
+        "import helper\nimport hwrun\nimport openai\nimport zmq\nimport matplotlib\nimport not_a_real_wheel\n"
+        "try:\n    import also_not_real\nexcept ModuleNotFoundError:\n    pass\n")
+    rows = {r["module"]: r for r in carry.check_benches(tmp_path, _lock())}
+    assert "helper" not in rows and "hwrun" not in rows and "os" not in rows  # local, workspace, stdlib
+    assert rows["openai"]["status"] == "carried" and rows["zmq"]["distribution"] == "pyzmq"
+    assert rows["zmq"]["status"] == "carried" and rows["matplotlib"]["status"] == "image"
+    assert rows["not_a_real_wheel"]["status"] == "missing" and not rows["not_a_real_wheel"]["optional"]
+    assert rows["also_not_real"]["status"] == "missing" and rows["also_not_real"]["optional"]
+    assert carry.main(["--check", "--benches", str(tmp_path)]) == 1
+
+
+def test_a_benchmarks_extra_counts_only_for_that_benchmark(tmp_path):
+    (tmp_path / "quantization.py").write_text("import torchao\n")
+    (tmp_path / "other.py").write_text("import torchao\n")
+    rows = {r["bench"]: r for r in carry.check_benches(tmp_path, _lock())}
+    assert rows["quantization.py"]["status"] == "carried" and rows["quantization.py"]["with_bench"]
+    assert rows["other.py"]["status"] == "missing"
+
+
+def test_the_benchmarks_as_they_are_pass_the_check_and_carry_what_openai_needs():
+    assert carry.main(["--check"]) == 0
+    carried = carry.to_carry(carry.closure(_lock(), carry.ROOTS))
+    assert {"openai", "annotated-types", "pydantic", "pydantic-core", "typing-inspection"} <= set(carried)
+    every = carry.ROOTS + tuple(n for names in carry.BENCH_EXTRAS.values() for n in names)
+    assert carry.closure_gaps(_lock(), every) == []
+
+
+def test_offline_transformers_sets_use_hub_kernels_without_overriding(monkeypatch):
+    monkeypatch.delenv("USE_HUB_KERNELS", raising=False)
+    env = record.offline_transformers({"PATH": "/bin"})
+    assert env == {"PATH": "/bin", "USE_HUB_KERNELS": "NO"}
+    assert record.offline_transformers({"USE_HUB_KERNELS": "1"})["USE_HUB_KERNELS"] == "1"  # the caller's wins
+    record.offline_transformers()
+    assert os.environ["USE_HUB_KERNELS"] == "NO"
+
+
+def test_stamp_adds_command_date_device_and_versions_keeping_the_benchs_own_keys(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["tools/bench/x.py", "--out", "ignored"])
+    result = record.stamp({"device": "cuda", "rows": []}, ["--out", "D", "--smoke"], libraries=("peft",),
+                          accelerator=False)
+    assert result["device"] == "cuda" and result["rows"] == []
+    assert result["command"] == [sys.executable, "tools/bench/x.py", "--out", "D", "--smoke"]
+    assert result["date"].endswith("+00:00") and result["date"][:4].isdigit()
+    assert result["device_info"]["kind"] == "cpu"
+    assert {"python", "torch", "transformers", "hwrun", "peft"} <= set(result["versions"])
+    assert result["versions"]["torch"]  # installed here
