@@ -343,6 +343,29 @@ TP_ENGINE_REASON = ("tensor parallel (tp={tp}): rank 0 schedules and every rank 
                     "each rank")
 
 
+def _bnb_serving(plan: RunPlan, model: Any, engine: str, bits: int, batching: str,
+                 max_cache_len: int | None) -> DecodeDecision:
+    """`decide_serving` for bitsandbytes weights: 4-bit on hwrun's engine, eager model steps; 8-bit refused."""
+    from .engine.quantized import BNB_8BIT_REASON, BNB_EAGER_REASON
+    from .engine.steps import slot_step_support
+
+    theirs = "; ".join(transformers_blockers(plan, model))
+    if bits == 8:
+        raise EngineStartError(f"no engine can serve this model: hwrun's engine: {BNB_8BIT_REASON}; Transformers' "
+                               f"continuous batching: {theirs}. Serve 4-bit weights (--quantization 4bit), or use "
+                               "`hwrun generate`.")
+    if engine == "transformers":
+        raise EngineStartError(f"--engine transformers cannot serve this model here: {theirs}. Use --engine slots "
+                               "or auto.")
+    if plan.compile is not None:
+        raise EngineStartError(f"--compile with bitsandbytes 4-bit weights: {BNB_EAGER_REASON}; leave --compile out.")
+    step, why = slot_step_support(model, "model", max_cache_len)
+    if step is None:
+        raise EngineStartError(f"hwrun's engine cannot serve this model: {why}.")
+    return DecodeDecision("continuous", batching, "graphs", f"hwrun's engine: {BNB_EAGER_REASON} (Transformers' "
+                          f"continuous batching: {theirs})", None)
+
+
 def decide_serving(plan: RunPlan, model: Any, engine: str = "auto", *, adapters: int = 0,
                    max_cache_len: int | None = None) -> DecodeDecision:
     """How `hwrun serve` decodes live requests with `model`: hwrun's engine or Transformers' continuous batching
@@ -352,9 +375,13 @@ def decide_serving(plan: RunPlan, model: Any, engine: str = "auto", *, adapters:
     found when the engine is built)."""
     if engine not in ENGINES:
         raise EngineStartError(f"--engine {engine!r} is not an engine; use one of {', '.join(ENGINES)}.")
+    from .engine.quantized import bnb_bits
     from .engine.steps import slot_step_support
 
     batching = "live requests join and leave between steps"
+    bits = bnb_bits(model)  # bitsandbytes' layers: 4-bit runs hwrun's engine eagerly (adapters too), 8-bit no engine
+    if bits == 8 or (bits == 4 and not adapters):
+        return _bnb_serving(plan, model, engine, bits, batching, max_cache_len)
     if adapters:  # PEFT's mixed-batch forward picks each row's adapter on the host: no graph or compile holds it
         if engine == "transformers":
             raise EngineStartError("--engine transformers with --lora: Transformers' continuous batching runs one "

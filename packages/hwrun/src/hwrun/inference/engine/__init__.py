@@ -6,6 +6,7 @@
       |     |-- choosing   each row's token choice (sampling, bias, penalties, min-p, grammar mask, logprobs)
       |     |-- steps      FusedStep | ModelStep: one step interface, two implementations
       |     |-- adapters   per-request LoRA adapters (PEFT's mixed batch, the model step)
+      |     |-- quantized  which step quantized weights run (bitsandbytes 4-bit: the model step, eager)
       |     `-- graphs     the platform's graph tools, torch.compile of a step, capture
       |-- grammar          host side of grammar-constrained choices (matchers accept tokens, fill bitmask rows)
       `-- kv_cache         paged K/V: a block pool per layer, a device block table per slot, who holds what

@@ -37,6 +37,7 @@ from .grammar import constrain, first_masks
 from .graphs import check_compile_allowed, decoder_graph_tools, model_platform
 from .kv_cache import KVCache
 from .kv_memory import KVReport, KVStats, blocks_in, kv_budget, parse_kv_memory
+from .quantized import plan_quantized
 from .requests import GREEDY, TokenEvent, check_choices, choices, eos_ids
 from .runner import ModelRunner
 from .scheduler import (
@@ -73,6 +74,7 @@ class EngineCore:
                  adapters: Sequence[tuple[str, str]] | None = None, kv_cache_memory: Any = None,
                  prefix_caching: bool = True, paged_attention: str = "auto") -> None:
         step, use_graphs = plan_adapters(adapters, step, use_graphs, compile_backend)
+        step, use_graphs = plan_quantized(model, step, use_graphs, compile_backend)
         self.platform = model_platform(model, platform)
         check_compile_allowed(self.platform, compile_backend)
         self.graph_tools = decoder_graph_tools(self.platform) if use_graphs is not False else None
