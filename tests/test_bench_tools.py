@@ -87,3 +87,11 @@ def test_stamp_adds_command_date_device_and_versions_keeping_the_benchs_own_keys
     assert result["device_info"]["kind"] == "cpu"
     assert {"python", "torch", "transformers", "hwrun", "peft"} <= set(result["versions"])
     assert result["versions"]["torch"]  # installed here
+
+
+def test_probe_lists_the_required_imports_this_python_cannot_find(tmp_path):
+    script = tmp_path / "quantization.py"
+    script.write_text("import json\nimport torch\nimport not_a_real_wheel\ntry:\n    import also_not_real\n"
+                      "except ImportError:\n    pass\n")
+    assert carry.probe([script]) == ["not_a_real_wheel"]
+    assert carry.main(["--probe", str(script)]) == 1

@@ -10,6 +10,7 @@ image lacks or whose version matters, and downloads cp312 manylinux wheels for t
     python3 tools/carry_wheels.py --extra bitsandbytes  # QLoRA runs: bitsandbytes, slimmed to one CUDA build
     python3 tools/carry_wheels.py --bench quantization  # also what that benchmark needs (BENCH_EXTRAS: torchao)
     python3 tools/carry_wheels.py --check    # every third-party import of tools/bench/*.py: carried or in the image?
+    python3 tools/carry_wheels.py --probe tools/bench/train.py  # on the GPU machine: can its imports be found?
 
 The device README's size limit (64 MiB per call, working tree included) is checked at the end. `--check` downloads
 nothing: it parses the benchmarks' imports (ast), maps each top-level module to its distribution and reports those
@@ -183,6 +184,22 @@ def check_benches(folder: Path, packages: dict[str, dict], extra: tuple[str, ...
     return rows
 
 
+def probe(paths: list[Path]) -> list[str]:
+    """The required (unguarded) third-party top-level modules of `paths` that this interpreter cannot find
+    (importlib.util.find_spec; nothing is imported): run on the GPU machine before a benchmark."""
+    import importlib.util
+
+    missing = []
+    for path in paths:
+        local = {p.stem for p in path.parent.glob("*.py")}
+        for module, optional in sorted(imports_of(path).items()):
+            if optional or module in sys.stdlib_module_names or module in local or module == "__future__":
+                continue
+            if importlib.util.find_spec(module) is None and module not in missing:
+                missing.append(module)
+    return missing
+
+
 def closure_gaps(packages: dict[str, dict], roots: tuple[str, ...]) -> list[str]:
     """Names in the closure of `roots` that are neither carried (to_carry) nor in the image (IMAGE_PACKAGES): a name
     in IMAGE_HAS that the image lacks (as annotated-types would have been). CUDA's nvidia-* come with torch."""
@@ -242,7 +259,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="report the benchmarks' third-party imports neither carried nor in the image; no download")
     parser.add_argument("--benches", type=Path, default=ROOT / "tools" / "bench", help="the folder --check reads")
+    parser.add_argument("--probe", nargs="+", type=Path, metavar="SCRIPT",
+                        help="list the scripts' required imports this Python cannot find; exit 1 if any (no uv.lock)")
     args = parser.parse_args(argv)
+    if args.probe:
+        missing = probe(args.probe)
+        if missing:
+            extras = sorted({b for p in args.probe for b in BENCH_EXTRAS if p.stem == b})
+            hint = f" (carry_wheels.py --bench {' '.join(extras)})" if extras else ""
+            print(f"not importable here: {', '.join(missing)}{hint}")
+        return 1 if missing else 0
     packages = locked_packages(ROOT / "uv.lock")
     if args.check:
         rows = check_benches(args.benches, packages, tuple(args.extra))
