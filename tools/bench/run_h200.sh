@@ -16,7 +16,8 @@ source tools/gpu_env.sh
 # Transformers' own side (plain from_pretrained, Trainer, generate, `transformers serve`): transformers 5.25 turns
 # Hub kernels on when `use_kernels` is absent and fetches kernels-community/... from the Hub, which this machine
 # cannot reach (the plain Trainer and `transformers serve` died of it on 2026-12-06). hwrun passes use_kernels=False
-# itself. Set here for every bench (they also set it themselves); not in gpu_env.sh: gpu tests load hub kernels.
+# itself. Set here for every bench (they also set it themselves); not in gpu_env.sh, whose gpu tests run hwrun
+# without it, as a user meets it.
 export USE_HUB_KERNELS="${USE_HUB_KERNELS:-NO}"
 {
     date -u +"date: %Y-%m-%dT%H:%M:%SZ"
