@@ -14,8 +14,9 @@ from hwrun.errors import FastDecodeError
 from hwrun.inference.decode import SamplingParams
 from hwrun.inference.engine import EngineCore
 from hwrun.inference.engine.kv_cache import KVCache
+from hwrun.inference.engine.prefill_budget import prefill_chunk_for
 from hwrun.inference.engine.requests import Request
-from hwrun.inference.engine.scheduler import Scheduler, prefill_chunk_for
+from hwrun.inference.engine.scheduler import Scheduler
 from hwrun.testing.families import build_tiny_family
 
 #: (family, step): the fused Llama step, and the model's own forward for three families.

@@ -2,6 +2,7 @@
 
     core.EngineCore        the loop: add / step / cancel / start, and generate() for whole batches
       |-- scheduler        admission, KV blocks per step (preemption), prefill chunks, packing, finishing (host)
+      |     `-- prefill_budget  the prompt tokens a step may prefill, per device and model size
       |-- runner           the only code that runs the model: buffers, steps, capture/replay, warm-up
       |     |-- choosing   each row's token choice (sampling, bias, penalties, min-p, grammar mask, logprobs)
       |     |-- steps      FusedStep | ModelStep: one step interface, two implementations

@@ -37,6 +37,7 @@ from .grammar import constrain, first_masks
 from .graphs import check_compile_allowed, decoder_graph_tools, model_platform
 from .kv_cache import KVCache
 from .kv_memory import KVReport, KVStats, blocks_in, kv_budget, parse_kv_memory
+from .prefill_budget import prefill_chunk_for
 from .quantized import plan_quantized
 from .requests import GREEDY, TokenEvent, check_choices, choices, eos_ids
 from .runner import ModelRunner
@@ -46,7 +47,6 @@ from .scheduler import (
     Scheduler,
     bucket_sizes,
     cache_bucket_sizes,
-    prefill_chunk_for,
 )
 from .steps import check_decoder_args, slot_step_support
 from .transfers import Transfers
@@ -60,11 +60,11 @@ class EngineCore:
     default: the one of `model.device`) has graph tools; `step` picks the fused Llama-family step or the model's
     own forward ("auto": fused where it applies); `buckets` are the row counts a step runs over (`buckets=[slots]`
     steps every slot always, one graph); `cache_buckets` the cache lengths its attention may be bounded to;
-    `prefill_chunk` the prompt tokens a step prefills (default per device: `scheduler.prefill_chunk_for`);
-    `kv_cache_memory` the bytes (or fraction of the free device memory after load) of K/V blocks the requests share
-    (default per device: `kv_memory.kv_budget`; `kv_report` says what it holds); `prefix_caching` lets a prompt
-    share the blocks of a prefix an earlier prompt wrote (hashed by the token chain; freed least recently used);
-    `paged_attention` how a decode step reads them ("auto", "gather", "triton": `decode.paged_attention`)."""
+    `prefill_chunk` the prompt tokens a step prefills (default per device and model size: `prefill_chunk_for`);
+    `kv_cache_memory` the bytes (or fraction of the free memory after load) of K/V blocks the requests share (default
+    per device: `kv_budget`; `kv_report` says what it holds); `prefix_caching` lets a prompt share the blocks of a
+    prefix an earlier prompt wrote (by token-chain hash; freed least recently used); `paged_attention` how a decode
+    step reads them ("auto", "gather", "triton": `decode.paged_attention`)."""
 
     def __init__(self, model: Any, *, slots: int, max_cache_len: int, use_graphs: bool | None = None,
                  compile_backend: Any = None, compile_mode: str | None = None, tune: bool = False,
@@ -88,8 +88,7 @@ class EngineCore:
                                   "generate_batch).")
         if step == "auto":
             logger.info("engine step: %s", self.step_reason)
-        self.prefill_chunk, self.prefill_chunk_reason = prefill_chunk_for(
-            self.platform, prefill_chunk, sum(p.numel() for p in model.parameters()))
+        self.prefill_chunk, self.prefill_chunk_reason = prefill_chunk_for(self.platform, prefill_chunk, model.num_parameters())
         self.model, self.device = model, model.device
         self.slots, self.max_cache_len = slots, max_cache_len
         self.check_every, self.prefill_tokens = max(1, check_every), max(1, prefill_tokens)
