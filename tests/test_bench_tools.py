@@ -95,3 +95,10 @@ def test_probe_lists_the_required_imports_this_python_cannot_find(tmp_path):
                       "except ImportError:\n    pass\n")
     assert carry.probe([script]) == ["not_a_real_wheel"]
     assert carry.main(["--probe", str(script)]) == 1
+
+
+def test_stamp_fills_a_benchs_own_versions_without_replacing_them():
+    result = record.stamp({"versions": {"torch": "as the bench saw it"}}, [], libraries=("openai",),
+                          accelerator=False)
+    assert result["versions"]["torch"] == "as the bench saw it"
+    assert {"transformers", "hwrun", "openai", "python"} <= set(result["versions"])

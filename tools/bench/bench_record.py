@@ -120,7 +120,11 @@ def record(argv: list[str] | None = None, libraries: tuple[str, ...] = (), accel
 
 def stamp(result: dict, argv: list[str] | None = None, libraries: tuple[str, ...] = (),
           accelerator: bool = True) -> dict:
-    """Add record()'s keys to `result` where it has none of that name (a bench's own keys win), in place."""
+    """Add record()'s keys to `result` where it has none of that name, in place; a bench's own keys win, and its own
+    dict of that name (its "versions") gains only the entries it lacks."""
     for key, value in record(argv, libraries, accelerator).items():
-        result.setdefault(key, value)
+        mine = result.setdefault(key, value)
+        if mine is not value and isinstance(mine, dict) and isinstance(value, dict):
+            for name, item in value.items():
+                mine.setdefault(name, item)
     return result

@@ -35,8 +35,11 @@ import re
 import statistics
 import sys
 import time
-from datetime import date
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_record import stamp  # noqa: E402
 
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_gather_object", "barrier")
 RAW = "raw torch.distributed"
@@ -353,10 +356,11 @@ def main(argv: list[str] | None = None) -> int:
         older.__label__ = args.compare_label
         older.init(backend="gloo", accel=hwenv.Accelerator("cpu"))  # adopts the running group
     result = {"world_size": ctx.world_size, "backend": ctx.backend, "device": ctx.device, "numel": args.numel,
-              "calls": args.calls, "repeats": args.repeats, "date": date.today().isoformat(),
+              "calls": args.calls, "repeats": args.repeats,
               "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-              "cpus": os.cpu_count(), "launched": ctx.launched, "command": " ".join(sys.argv),
+              "cpus": os.cpu_count(), "launched": ctx.launched,
               "load_before": [round(x, 2) for x in os.getloadavg()], "ops": {}}
+    stamp(result, argv, libraries=("hwdist",))  # versions, device_info, env, git beside its own keys
     for op in args.ops.split(","):
         x, out = buffers(op, args.numel, ctx.world_size)
         samples = time_calls(variants(op, hwdist, older, x, out, ctx.world_size), args)

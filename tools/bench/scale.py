@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_record import stamp  # noqa: E402
+
 RANKS = (1, 2, 4, 8)
 #: packages/*/src for the child processes too (`-m hwrun.cli` where hwstack is not installed, e.g. a lent GPU)
 SOURCES = os.pathsep.join(str(p) for p in sorted((ROOT / "packages").glob("*/src")))
@@ -344,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
               "dtype": dtype, "ranks": ranks, "settings": {k: v for k, v in vars(args).items()
                                                            if k not in ("worker", "worker_out", "model")},
               "decode": [], "train": []}
+    stamp(result, libraries=("hwdist",))  # UTC date, device_info, env, git beside its own keys
     path = out / "scale.json"
 
     def save() -> None:

@@ -68,6 +68,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_record import stamp  # noqa: E402
 
 #: The Llama sizes of tools/bench/decode.py with the shipped tokenizer's 3,072-token vocabulary: 0.98B parameters
 #: (random bf16 weights, ~2.0 GB).
@@ -578,6 +581,7 @@ def main(argv=None) -> int:
                     "servers": {}, "versions": _versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                     "argv": sys.argv[1:] if argv is None else list(argv), "cores": cores,
                     "load_average_start": _load_average()}
+    stamp(report, argv, libraries=("openai",))  # command, UTC date, device_info, env, git (its own versions kept)
     engines = [] if args.engine == "none" else args.engine.split(",")
     for round_index in range(args.rounds):
         # round 1 fills the report itself (its tables and plot); later rounds go to report["more_rounds"], each

@@ -26,6 +26,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_record import stamp  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 LARGE_SIZE = 128_256
 LARGE_CACHE = Path.home() / ".cache" / "hwrun-bench" / f"bpe-{LARGE_SIZE}"
@@ -481,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": threads, "python": sys.version.split()[0], "versions": versions(),
         "seeds": args.seeds, "budget": args.budget, "load_average_start": os.getloadavg(), "tokenizers": {},
     }
+    stamp(result)  # device_info, env, git beside its own command, date and versions
     loaded = {}
     for name in args.tokenizers.split(","):
         if name == "tiny":
