@@ -1,6 +1,6 @@
 """What a prefill chunk costs the running streams: hwrun's engine with `--streams` requests decoding, then one long
 prompt admitted and prefilled in chunks of 128 .. 2048 tokens; per chunk size, the time of the steps that carry a
-chunk against the plain decode step. This is the measurement behind `scheduler.prefill_chunk_for`'s defaults.
+chunk against the plain decode step. This is the measurement behind `prefill_budget.prefill_chunk_for`'s defaults.
 
 Developer script (an accelerator; `--smoke` runs tiny sizes on CPU to prove the script):
     python tools/bench/prefill_chunk.py --out DIR [--streams 63] [--long 2048] [--compile]
