@@ -18,17 +18,27 @@ about lr whatever the gradient's size, so a weight whose gradient is near zero m
 assert_same_training uses for DDP and ZeRO-3): 70x what was measured, room for another CPU's summation order and
 thread count, while a wrong batch or a missed gradient average (a loss off by the ranks' spread, 1e-1 and more
 here) or a lost optimizer state on resume (1e-2 and more) is far beyond it.
+
+`--fsdp-checkpoint full` (the same launches): Accelerate's FSDP plugin with state_dict_type FULL_STATE_DICT, public
+settings only, no Trainer method overridden. Trainer's `save_model` gathers the model (or the adapter) onto rank 0
+and writes it with `save_pretrained` (`model.safetensors` / `adapter_model.safetensors` inside `checkpoint-N/`);
+Accelerate's `save_fsdp_model` / `save_fsdp_optimizer` add `pytorch_model_fsdp.bin` and `optimizer.bin` (the gathered
+state dicts, torch.save), which Trainer's resume reads on rank 0 and hands out across whatever world size resumes;
+no `.distcp` file. Its resumed LoRA run is compared with the sharded run that was never stopped (the same training:
+the checkpoint kind changes what is written, not the steps).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 import textwrap
 from pathlib import Path
 
 import hwrun
 import pytest
+from hwrun.testing import assert_losses_close, checkpoint_losses, run_cli_worker
 
 WORKER = textwrap.dedent('''
     import json, sys
@@ -65,6 +75,15 @@ WORKER = textwrap.dedent('''
 
 STEPS = 20
 LOSS_TOLERANCE = 1e-4  # absolute, per step (module docstring)
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _launch(root: Path, nproc: int | None, commands: list[list[str]]):  # hwrun.testing.run_cli_worker's doc
+    return run_cli_worker(root, WORKER, commands, nproc)
+
+
+def _close(losses, reference, steps):
+    return assert_losses_close(losses, reference, steps, LOSS_TOLERANCE)
 
 
 def _command(data, out, *extra):
@@ -72,58 +91,30 @@ def _command(data, out, *extra):
             "--no-progress", "--output", str(out), *extra]
 
 
-def _launch(root: Path, nproc: int | None, commands: list[list[str]]):
-    """The commands in one worker: under `hwdist launch` with `nproc` processes, or (None) one plain process, no
-    launcher (as a user types `hwrun train`)."""
-    import os
-    import subprocess
-    import sys
-
-    from hwrun.testing import launch_cpu_workers
-
-    worker = root / "worker.py"
-    worker.write_text(WORKER, encoding="utf-8")
-    if nproc is not None:
-        done = launch_cpu_workers(worker, json.dumps(commands), nproc=nproc, timeout=540)
-    else:
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-        env.update(OMP_NUM_THREADS="1", HWENV_DEVICE="cpu")
-        done = subprocess.run([sys.executable, str(worker), json.dumps(commands)], env=env, capture_output=True,
-                              text=True, timeout=540)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done
-
-
-def _losses(out: Path, step: int = STEPS) -> list[tuple[int, float]]:
-    state = json.loads((out / f"checkpoint-{step}" / "trainer_state.json").read_text(encoding="utf-8"))
-    return [(e["step"], e["loss"]) for e in state["log_history"] if "loss" in e]
-
-
-def _close(losses, reference, steps):
-    assert [s for s, _ in losses] == list(steps) == [s for s, _ in reference]
-    worst = max(abs(a - b) for (_, a), (_, b) in zip(losses, reference, strict=True))
-    assert worst <= LOSS_TOLERANCE, (worst, losses, reference)
-    return worst
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """World size 2 (--fsdp, --batch-size 1 per rank): LoRA and full fine-tuning for 20 steps, and LoRA stopped at
-    10 steps. Then one plain process (no launcher): the same two runs without FSDP at --batch-size 2, and the 10-step
-    LoRA run resumed with --fsdp to 20 (the CLI forms its process group of one)."""
+    """World size 2 (--fsdp, --batch-size 1 per rank): LoRA and full fine-tuning for 20 steps, LoRA stopped at 10
+    steps, and with --fsdp-checkpoint full LoRA stopped at 10 and full fine-tuning for 10. Then one plain process (no
+    launcher): the same two runs without FSDP at --batch-size 2, and both 10-step LoRA runs resumed with --fsdp to 20
+    (the CLI forms its process group of one)."""
     root = tmp_path_factory.mktemp("fsdp-cli")
     text = (Path(hwrun.DEFAULT_MODEL) / "sample_train.txt").read_text(encoding="utf-8")[:9000]
     data = root / "data.txt"
     data.write_text(text, encoding="utf-8")
     lora, full = ["--lora", "--lr", "3e-3"], ["--lr", "3e-4"]
+    gathered = ["--fsdp", "--fsdp-checkpoint", "full"]  # safetensors checkpoints (FULL_STATE_DICT)
     _launch(root, 2, [_command(data, root / "fsdp-lora", *lora, "--fsdp", "--batch-size", "1", "--max-steps", "20"),
                       _command(data, root / "fsdp-full", *full, "--fsdp", "--batch-size", "1", "--max-steps", "20"),
-                      _command(data, root / "resumed", *lora, "--fsdp", "--batch-size", "1", "--max-steps", "10")])
+                      _command(data, root / "resumed", *lora, "--fsdp", "--batch-size", "1", "--max-steps", "10"),
+                      _command(data, root / "full-resumed", *lora, *gathered, "--batch-size", "1", "--max-steps", "10"),
+                      _command(data, root / "full-ft", *full, *gathered, "--batch-size", "1", "--max-steps", "10")])
     alone = _launch(root, None, [_command(data, root / "one-lora", *lora, "--batch-size", "2", "--max-steps", "20"),
                       _command(data, root / "one-full", *full, "--batch-size", "2", "--max-steps", "20"),
                       _command(data, root / "resumed", *lora, "--fsdp", "--batch-size", "2", "--max-steps", "20",
-                               "--resume")])
+                               "--resume"),
+                      _command(data, root / "full-resumed", *lora, *gathered, "--batch-size", "2", "--max-steps",
+                               "20", "--resume")])
     assert "--fsdp in one process (no launcher): a process group of 1" in alone.stdout
     return root
 
@@ -133,7 +124,7 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("kind", ["lora", "full"])
 def test_fsdp_at_world_size_2_follows_the_single_process_curve(runs, kind):
     fsdp, one = runs / f"fsdp-{kind}", runs / f"one-{kind}"
-    _close(_losses(fsdp), _losses(one), range(1, STEPS + 1))
+    _close(checkpoint_losses(fsdp, STEPS), checkpoint_losses(one, STEPS), range(1, STEPS + 1))
     checkpoint = fsdp / "checkpoint-20"
     for folder in ("pytorch_model_fsdp_0", "optimizer_0"):  # weights and AdamW state: one DCP shard per rank
         shards = sorted(p.name for p in (checkpoint / folder).iterdir())
@@ -159,9 +150,9 @@ def test_fsdp_at_world_size_2_follows_the_single_process_curve(runs, kind):
 @pytest.mark.facts("X18")
 def test_a_world_size_2_checkpoint_resumes_at_world_size_1(runs):
     resumed = runs / "resumed"
-    losses = _losses(resumed)
+    losses = checkpoint_losses(resumed, STEPS)
     assert [s for s, _ in losses] == list(range(1, STEPS + 1))  # steps 1-10 at world size 2, 11-20 at 1
-    straight = _losses(runs / "fsdp-lora")
+    straight = checkpoint_losses(runs / "fsdp-lora", STEPS)
     _close(losses[:10], straight[:10], range(1, 11))
     _close(losses[10:], straight[10:], range(11, STEPS + 1))  # restored weights, AdamW state and data position
     assert all(math.isfinite(loss) for _, loss in losses)
@@ -221,7 +212,7 @@ def test_a_world_size_2_checkpoint_with_a_corrupted_shard_is_refused(runs, tmp_p
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
     before = {p: sha256_of(p) for p in out.rglob("*") if p.is_file()}
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    for name in RANK_VARIABLES:
         monkeypatch.setenv(name, "x")  # recorded, so the values the CLI sets for its group of one are undone
         monkeypatch.delenv(name)
     monkeypatch.setattr("hwrun.training.run._load_model",
@@ -236,3 +227,159 @@ def test_a_world_size_2_checkpoint_with_a_corrupted_shard_is_refused(runs, tmp_p
         fsdp_checkpoint_to_safetensors(out / "checkpoint-20", tmp_path / "converted")
     assert not (tmp_path / "converted").exists()
     assert {p: sha256_of(p) for p in out.rglob("*") if p.is_file()} == before
+
+
+def _tensors(path: Path) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        return {name: handle.get_tensor(name) for name in handle.keys()}
+
+
+@pytest.mark.slow
+@pytest.mark.facts("X18")
+def test_a_world_size_2_lora_run_writes_full_safetensors_checkpoints(runs):
+    """--fsdp-checkpoint full: checkpoint-10 (written by the two ranks) holds the adapter as safetensors and the
+    gathered copies Trainer's resume reads, no DCP shard; the manifest covers every file."""
+    from hwrun.training import check_checkpoint
+    from hwrun.training.checkpoints import MANIFEST_NAME
+
+    run = runs / "full-resumed"
+    assert not list(run.rglob("*.distcp")) and not list(run.rglob(".metadata"))
+    assert not [p for p in run.iterdir() if p.name.startswith(".staging-")]  # every save was published
+    checkpoint = run / "checkpoint-10"
+    names = sorted(p.name for p in checkpoint.iterdir())
+    for name in ("adapter_model.safetensors", "adapter_config.json", "pytorch_model_fsdp.bin", "optimizer.bin",
+                 "rng_state_0.pth", "rng_state_1.pth", "scheduler.pt", "trainer_state.json", MANIFEST_NAME):
+        assert name in names, (name, names)
+    assert not [n for n in names if n.startswith("pytorch_model_fsdp_") or n.startswith("optimizer_")]
+    assert check_checkpoint(checkpoint, verify=True) is None  # the manifest's sha256 covers every file
+    listed = json.loads((checkpoint / MANIFEST_NAME).read_text(encoding="utf-8"))["files"]
+    assert sorted(listed) == [n for n in names if n != MANIFEST_NAME]
+    adapter = _tensors(checkpoint / "adapter_model.safetensors")  # whole, under PEFT's names
+    assert adapter and all(".lora_A." in n or ".lora_B." in n for n in adapter)
+
+
+@pytest.mark.slow
+@pytest.mark.facts("X18")
+def test_a_world_size_2_full_checkpoint_resumes_at_world_size_1_on_the_curve(runs):
+    import torch
+
+    resumed = runs / "full-resumed"
+    losses = checkpoint_losses(resumed, STEPS)
+    assert [s for s, _ in losses] == list(range(1, STEPS + 1))  # steps 1-10 at world size 2, 11-20 at 1
+    straight = checkpoint_losses(runs / "fsdp-lora", STEPS)  # the same training, never stopped (sharded checkpoints)
+    _close(losses[:10], straight[:10], range(1, 11))
+    _close(losses[10:], straight[10:], range(11, STEPS + 1))  # restored adapter, AdamW state and data position
+    assert all(math.isfinite(loss) for _, loss in losses)
+    names = sorted(p.name for p in (resumed / "checkpoint-20").iterdir())
+    assert "rng_state.pth" in names and "adapter_model.safetensors" in names  # written by the one process
+    assert not list(resumed.rglob("*.distcp"))
+    from hwrun.training import check_checkpoint
+
+    assert check_checkpoint(resumed / "checkpoint-20", verify=True) is None
+    final = _tensors(resumed / "adapter_model.safetensors")  # step 20 is the final adapter
+    last = _tensors(resumed / "checkpoint-20" / "adapter_model.safetensors")
+    assert sorted(final) == sorted(last) and all(torch.equal(final[n], last[n]) for n in final)
+
+
+@pytest.mark.slow
+@pytest.mark.facts("X18")
+def test_a_full_fine_tuning_checkpoint_holds_the_model_as_safetensors(runs):
+    """The checkpoint's model.safetensors holds every weight at full shape under the model's names (one file: the
+    model is far below save_pretrained's 50GB shard size), equal to the copy Trainer's resume reads
+    (pytorch_model_fsdp.bin) and, step 10 being the last, to the final model; it loads with from_pretrained."""
+    import torch
+    from safetensors.torch import load_file
+
+    checkpoint = runs / "full-ft" / "checkpoint-10"
+    assert (checkpoint / "config.json").is_file() and not list(checkpoint.glob("model-*-of-*.safetensors"))
+    saved = _tensors(checkpoint / "model.safetensors")
+    base = load_file(Path(hwrun.DEFAULT_MODEL) / "model.safetensors")
+    # the tied lm_head gathered as a weight of its own (hwrun's final save re-ties it, a checkpoint keeps it)
+    assert sorted(saved) == sorted([*base, "lm_head.weight"]) and all(saved[k].shape == base[k].shape for k in base)
+    assert torch.equal(saved["lm_head.weight"], saved["model.embed_tokens.weight"])
+    assert any(not torch.equal(saved[k].to(base[k].dtype), base[k]) for k in base)  # trained
+    gathered = torch.load(checkpoint / "pytorch_model_fsdp.bin", weights_only=True)
+    assert all(torch.equal(saved[k], gathered[k]) for k in saved)
+    final = _tensors(runs / "full-ft" / "model.safetensors")
+    assert all(torch.equal(saved[k], final[k]) for k in final)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)  # the checkpoint's own config.json beside it
+    assert all(torch.equal(value, saved[name]) for name, value in model.state_dict().items())
+    from hwrun.training import check_checkpoint
+    from hwrun.training.sharded_checkpoints import fsdp_checkpoint_to_safetensors
+
+    assert check_checkpoint(checkpoint, verify=True) is None
+    with pytest.raises(hwrun.errors.CheckpointError, match="already holds the weights as safetensors"):
+        fsdp_checkpoint_to_safetensors(checkpoint, runs / "converted")  # nothing to convert
+    assert not (runs / "converted").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.facts("X18")
+def test_a_resume_from_the_other_kind_is_refused_before_the_model_loads(runs, tmp_path, monkeypatch, capsys):
+    """`--fsdp --resume` (sharded, the default) on a run whose checkpoints are full: refused naming the fix, before
+    the data is read or the model loads (or a process group starts), and nothing in the folder changes."""
+    from hwrun.cli.main import main
+    from hwrun.training.checkpoints import sha256_of
+
+    out = tmp_path / "run"
+    shutil.copytree(runs / "full-resumed", out, ignore=shutil.ignore_patterns("checkpoint-20"))
+    before = {p: sha256_of(p) for p in out.rglob("*") if p.is_file()}
+    for name in RANK_VARIABLES:
+        monkeypatch.setenv(name, "x")  # recorded, so the values the CLI sets for its group of one are undone
+        monkeypatch.delenv(name)
+    monkeypatch.setattr("hwrun.training.run._prepare_data",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("the data was read")))
+    monkeypatch.setattr("hwrun.training.run._load_model",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("the model loaded")))
+    code = main(_command(runs / "data.txt", out, "--lora", "--lr", "3e-3", "--fsdp", "--batch-size", "2",
+                         "--max-steps", "30", "--resume"))
+    error = capsys.readouterr().err
+    assert code == 2, error
+    assert "is a 'full' FSDP checkpoint (pytorch_model_fsdp.bin)" in error and "--fsdp-checkpoint full" in error
+    assert {p: sha256_of(p) for p in out.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--fsdp", "--fsdp-checkpoint", "gathered"], "--fsdp-checkpoint gathered is not a kind of FSDP checkpoint"),
+    (["--fsdp-checkpoint", "full"], "--fsdp-checkpoint full without --fsdp"),
+])
+def test_the_cli_refuses_a_bad_fsdp_checkpoint_before_any_work(argv, named, tmp_path, monkeypatch, capsys):
+    from hwrun.cli.main import main
+
+    monkeypatch.setattr("hwrun.training.train_plan", lambda *a, **k: (_ for _ in ()).throw(AssertionError("planned")))
+    code = main(["train", "--data", str(tmp_path / "none.txt"), "--output", str(tmp_path / "out"), *argv])
+    error = capsys.readouterr().err
+    assert code == 2 and named in error, error
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("keywords, named", [
+    ({"fsdp_checkpoint": "gathered", "fsdp": True}, "fsdp_checkpoint='gathered' (must be 'sharded' or 'full'"),
+    ({"fsdp_checkpoint": "full"}, "fsdp_checkpoint='full' without fsdp="),
+    ({"fsdp_checkpoint": "full", "fsdp": True, "fsdp_config": {"state_dict_type": "SHARDED_STATE_DICT"}},
+     "fsdp_config says state_dict_type=SHARDED_STATE_DICT"),
+])
+def test_train_refuses_a_bad_fsdp_checkpoint_before_any_work(keywords, named, tmp_path):
+    from hwrun.errors import TrainingConfigError
+
+    plan = hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu")
+    with pytest.raises(TrainingConfigError) as refused:
+        hwrun.train(plan, tmp_path / "none.txt", output_dir=tmp_path / "out", **keywords)
+    assert named in str(refused.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_fsdp_checkpoint_sets_the_state_dict_type():
+    from hwrun.training.sharding import FSDP_CONFIG, with_fsdp_checkpoint
+
+    given = {"fsdp": True, "fsdp_config": {"fsdp_version": 2}}
+    assert with_fsdp_checkpoint(None, given) == given  # Transformers' default (FULL_STATE_DICT) left alone
+    assert with_fsdp_checkpoint("full", given)["fsdp_config"] == {"fsdp_version": 2,
+                                                                  "state_dict_type": "FULL_STATE_DICT"}
+    assert given["fsdp_config"] == {"fsdp_version": 2}  # not changed in place
+    assert with_fsdp_checkpoint("sharded", {"fsdp": True})["fsdp_config"] == {"state_dict_type": "SHARDED_STATE_DICT"}
+    assert FSDP_CONFIG["state_dict_type"] == "SHARDED_STATE_DICT"  # --fsdp's default (README: why)

@@ -84,6 +84,47 @@ def launch_cpu_workers(script: str | Path, *args: str, nproc: int = 2, timeout: 
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def run_cli_worker(root: str | Path, worker_source: str, commands: list[list[str]], nproc: int | None = None, *,
+                   timeout: float = 540) -> object:
+    """Write `worker_source` into `root/worker.py` and run it with `commands` (a JSON list of `hwrun` argv lists) as
+    its argument: under `hwdist launch` with `nproc` CPU processes, or (None) as one plain process without a launcher,
+    as a user types `hwrun train` (no rank variables, one OpenMP thread, `HWENV_DEVICE=cpu`). Asserts that it
+    succeeded (the output tails in the message); returns the `subprocess.CompletedProcess`."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    worker = Path(root) / "worker.py"
+    worker.write_text(worker_source, encoding="utf-8")
+    if nproc is not None:
+        done = launch_cpu_workers(worker, json.dumps(commands), nproc=nproc, timeout=timeout)
+    else:
+        ranks = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        env = {k: v for k, v in os.environ.items() if k not in ranks}
+        env.update(OMP_NUM_THREADS="1", HWENV_DEVICE=HOST_KIND)
+        done = subprocess.run([sys.executable, str(worker), json.dumps(commands)], env=env, capture_output=True,
+                              text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def checkpoint_losses(out: str | Path, step: int) -> list[tuple[int, float]]:
+    """(step, loss) of every logged step in `out/checkpoint-{step}/trainer_state.json`."""
+    import json
+
+    state = json.loads((Path(out) / f"checkpoint-{step}" / "trainer_state.json").read_text(encoding="utf-8"))
+    return [(e["step"], e["loss"]) for e in state["log_history"] if "loss" in e]
+
+
+def assert_losses_close(losses: list, reference: list, steps: range, tolerance: float) -> float:
+    """Both loss lists cover exactly `steps` and differ by at most `tolerance` at every step; returns the worst."""
+    assert [s for s, _ in losses] == list(steps) == [s for s, _ in reference]
+    worst = max(abs(a - b) for (_, a), (_, b) in zip(losses, reference, strict=True))
+    assert worst <= tolerance, (worst, losses, reference)
+    return worst
+
+
 def launch_worker_runs(worker_source: str, folder: str | Path, model: str | Path, data: str | Path,
                        runs: list[tuple[str | Path, dict]], *, timeout: float = 600) -> object:
     """Write `worker_source` into `folder` and run it as 2 CPU processes (`launch_cpu_workers`),
