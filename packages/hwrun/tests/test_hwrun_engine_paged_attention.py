@@ -7,10 +7,6 @@ imported); the choice and its refusals are checked in process."""
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 from hwenv.platforms import get_platform
@@ -62,11 +58,10 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def interpreted():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """The results under Triton's interpreter (one subprocess for the module)."""
+    from hwrun.testing import run_under_triton_interpreter
+
+    return run_under_triton_interpreter(INTERPRETED)
 
 
 @needs_triton

@@ -8,10 +8,6 @@ each device gets, the bad-value errors, and the torch backward."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import hwrun
@@ -64,12 +60,10 @@ INTERPRETED = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def interpreted():
-    """The kernels' results under Triton's interpreter (one subprocess for the module)."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """The results under Triton's interpreter (one subprocess for the module)."""
+    from hwrun.testing import run_under_triton_interpreter
+
+    return run_under_triton_interpreter(INTERPRETED)
 
 
 def test_chunk_kernel_equals_the_torch_form(interpreted):

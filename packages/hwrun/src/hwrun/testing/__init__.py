@@ -84,6 +84,20 @@ def launch_cpu_workers(script: str | Path, *args: str, nproc: int = 2, timeout: 
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def run_under_triton_interpreter(code: str, *, timeout: float = 600) -> dict:
+    """Run `code` in a fresh Python with TRITON_INTERPRET=1 (Triton's interpreter is chosen when Triton is imported,
+    so never in this process) and return the JSON object its last printed line holds; asserts it succeeded."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"},
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def run_cli_worker(root: str | Path, worker_source: str, commands: list[list[str]], nproc: int | None = None, *,
                    timeout: float = 540) -> object:
     """Write `worker_source` into `root/worker.py` and run it with `commands` (a JSON list of `hwrun` argv lists) as
