@@ -143,8 +143,22 @@ LORA = {"lora": True, "max_steps": 3, "lr": 3e-3, "batch_size": 2, "block_size":
 
 
 def launch_fsdp(tmp_path, data, *runs):
-    """One 2-process `hwdist launch` of WORKER doing `runs` ((out, train() options), in order)."""
+    """One 2-process `hwdist launch` of WORKER doing `runs` ((out, train() options), in order). A rank killed by
+    SIGABRT inside gloo (no Python error: the C++ TCP transport aborted, its peer then reading "connection reset") is
+    launched once more from empty output folders, with a warning that keeps the first launch's lines: it happened in
+    2 of ~10 CI runs on 2026-12-06, only in the oldest-pair step (transformers 5.22.2) with both workers busy, never in
+    a dozen runs of this file alone (the family of torch PR #179291); any other failure, a second abort, or an abort
+    of a launch that resumes (its folders hold what it resumes from) fails."""
     done = launch_worker_runs(WORKER, tmp_path, hwrun.DEFAULT_MODEL, data, list(runs))
+    fresh = not any(options.get("resume") for _, options in runs)
+    if done.returncode != 0 and fresh and "(SIGABRT)" in done.stderr + done.stdout:
+        import shutil
+        import warnings
+
+        warnings.warn(f"a rank aborted inside gloo; launching again:\n{_failure(done)[:4000]}", stacklevel=2)
+        for out, _ in runs:
+            shutil.rmtree(out, ignore_errors=True)
+        done = launch_worker_runs(WORKER, tmp_path, hwrun.DEFAULT_MODEL, data, list(runs))
     assert done.returncode == 0, _failure(done)
 
 
