@@ -86,6 +86,20 @@ def _close(losses, reference, steps):
     return assert_losses_close(losses, reference, steps, LOSS_TOLERANCE)
 
 
+def _refuse_work_after_the_check(out: Path, monkeypatch) -> dict:
+    """For a resume that must be refused before the model loads: the sha256 of every file in `out` (to compare after),
+    no rank variables (recorded, so the values the CLI sets for its group of one are undone), and a model load that
+    fails the test."""
+    from hwrun.training.checkpoints import sha256_of
+
+    for name in RANK_VARIABLES:
+        monkeypatch.setenv(name, "x")
+        monkeypatch.delenv(name)
+    monkeypatch.setattr("hwrun.training.run._load_model",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("the model loaded")))
+    return {p: sha256_of(p) for p in out.rglob("*") if p.is_file()}
+
+
 def _command(data, out, *extra):
     return ["train", "--data", str(data), "--block-size", "32", "--save-steps", "10", "--lr-scheduler", "constant",
             "--no-progress", "--output", str(out), *extra]
@@ -211,12 +225,7 @@ def test_a_world_size_2_checkpoint_with_a_corrupted_shard_is_refused(runs, tmp_p
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    before = {p: sha256_of(p) for p in out.rglob("*") if p.is_file()}
-    for name in RANK_VARIABLES:
-        monkeypatch.setenv(name, "x")  # recorded, so the values the CLI sets for its group of one are undone
-        monkeypatch.delenv(name)
-    monkeypatch.setattr("hwrun.training.run._load_model",
-                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("the model loaded")))
+    before = _refuse_work_after_the_check(out, monkeypatch)
     code = main(_command(runs / "data.txt", out, "--lora", "--lr", "3e-3", "--fsdp", "--batch-size", "2",
                          "--max-steps", "30", "--resume"))
     error = capsys.readouterr().err
@@ -327,14 +336,9 @@ def test_a_resume_from_the_other_kind_is_refused_before_the_model_loads(runs, tm
 
     out = tmp_path / "run"
     shutil.copytree(runs / "full-resumed", out, ignore=shutil.ignore_patterns("checkpoint-20"))
-    before = {p: sha256_of(p) for p in out.rglob("*") if p.is_file()}
-    for name in RANK_VARIABLES:
-        monkeypatch.setenv(name, "x")  # recorded, so the values the CLI sets for its group of one are undone
-        monkeypatch.delenv(name)
+    before = _refuse_work_after_the_check(out, monkeypatch)
     monkeypatch.setattr("hwrun.training.run._prepare_data",
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("the data was read")))
-    monkeypatch.setattr("hwrun.training.run._load_model",
-                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("the model loaded")))
     code = main(_command(runs / "data.txt", out, "--lora", "--lr", "3e-3", "--fsdp", "--batch-size", "2",
                          "--max-steps", "30", "--resume"))
     error = capsys.readouterr().err
