@@ -181,15 +181,21 @@ class FusedLlamaStep:
             v.zero_()
 
     def _paged(self, i: int, k: Any, v: Any, positions: Any, rows: Any, offset: int, decode: bool,
-               columns: int | None) -> tuple[Any, Any, Any, Any]:
+               columns: int | None, continued: Any = None) -> tuple[Any, Any, Any, Any]:
         """Layer `i`'s new K/V written into the engine's blocks; (keys, values) a decode step attends over, and the
-        (k, v) a prefill attends over (a continued prompt: its row's blocks up to its last position)."""
+        (k, v) a prefill attends over (a continued prompt: its row's blocks up to its last position; continued rows
+        each at their own positions: their blocks up to the furthest end)."""
         if decode:
             self.paged.write_decode(i, positions, k[:, :, 0], v[:, :, 0])
             if self.paged.attention == "triton":  # the kernel reads the blocks itself (decode/paged_attention.py)
                 return None, None, k, v
             keys, values = self.paged.gather_heads_first(i, k.shape[0], columns)  # (kv heads, rows, columns, dim)
             return keys, values, k, v
+        if continued is not None:
+            valid, end = continued
+            self.paged.write_positions(i, rows, positions, valid, k, v)
+            k, v = self.paged.gather_rows(i, rows, end)
+            return None, None, k, v
         self.paged.write(i, rows, offset, k, v)
         if offset:
             k, v = self.paged.gather_rows(i, rows, offset + k.shape[2])
@@ -205,7 +211,7 @@ class FusedLlamaStep:
         return weight * h.to(x.dtype)
 
     def __call__(self, token_ids: Any, positions: Any, *, rows: Any = None, last_index: Any = None,
-                 columns: int | None = None, offset: int = 0) -> Any:
+                 columns: int | None = None, offset: int = 0, continued: Any = None) -> Any:
         """Logits (batch, vocab) of each row's last position; writes K/V of `positions` into the cache.
 
         T == 1 (`token_ids` of shape (batch, 1)) is one decode step of the cache's first `batch` rows (every
@@ -217,7 +223,10 @@ class FusedLlamaStep:
         decode step's attention to the cache's first positions (each row's position must be below it, or the
         row is idle); default: all `max_cache_len`. A prefill with `offset` > 0 continues the prompts of `rows`
         (a chunked prefill): its tokens sit at positions `offset..` (`positions` says so), their K/V go to those
-        cache columns, and they attend over the row's cached columns before them too.
+        cache columns, and they attend over the row's cached columns before them too. `continued=(valid, end)`
+        (paged storage only) continues several rows' prompts, each at its own positions (`positions` (batch, T),
+        right-padded; `valid` (batch, T) marks the real tokens, `end` the furthest position + 1): each query attends
+        over its row's columns up to its own position.
         """
         import torch
         import torch.nn.functional as F
@@ -243,6 +252,10 @@ class FusedLlamaStep:
                 part = batch != self.batch_size
                 row_index = self.row_index[:batch] if part else self.row_index
                 head_index = self.head_index[:batch] if part else self.head_index
+        elif continued is not None:
+            # each row's queries sit at their own positions: a key is visible up to the query's position (the
+            # columns before the row's start are its cached prompt)
+            visible = (self.key_index[:continued[1]][None, None, :] <= positions[:, :, None])[:, None]
         elif offset:
             from torch.nn.attention.bias import causal_lower_right
 
@@ -259,7 +272,7 @@ class FusedLlamaStep:
             v = v.view(batch, length, self.n_kv, self.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             if self.paged is not None:  # written through the block table; attention reads the rows' blocks
-                keys, values, k, v = self._paged(i, k, v, positions, rows, offset, decode, columns)
+                keys, values, k, v = self._paged(i, k, v, positions, rows, offset, decode, columns, continued)
             elif decode and self.per_row_positions:
                 # index_put_ on the cache itself: inductor updates it in place. (The same write through
                 # a flattened view was functionalised into a copy of the whole cache, ~1 ms per step
@@ -296,7 +309,7 @@ class FusedLlamaStep:
                     probs = torch.softmax(scores + mask, dim=-1).to(q.dtype)
                     out = torch.matmul(probs, values).reshape(batch, 1, self.q_size)
             else:
-                if offset:  # a continued prompt: over its cached columns and itself, causal at its positions
+                if offset or continued is not None:  # continued prompts: over their cached columns and themselves
                     if self.paged is None:
                         k, v = self.keys[i][rows, :, :offset + length], self.values[i][rows, :, :offset + length]
                     out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=self.scaling,

@@ -94,6 +94,9 @@ def _kernel() -> Any:
         slots = tl.arange(0, BS)
         q = tl.load(q_ptr + row * stride_qr + heads[:, None] * stride_qh + dims[None, :], mask=live[:, None],
                     other=0.0).to(tl.float32)
+        # scaled once, back in float32: Inductor passes a float argument as float64, which would widen the scores and
+        # make the loop-carried maximum change type (Triton refuses that)
+        q = (q * scale).to(tl.float32)
         best = tl.full([REP_P], float("-inf"), tl.float32)
         total = tl.zeros([REP_P], tl.float32)
         acc = tl.zeros([REP_P, D], tl.float32)
@@ -102,7 +105,7 @@ def _kernel() -> Any:
             base = kv_head * stride_kh + block * stride_kb + slots[:, None] * stride_ks + dims[None, :]
             k = tl.load(k_ptr + base).to(tl.float32)  # (BS, D)
             v = tl.load(v_ptr + base).to(tl.float32)
-            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # (REP_P, BS)
+            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # (REP_P, BS)
             scores = tl.where((b * BS + slots)[None, :] <= pos, scores, float("-inf"))
             new_best = tl.maximum(best, tl.max(scores, axis=1))
             keep = tl.exp(best - new_best)

@@ -116,7 +116,8 @@ class SlotLayer(CacheLayerMixin):
         self.index = index
         self.slots = kv.slots
         self.max_cache_len = kv.max_cache_len
-        # set by SlotCache: ("decode", rows, columns), ("prefill", rows, shift) or ("extend", row, offset)
+        # set by SlotCache: ("decode", rows, columns), ("prefill", rows, shift), ("extend", row, offset) or
+        # ("continue", rows, positions, valid, end)
         self.mode: tuple | None = None
         self.positions: Any = None  # the engine's (slots, 1) positions tensor itself (SlotCache sets it)
 
@@ -153,6 +154,12 @@ class SlotLayer(CacheLayerMixin):
             position = self.positions[:mode[1]]
             self.kv.write_decode(self.index, position, key_states[:, :, 0], value_states[:, :, 0])
             return self.kv.gather(self.index, position.shape[0], mode[2])
+        if mode[0] == "continue":
+            # continued prompts of several rows, each at its own positions: attention over each row's blocks up to
+            # the furthest end (the engine's mask hides what a query may not see)
+            _, rows, positions, valid, end = mode
+            self.kv.write_positions(self.index, rows, positions, valid, key_states, value_states)
+            return self.kv.gather_rows(self.index, rows, end)
         if mode[0] == "extend":
             # a continued prompt of one row: its columns offset.. written, attention over the row up to them
             _, row, offset = mode
@@ -171,6 +178,8 @@ class SlotLayer(CacheLayerMixin):
         mode = self.mode or ("prefill",)
         if mode[0] == "decode":
             return self.kv.span(mode[2]), 0
+        if mode[0] == "continue":
+            return mode[4], 0
         return (mode[2] + query_length, 0) if mode[0] == "extend" else (query_length, 0)
 
     def get_seq_length(self) -> int:
@@ -214,6 +223,12 @@ class SlotCache(Cache):
         """The next forward is a left-padded prefill of cache rows `rows`; `shift[i, c]` is the input column whose
         K/V go to cache column c of row i (its column c + padding, clamped)."""
         self._set(("prefill", rows, shift))
+
+    def continuing(self, rows: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, end: int) -> None:
+        """The next forward continues the prompts of table rows `rows`, each token at its row's own `positions`
+        (batch, T); the columns `valid` marks False are padding (written to the scratch block); `end` is the
+        furthest position + 1 (attention reads each row's blocks up to it)."""
+        self._set(("continue", rows, positions, valid, end))
 
     def extending(self, row: torch.Tensor, offset: int) -> None:
         """The next forward continues the prompt of table row `row` (a one-element long tensor): its tokens sit at

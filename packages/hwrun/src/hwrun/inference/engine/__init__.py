@@ -5,7 +5,7 @@
       |     `-- prefill_budget  the prompt tokens a step may prefill, per device and model size
       |-- runner           the only code that runs the model: buffers, steps, capture/replay, warm-up
       |     |-- choosing   each row's token choice (sampling, bias, penalties, min-p, grammar mask, logprobs)
-      |     |-- steps      FusedStep | ModelStep: one step interface, two implementations
+      |     |-- step_kinds FusedStep | ModelStep: one step interface, two implementations (steps: which runs)
       |     |-- adapters   per-request LoRA adapters (PEFT's mixed batch, the model step)
       |     |-- quantized  which step quantized weights run (bitsandbytes 4-bit: the model step, eager)
       |     `-- graphs     the platform's graph tools, torch.compile of a step, capture

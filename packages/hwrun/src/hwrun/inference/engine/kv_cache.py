@@ -15,7 +15,7 @@ The host half (`take`, `release`, `follow`, `busy`, `free_slots`; `needed`, `res
 bookkeeping the scheduler reads and writes; `sync()` (the runner, before each forward) writes the rows that changed
 into a host copy of the table (pinned where the platform allows, `transfers.Transfers`) and, only when one changed,
 copies it to the device table in one non-blocking copy: no stream synchronize, the device table's storage never
-changes (captured steps keep reading it). The device half (`allocate`, `write_decode`, `write`, `gather`,
+changes (captured steps keep reading it). The device half (`allocate`, `write_decode`, `write`, `write_positions`, `gather`,
 `gather_rows`, `copy`) is what the steps call. A row moving to another slot moves its table row, not its K/V.
 """
 
@@ -221,6 +221,18 @@ class KVCache:
         positions = self.offsets[start:start + key.shape[2]]
         block = self.table[rows][:, positions // self.block_size]  # (batch, T)
         offset = (positions % self.block_size).expand_as(block)
+        self.keys[layer][:, block, offset] = key.permute(1, 0, 2, 3)  # (heads, batch, T, dim)
+        self.values[layer][:, block, offset] = value.permute(1, 0, 2, 3)
+
+    def write_positions(self, layer: int, rows: Any, positions: Any, valid: Any, key: Any, value: Any) -> None:
+        """K/V (batch, kv heads, T, head dim) of table rows `rows` (a long tensor) at `positions` (batch, T), each row
+        its own; the columns `valid` (batch, T) marks False (padding) are written into the scratch block."""
+        import torch
+
+        span = positions.clamp(max=self.span_len - 1)
+        block = self.table[rows].gather(1, span // self.block_size)
+        block = torch.where(valid, block, torch.full_like(block, SCRATCH))
+        offset = span % self.block_size
         self.keys[layer][:, block, offset] = key.permute(1, 0, 2, 3)  # (heads, batch, T, dim)
         self.values[layer][:, block, offset] = value.permute(1, 0, 2, 3)
 

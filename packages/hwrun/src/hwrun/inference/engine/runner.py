@@ -1,6 +1,6 @@
 """The model runner: the only code that runs the model on the device. It holds the fixed buffers a decode step
 reads and writes (each slot's newest token, its position, its token counter, its produced tokens, its sampling
-row), the step chosen once at construction (`FusedStep` or `ModelStep`, hwrun.inference.engine.steps), one step
+row), the step chosen once at construction (`FusedStep` or `ModelStep`, hwrun.inference.engine.step_kinds), one step
 function per (greedy or sampled, rows, cache columns) bucket, compiled where asked and captured as a device graph
 through hwrun.inference.engine.graphs where the platform has graph tools, and the warm-up (`start`) that captures
 or compiles every bucket before the first request.
@@ -22,7 +22,8 @@ from .choosing import GREEDY, KIND_NAMES, KINDS, MASKED, PROCESSED, SAMPLED, Row
 from .graphs import FilterChoice, capture_graph, compile_step, with_filter_fallback
 from .kv_cache import KVCache
 from .scheduler import Chunk
-from .steps import STEP_KINDS, prefill_attention
+from .step_kinds import STEP_KINDS
+from .steps import prefill_attention
 
 __all__ = ["GREEDY", "MASKED", "PROCESSED", "SAMPLED", "ModelRunner", "prefill_attention"]
 
@@ -152,8 +153,8 @@ class ModelRunner:
     # ---- prefill, sampling rows, reads and moves -------------------------------------------------------------
 
     def prefill(self, forward: list[Chunk]) -> None:
-        """One prefill forward: prompts starting at position 0 (padded together), or one chunk continuing a row's
-        prompt. A row whose prompt it ends gets its first token, position and counter, and so does every row its
+        """One prefill forward: prompts starting at position 0 (padded together), or chunks continuing their rows'
+        prompts (one: attention causal from its offset; several, padded together: each at its own positions). A row whose prompt it ends gets its first token, position and counter, and so does every row its
         chunk copies its K/V into (the other choices of its request); a row with more to come gets the position its
         next chunk starts at (where an idle decode step's write is rewritten)."""
         import torch
@@ -162,9 +163,11 @@ class ModelRunner:
             self.kv.sync()
             to_device = self.transfers.to_device  # no stream synchronize (pinned host memory, non-blocking)
             rows = to_device([c.slot for c in forward])
-            if forward[0].start:
+            if forward[0].start and len(forward) == 1:  # one continued prompt (e.g. a long one's next chunk)
                 (chunk,) = forward
                 logits = self.step.extend(chunk.tokens, chunk.slot, chunk.start)
+            elif forward[0].start:  # several continued prompts (after cached prefixes), each at its own positions
+                logits = self.step.extend_rows([c.tokens for c in forward], rows, [c.start for c in forward])
             else:
                 logits = self.step.prefill([c.tokens for c in forward], rows)
             ends = to_device([c.start + len(c.tokens) for c in forward])

@@ -91,13 +91,13 @@ class Scheduler:
         admission order, each chunk with its blocks (a last chunk also its first decode write's and its other
         choices' blocks). A chunk whose blocks are not free takes them from the newest requests after it
         (preempted); when even that is not enough, it and every request after it wait. Prompts that start here
-        share padded forwards of <= `prefill_tokens` tokens; a prompt that continues (its earlier part already in
-        its blocks) is a forward of its own."""
+        share padded forwards of <= `prefill_tokens` tokens; so do prompts that continue (their earlier part already in
+        their blocks: a cached prefix, an earlier chunk), in forwards of their own."""
         self.reserve(steps)
         budget = self.prefill_chunk if budget is None else budget
         forwards: list[list[Chunk]] = []
-        group: list[Chunk] = []
-        width = 0  # the longest chunk in `group`
+        groups: list[list[Chunk]] = [[], []]  # the forward being filled: of prompts from 0, of continued prompts
+        width = [0, 0]  # the longest chunk in each
         self.waiting_for_blocks, starved = 0, False  # starved: an earlier request lacks blocks, so this one waits
         for request in list(self.requests.values()):
             if request.decoding or request.waits:
@@ -122,16 +122,16 @@ class Scheduler:
             chunk = Chunk(request.slot, source[request.prefilled:end], request.prefilled, last,
                           tuple(f.slot for f in followers), request.produced if request.recompute is not None else 0)
             budget -= end - request.prefilled
-            if chunk.start:
-                forwards.append([chunk])
-                continue
-            wider = max(width, len(chunk.tokens))
-            if group and wider * (len(group) + 1) > self.prefill_tokens:
-                forwards.append(group)
-                group, wider = [], len(chunk.tokens)
-            group.append(chunk)
-            width = wider
-        return forwards + ([group] if group else [])
+            # prompts starting at 0 share padded forwards, and so do continued ones (each at its own positions:
+            # after a cached prefix, or a long prompt's next chunk), each kind apart
+            kind = bool(chunk.start)
+            wider = max(width[kind], len(chunk.tokens))
+            if groups[kind] and wider * (len(groups[kind]) + 1) > self.prefill_tokens:
+                forwards.append(groups[kind])
+                groups[kind], wider = [], len(chunk.tokens)
+            groups[kind].append(chunk)
+            width[kind] = wider
+        return forwards + [group for group in (groups[1], groups[0]) if group]  # continued prompts first, as they came
 
     def reserve(self, steps: int) -> None:
         """Blocks for the next `steps` writes of every decoding request, in admission order; one that cannot get
