@@ -6,7 +6,9 @@ refused the same way. The FSDP2 path itself (torch's fully_shard, which does run
 is still exercised for real: a 2-process `hwdist launch` run, as in test_hwrun_train_ddp.py, whose
 worker lifts accelerate's CPU gate: LoRA saves the adapter gathered from the shards, full fine-tuning
 the whole model in one safetensors file, merge=True a plain model equal to base + adapter, and
-resume='auto' continues the uninterrupted loss curve; weights are equal on both ranks throughout."""
+resume='auto' continues the uninterrupted loss curve; weights are equal on both ranks throughout. These runs keep
+Transformers' default FULL_STATE_DICT (no fsdp_checkpoint=): their checkpoints hold the weights only as
+safetensors, and the resume loads exactly those tensors (no pickle of the weights is written)."""
 
 from __future__ import annotations
 
@@ -69,10 +71,18 @@ WORKER = textwrap.dedent('''
                                      for k, v in model.named_parameters() if v.requires_grad}
                 captured["world"] = args.world_size
 
+            def on_epoch_begin(self, args, state, control, model=None, **kwargs):
+                # a resumed run, before its first step: what Trainer loaded from the checkpoint (a collective)
+                if state.global_step and "loaded" not in captured:
+                    captured["loaded"] = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+                                          for k, v in model.named_parameters() if v.requires_grad}
+
         plan = hwrun.plan(model, device="cpu")
         result = hwrun.train(plan, data, output_dir=out, disable_tqdm=True, plot=False, callbacks=[Capture()],
                              fsdp=True, fsdp_config={"fsdp_version": 2}, **options)
         save_file(captured["state"], os.path.join(out, f"rank{rank}.safetensors"))
+        if "loaded" in captured:
+            save_file(captured["loaded"], os.path.join(out, f"rank{rank}-loaded.safetensors"))
         with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
             json.dump({"world": captured["world"], "step": result.global_step, "losses": result.losses,
                        "types": captured["types"], "resumed_from": result.resumed_from,
@@ -275,3 +285,29 @@ def test_two_process_fsdp2_resume_continues_the_uninterrupted_loss_curve(runs):
         assert_same_on_both_ranks(rank0, rank1)
         # the losses and final weights of the run that was never stopped
         assert_same_training(resumed[0]["losses"], straight[0]["losses"], rank0, reference, steps=6)
+        assert_resumed_from_the_safetensors(out, mode)
+
+
+def assert_resumed_from_the_safetensors(out, mode):
+    """checkpoint-3 (FULL_STATE_DICT, written at world size 2) holds the weights once, as save_pretrained's
+    safetensors, and no pickle of them (Accelerate's pytorch_model_fsdp.bin); what both ranks held after the resume,
+    before its first step, is exactly those tensors: the model's under its own names, the adapter's under PEFT's."""
+    import torch
+    from hwrun.training import check_checkpoint
+    from safetensors.torch import load_file
+
+    checkpoint = out / "checkpoint-3"
+    assert check_checkpoint(checkpoint, verify=True) is None
+    # the pickles left are Trainer's and Accelerate's non-weight states: arguments, AdamW (full_checkpoints.py)
+    assert sorted(p.name for p in checkpoint.glob("*.bin")) == ["optimizer.bin", "training_args.bin"], mode
+    assert not (checkpoint / "pytorch_model_fsdp_0").exists()  # not a sharded checkpoint either
+    saved = load_file(checkpoint / ("model.safetensors" if mode == "full" else "adapter_model.safetensors"))
+    for rank in (0, 1):
+        loaded = load_file(out / f"rank{rank}-loaded.safetensors")
+        as_saved = {name.replace(".default.", ".") if mode == "lora" else name: value for name, value in loaded.items()}
+        # every saved tensor but a tied lm_head (named_parameters names it once, as embed_tokens)
+        assert as_saved and set(saved) - set(as_saved) <= {"lm_head.weight"}, (mode, sorted(set(saved) - set(as_saved)))
+        assert set(as_saved) <= set(saved), (mode, sorted(set(as_saved) - set(saved))[:4])
+        assert all(torch.equal(value, saved[name]) for name, value in as_saved.items()), (mode, rank)
+    final = load_file(out / "rank0.safetensors")  # and step 6 moved on from there
+    assert any(not torch.equal(final[name], loaded[name]) for name in loaded), mode

@@ -19,13 +19,14 @@ assert_same_training uses for DDP and ZeRO-3): 70x what was measured, room for a
 thread count, while a wrong batch or a missed gradient average (a loss off by the ranks' spread, 1e-1 and more
 here) or a lost optimizer state on resume (1e-2 and more) is far beyond it.
 
-`--fsdp-checkpoint full` (the same launches): Accelerate's FSDP plugin with state_dict_type FULL_STATE_DICT, public
-settings only, no Trainer method overridden. Trainer's `save_model` gathers the model (or the adapter) onto rank 0
-and writes it with `save_pretrained` (`model.safetensors` / `adapter_model.safetensors` inside `checkpoint-N/`);
-Accelerate's `save_fsdp_model` / `save_fsdp_optimizer` add `pytorch_model_fsdp.bin` and `optimizer.bin` (the gathered
-state dicts, torch.save), which Trainer's resume reads on rank 0 and hands out across whatever world size resumes;
-no `.distcp` file. Its resumed LoRA run is compared with the sharded run that was never stopped (the same training:
-the checkpoint kind changes what is written, not the steps).
+`--fsdp-checkpoint full` (the same launches): Accelerate's FSDP plugin with state_dict_type FULL_STATE_DICT. Trainer's
+`save_model` gathers the model (or the adapter) onto rank 0 and writes it with `save_pretrained` (`model.safetensors` /
+`adapter_model.safetensors` inside `checkpoint-N/`), the only copy of the weights: hwrun.training.full_checkpoints
+keeps Accelerate from adding its pickle of them (`pytorch_model_fsdp.bin`), and the resume reads the safetensors on
+rank 0 and hands them out across whatever world size resumes; the AdamW state is Accelerate's `optimizer.bin`; no
+`.distcp` file. Its resumed LoRA run is compared with the sharded run that was never stopped (the same training: the
+checkpoint kind changes what is written, not the steps); with no other copy of the adapter in the checkpoint, a
+resume on that curve read the safetensors.
 """
 
 from __future__ import annotations
@@ -109,9 +110,10 @@ def _command(data, out, *extra):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """World size 2 (--fsdp, --batch-size 1 per rank): LoRA and full fine-tuning for 20 steps, LoRA stopped at 10
-    steps, and with --fsdp-checkpoint full LoRA stopped at 10 and full fine-tuning for 10. Then one plain process (no
-    launcher): the same two runs without FSDP at --batch-size 2, and both 10-step LoRA runs resumed with --fsdp to 20
-    (the CLI forms its process group of one)."""
+    steps, and with --fsdp-checkpoint full LoRA stopped at 10 and full fine-tuning for 10 (twice: full-ft is kept as
+    written, full-ft-resumed resumes). Then one plain process (no launcher): the same two runs without FSDP at
+    --batch-size 2, both 10-step LoRA runs and full-ft-resumed resumed with --fsdp to 20 (the CLI forms its process
+    group of one)."""
     root = tmp_path_factory.mktemp("fsdp-cli")
     text = (Path(hwrun.DEFAULT_MODEL) / "sample_train.txt").read_text(encoding="utf-8")[:9000]
     data = root / "data.txt"
@@ -122,12 +124,16 @@ def runs(tmp_path_factory):
                       _command(data, root / "fsdp-full", *full, "--fsdp", "--batch-size", "1", "--max-steps", "20"),
                       _command(data, root / "resumed", *lora, "--fsdp", "--batch-size", "1", "--max-steps", "10"),
                       _command(data, root / "full-resumed", *lora, *gathered, "--batch-size", "1", "--max-steps", "10"),
-                      _command(data, root / "full-ft", *full, *gathered, "--batch-size", "1", "--max-steps", "10")])
+                      _command(data, root / "full-ft", *full, *gathered, "--batch-size", "1", "--max-steps", "10"),
+                      _command(data, root / "full-ft-resumed", *full, *gathered, "--batch-size", "1", "--max-steps",
+                               "10")])
     alone = _launch(root, None, [_command(data, root / "one-lora", *lora, "--batch-size", "2", "--max-steps", "20"),
                       _command(data, root / "one-full", *full, "--batch-size", "2", "--max-steps", "20"),
                       _command(data, root / "resumed", *lora, "--fsdp", "--batch-size", "2", "--max-steps", "20",
                                "--resume"),
                       _command(data, root / "full-resumed", *lora, *gathered, "--batch-size", "2", "--max-steps",
+                               "20", "--resume"),
+                      _command(data, root / "full-ft-resumed", *full, *gathered, "--batch-size", "2", "--max-steps",
                                "20", "--resume")])
     assert "--fsdp in one process (no launcher): a process group of 1" in alone.stdout
     return root
@@ -248,8 +254,9 @@ def _tensors(path: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.facts("X18")
 def test_a_world_size_2_lora_run_writes_full_safetensors_checkpoints(runs):
-    """--fsdp-checkpoint full: checkpoint-10 (written by the two ranks) holds the adapter as safetensors and the
-    gathered copies Trainer's resume reads, no DCP shard; the manifest covers every file."""
+    """--fsdp-checkpoint full: checkpoint-10 (written by the two ranks) holds the adapter once, as safetensors (what
+    the resume reads), the gathered AdamW state, no DCP shard and no pickle of the weights; the manifest covers every
+    file."""
     from hwrun.training import check_checkpoint
     from hwrun.training.checkpoints import MANIFEST_NAME
 
@@ -258,10 +265,12 @@ def test_a_world_size_2_lora_run_writes_full_safetensors_checkpoints(runs):
     assert not [p for p in run.iterdir() if p.name.startswith(".staging-")]  # every save was published
     checkpoint = run / "checkpoint-10"
     names = sorted(p.name for p in checkpoint.iterdir())
-    for name in ("adapter_model.safetensors", "adapter_config.json", "pytorch_model_fsdp.bin", "optimizer.bin",
-                 "rng_state_0.pth", "rng_state_1.pth", "scheduler.pt", "trainer_state.json", MANIFEST_NAME):
+    for name in ("adapter_model.safetensors", "adapter_config.json", "optimizer.bin", "rng_state_0.pth",
+                 "rng_state_1.pth", "scheduler.pt", "trainer_state.json", MANIFEST_NAME):
         assert name in names, (name, names)
-    assert not [n for n in names if n.startswith("pytorch_model_fsdp_") or n.startswith("optimizer_")]
+    assert not [n for n in names if n.startswith("pytorch_model_fsdp") or n.startswith("optimizer_")]
+    # the only pickles: Trainer's arguments and the AdamW state (no safetensors form for it; README)
+    assert sorted(n for n in names if n.endswith(".bin")) == ["optimizer.bin", "training_args.bin"]
     assert check_checkpoint(checkpoint, verify=True) is None  # the manifest's sha256 covers every file
     listed = json.loads((checkpoint / MANIFEST_NAME).read_text(encoding="utf-8"))["files"]
     assert sorted(listed) == [n for n in names if n != MANIFEST_NAME]
@@ -271,33 +280,38 @@ def test_a_world_size_2_lora_run_writes_full_safetensors_checkpoints(runs):
 
 @pytest.mark.slow
 @pytest.mark.facts("X18")
-def test_a_world_size_2_full_checkpoint_resumes_at_world_size_1_on_the_curve(runs):
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_a_world_size_2_full_checkpoint_resumes_at_world_size_1_on_the_curve(runs, kind):
+    """The checkpoint's safetensors are its only copy of the weights (no pickle of them, asserted above for the
+    checkpoints these runs wrote), so a resume on the curve of the run that was never stopped read them: the adapter
+    through PEFT's names, the whole model through from_pretrained."""
     import torch
 
-    resumed = runs / "full-resumed"
+    resumed = runs / ("full-resumed" if kind == "lora" else "full-ft-resumed")
+    weights = "adapter_model.safetensors" if kind == "lora" else "model.safetensors"
+    assert not list(resumed.rglob("pytorch_model_fsdp*")) and not list(resumed.rglob("*.distcp"))
     losses = checkpoint_losses(resumed, STEPS)
     assert [s for s, _ in losses] == list(range(1, STEPS + 1))  # steps 1-10 at world size 2, 11-20 at 1
-    straight = checkpoint_losses(runs / "fsdp-lora", STEPS)  # the same training, never stopped (sharded checkpoints)
+    straight = checkpoint_losses(runs / f"fsdp-{kind}", STEPS)  # the same training, never stopped (sharded)
     _close(losses[:10], straight[:10], range(1, 11))
-    _close(losses[10:], straight[10:], range(11, STEPS + 1))  # restored adapter, AdamW state and data position
+    _close(losses[10:], straight[10:], range(11, STEPS + 1))  # restored weights, AdamW state and data position
     assert all(math.isfinite(loss) for _, loss in losses)
     names = sorted(p.name for p in (resumed / "checkpoint-20").iterdir())
-    assert "rng_state.pth" in names and "adapter_model.safetensors" in names  # written by the one process
-    assert not list(resumed.rglob("*.distcp"))
+    assert "rng_state.pth" in names and weights in names  # written by the one process
     from hwrun.training import check_checkpoint
 
     assert check_checkpoint(resumed / "checkpoint-20", verify=True) is None
-    final = _tensors(resumed / "adapter_model.safetensors")  # step 20 is the final adapter
-    last = _tensors(resumed / "checkpoint-20" / "adapter_model.safetensors")
-    assert sorted(final) == sorted(last) and all(torch.equal(final[n], last[n]) for n in final)
+    final = _tensors(resumed / weights)  # step 20 is the final model or adapter (the model's lm_head re-tied)
+    last = _tensors(resumed / "checkpoint-20" / weights)
+    assert final and set(final) <= set(last) and all(torch.equal(final[n], last[n]) for n in final)
 
 
 @pytest.mark.slow
 @pytest.mark.facts("X18")
 def test_a_full_fine_tuning_checkpoint_holds_the_model_as_safetensors(runs):
     """The checkpoint's model.safetensors holds every weight at full shape under the model's names (one file: the
-    model is far below save_pretrained's 50GB shard size), equal to the copy Trainer's resume reads
-    (pytorch_model_fsdp.bin) and, step 10 being the last, to the final model; it loads with from_pretrained."""
+    model is far below save_pretrained's 50GB shard size), the only copy of them (no pytorch_model_fsdp.bin), equal,
+    step 10 being the last, to the final model; it loads with from_pretrained."""
     import torch
     from safetensors.torch import load_file
 
@@ -309,8 +323,8 @@ def test_a_full_fine_tuning_checkpoint_holds_the_model_as_safetensors(runs):
     assert sorted(saved) == sorted([*base, "lm_head.weight"]) and all(saved[k].shape == base[k].shape for k in base)
     assert torch.equal(saved["lm_head.weight"], saved["model.embed_tokens.weight"])
     assert any(not torch.equal(saved[k].to(base[k].dtype), base[k]) for k in base)  # trained
-    gathered = torch.load(checkpoint / "pytorch_model_fsdp.bin", weights_only=True)
-    assert all(torch.equal(saved[k], gathered[k]) for k in saved)
+    assert sorted(p.name for p in checkpoint.glob("*.bin")) == ["optimizer.bin", "training_args.bin"]
+    assert sorted(p.name for p in checkpoint.glob("*.pt*")) == ["rng_state_0.pth", "rng_state_1.pth", "scheduler.pt"]
     final = _tensors(runs / "full-ft" / "model.safetensors")
     assert all(torch.equal(saved[k], final[k]) for k in final)
     from transformers import AutoModelForCausalLM
@@ -343,7 +357,7 @@ def test_a_resume_from_the_other_kind_is_refused_before_the_model_loads(runs, tm
                          "--max-steps", "30", "--resume"))
     error = capsys.readouterr().err
     assert code == 2, error
-    assert "is a 'full' FSDP checkpoint (pytorch_model_fsdp.bin)" in error and "--fsdp-checkpoint full" in error
+    assert "is a 'full' FSDP checkpoint (optimizer.bin)" in error and "--fsdp-checkpoint full" in error
     assert {p: sha256_of(p) for p in out.rglob("*") if p.is_file()} == before
 
 

@@ -28,6 +28,7 @@ from ..errors import (
 from . import output
 from .checkpoints import checkpoint_run, choose_resume, finished_at, schedule_change, trainer_state
 from .data import DEFAULT_MAX_DATA_BYTES
+from .full_checkpoints import safetensors_full_checkpoints
 from .kbit import check_quantized_base
 from .kbit import fusion_blocker as quantized_blocker
 from .lora import LoraSettings, lora_config, lora_targets
@@ -777,7 +778,8 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
         try:
             model = _patch(model, dataset, plan, args, run, stack, reasons)
             training = _trainer(model, tokenizer, dataset, args, run, eval_dataset)
-            _train(training, where, run)
+            with safetensors_full_checkpoints(training.trainer, reasons):  # --fsdp-checkpoint full: no pickle copy
+                _train(training, where, run)
         finally:
             stack.undo()  # the model as it was loaded again, whether training finished or failed
         _check_finite(training, where, run)

@@ -17,8 +17,6 @@ from ..errors import CheckpointError
 #: Accelerate's folder of the model's DCP shards (FSDP_MODEL_NAME, model_index 0) and of the optimizer's.
 FSDP_MODEL_FOLDER = "pytorch_model_fsdp_0"
 FSDP_OPTIMIZER_FOLDER = "optimizer_0"
-#: What Accelerate writes instead under FULL_STATE_DICT (`--fsdp-checkpoint full`): the gathered model, torch.save.
-FULL_FSDP_MODEL_FILE = "pytorch_model_fsdp.bin"
 #: Accelerate saves {"model": state_dict}; DCP flattens it, so every stored name starts with this.
 _STORED_PREFIX = "model."
 #: The file names Transformers and PEFT read: a full model's weights, a LoRA adapter's.
@@ -38,8 +36,10 @@ def read_fsdp_state(checkpoint: str | os.PathLike) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+    from .sharding import checkpoint_layout
+
     shards = fsdp_model_shards(checkpoint)
-    if shards is None and (Path(checkpoint) / FULL_FSDP_MODEL_FILE).is_file():
+    if shards is None and checkpoint_layout(checkpoint) == "full":
         raise CheckpointError(
             f"{str(checkpoint)!r} is a checkpoint of `hwrun train --fsdp --fsdp-checkpoint full` (FULL_STATE_DICT): "
             f"it already holds the weights as safetensors ({MODEL_FILE}, or model-*-of-*.safetensors with an index, "

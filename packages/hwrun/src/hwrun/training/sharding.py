@@ -103,18 +103,20 @@ FSDP_CONFIG: dict[str, Any] = {"version": 2, "cpu_ram_efficient_loading": True,
 #: Both resume at any world size. "sharded": every rank writes its own shard of the weights and of the AdamW state
 #: through torch.distributed.checkpoint (DCP's .distcp files; sharded_checkpoints.py turns them into safetensors and
 #: says why they are not safetensors already); nothing is gathered. "full": the ranks gather every weight (or the
-#: adapter) and the AdamW state onto rank 0's host memory; Trainer's save_model writes them with save_pretrained
-#: (model.safetensors, split into model-0000x-of-0000y.safetensors shards with an index past Transformers' 50GB
-#: max_shard_size; or adapter_model.safetensors), and Accelerate's save_fsdp_model / save_fsdp_optimizer add
-#: pytorch_model_fsdp.bin and optimizer.bin (torch.save of the gathered state dicts), which are what a resume reads
-#: and broadcasts from rank 0 (accelerate 1.16 utils/fsdp_utils.py; transformers 5.25 Trainer._save_checkpoint).
+#: adapter) and the AdamW state onto rank 0's host memory; Trainer's save_model writes the weights with
+#: save_pretrained (model.safetensors, split into model-0000x-of-0000y.safetensors shards with an index past
+#: Transformers' 50GB max_shard_size; or adapter_model.safetensors), which are the only copy and what a resume reads
+#: (full_checkpoints.py: Accelerate's pytorch_model_fsdp.bin is not written); the AdamW state is Accelerate's
+#: optimizer.bin (torch.save of the gathered state dict, read with weights_only=True: there is no safetensors form).
 FSDP_CHECKPOINTS: dict[str, str] = {"sharded": "SHARDED_STATE_DICT", "full": "FULL_STATE_DICT"}
 #: `hwrun train --fsdp` without --fsdp-checkpoint: no rank gathers the model, so rank 0's host memory holds one
 #: shard, not the whole model plus twice its size of AdamW state, and the weights are written once, not twice
 #: (README, "Distributed").
 DEFAULT_FSDP_CHECKPOINT = "sharded"
-#: What a checkpoint folder holds for each kind (Accelerate's names: FSDP_MODEL_NAME, model_index 0).
-_LAYOUT_FILES = {"sharded": "pytorch_model_fsdp_0", "full": "pytorch_model_fsdp.bin"}
+#: What a checkpoint folder holds for each kind (Accelerate's names: FSDP_MODEL_NAME and OPTIMIZER_NAME, index 0):
+#: the DCP folder of the model's shards; the gathered AdamW state (and, in checkpoints before full_checkpoints.py,
+#: the gathered model as a pickle). A checkpoint without FSDP has optimizer.pt instead.
+_LAYOUT_FILES = {"sharded": ("pytorch_model_fsdp_0",), "full": ("optimizer.bin", "pytorch_model_fsdp.bin")}
 
 
 def fsdp_checkpoint_kind(value: Any, spelled: str = "fsdp_checkpoint={value!r}") -> str:
@@ -160,8 +162,15 @@ def with_fsdp_checkpoint(kind: str | None, overrides: Mapping[str, Any]) -> dict
 def checkpoint_layout(folder: str | os.PathLike) -> str | None:
     """The kind of FSDP checkpoint `folder` holds ("sharded" or "full", by Accelerate's file names), or None (no
     FSDP weights: a checkpoint of a run without FSDP)."""
-    found = [kind for kind, name in _LAYOUT_FILES.items() if os.path.exists(os.path.join(folder, name))]
+    found = [kind for kind, names in _LAYOUT_FILES.items()
+             if any(os.path.exists(os.path.join(folder, name)) for name in names)]
     return found[0] if len(found) == 1 else None
+
+
+def _layout_file(folder: str | os.PathLike, kind: str) -> str:
+    """The file of `folder` that makes it a checkpoint of `kind` (for the messages)."""
+    return next((name for name in _LAYOUT_FILES[kind] if os.path.exists(os.path.join(folder, name))),
+                _LAYOUT_FILES[kind][0])
 
 
 #: The state_dict_type Transformers gives FSDP when fsdp_config names none (transformers 5.25 training_args.py,
@@ -191,14 +200,14 @@ def asked_checkpoint_kind(overrides: Mapping[str, Any]) -> str | None:
 
 def check_fsdp_resume(overrides: Mapping[str, Any], folder: str | None) -> None:
     """Before the data is read and the model loads: an FSDP run resumes only from a checkpoint of the kind it writes
-    (Trainer reads `pytorch_model_fsdp_0/` under SHARDED_STATE_DICT and `pytorch_model_fsdp.bin` under
-    FULL_STATE_DICT, and would fail on the other one once the model is loaded)."""
+    (Trainer reads `pytorch_model_fsdp_0/` and `optimizer_0/` under SHARDED_STATE_DICT, the safetensors and
+    `optimizer.bin` under FULL_STATE_DICT, and would fail on the other one once the model is loaded)."""
     kind = asked_checkpoint_kind(overrides)
     found = checkpoint_layout(folder) if folder is not None and kind is not None else None
     if found is None or found == kind:
         return
     raise TrainingConfigError(
-        f"{folder} is a {found!r} FSDP checkpoint ({_LAYOUT_FILES[found]}), but this run writes and reads {kind!r} "
+        f"{folder} is a {found!r} FSDP checkpoint ({_layout_file(folder, found)}), but this run writes and reads {kind!r} "
         f"ones ({FSDP_CHECKPOINTS[kind]}): Trainer would not find its weights. Fix: resume with --fsdp-checkpoint "
         f"{found} (train(..., fsdp_checkpoint={found!r})); either kind resumes at any world size.")
 
