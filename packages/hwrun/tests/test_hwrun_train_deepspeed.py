@@ -9,6 +9,7 @@ uninterrupted loss curve. A ZeRO-3 config that would leave only shards to save i
 
 from __future__ import annotations
 
+import json
 import math
 import textwrap
 from pathlib import Path
@@ -36,11 +37,13 @@ WORKER = textwrap.dedent('''
     from transformers.integrations import is_deepspeed_zero3_enabled
 
     # argv: model, data, then a JSON list of runs {"out": folder, "options": train() keywords}, done in order;
-    # options {"cli": argv} run `hwrun ARGV` through the CLI's main() instead
+    # options {"cli": argv} run `hwrun ARGV` through the CLI's main() instead; "files": a prefix for the files below
+    # (a run resumed later into the same folder keeps its first half's)
     model, data, runs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     rank = int(os.environ["RANK"])
     for run in runs:
-        out, options, captured = run["out"], run["options"], {}
+        out, options, captured = run["out"], dict(run["options"]), {}
+        files = options.pop("files", "")
         if "cli" in options:
             from accelerate.state import AcceleratorState, PartialState
             from hwrun.cli.main import main
@@ -63,8 +66,8 @@ WORKER = textwrap.dedent('''
         plan = hwrun.plan(model, device="cpu")
         result = hwrun.train(plan, data, output_dir=out, disable_tqdm=True, plot=False, save_steps=3,
                              callbacks=[Capture()], **options)
-        save_file(captured["state"], os.path.join(out, f"rank{rank}.safetensors"))
-        with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
+        save_file(captured["state"], os.path.join(out, f"{files}rank{rank}.safetensors"))
+        with open(os.path.join(out, f"{files}rank{rank}.json"), "w") as handle:
             json.dump({"world": captured["world"], "step": result.global_step, "losses": result.losses,
                        "merged": result.merged, "resumed_from": result.resumed_from, "reasons": result.reasons,
                        "optimizer": captured["optimizer"], "partitioned": captured["partitioned"],
@@ -96,23 +99,27 @@ def cli_command(root) -> list[str]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """One launch, in order: full fine-tuning with plain DDP (the reference) and with ZeRO-3, LoRA
-    with ZeRO-2, LoRA + merge with ZeRO-3, and ZeRO-3 full fine-tuning for 6 steps straight and for
-    3 steps, then `hwrun train --deepspeed zero3` through the CLI; then a second launch resumes the
-    3-step run to 6. (Two launches serve every test: each is ~30 s of two processes starting on 2 cores,
-    more than its runs; issue 40.2.) Returns the folder and the first launch's stdout."""
+    with ZeRO-2, LoRA + merge with ZeRO-3, ZeRO-3 full fine-tuning for 3 steps (its files kept as
+    `first-rank*`), for 6 steps straight, the 3-step run resumed to 6, then `hwrun train --deepspeed
+    zero3` through the CLI. (One launch serves every test: each is ~20 s of two processes importing
+    torch, Transformers and DeepSpeed on 2 cores, more than its runs; the resumed run builds its model,
+    engine and optimizer anew and takes its weights, optimizer partitions and step from checkpoint-3
+    alone, like any run of the launch after the first; issue 40.2.) Returns the folder and the launch's
+    stdout."""
     root = tmp_path_factory.mktemp("deepspeed")
     (root / "train.txt").write_text("The king said to the queen that the castle was cold. " * 30, encoding="utf-8")
+    resumed = root / "zero3-resumed"
     done = launch(root, (root / "ddp-full", FULL), (root / "zero3-full", {**FULL, "deepspeed": ZERO3}),
                   (root / "zero2-lora", {**LORA, "deepspeed": ZERO2}),
                   (root / "zero3-merge", {**LORA, "merge": True, "deepspeed": ZERO3}),
+                  (resumed, {**FULL, **CONSTANT, "deepspeed": ZERO3, "files": "first-"}),
                   (root / "zero3-straight", {**FULL, **CONSTANT, "max_steps": 6, "deepspeed": ZERO3}),
-                  (root / "zero3-resumed", {**FULL, **CONSTANT, "deepspeed": ZERO3}),
-                  (root / "cli-zero3", {"cli": cli_command(root)}))
-    first, _ = rank_outputs(root / "zero3-resumed")
-    assert all(i["step"] == 3 and i["resumed_from"] is None for i in first)
-    # overwrite=True: the first launch's workers wrote rank{r}.json/.safetensors there, files that are not hwrun's
-    launch(root, (root / "zero3-resumed", {**FULL, **CONSTANT, "max_steps": 6, "resume": "auto", "deepspeed": ZERO3,
-                                           "overwrite": True}))
+                  # overwrite=True: the first half's workers wrote first-rank{r}.* there, files that are not hwrun's
+                  (resumed, {**FULL, **CONSTANT, "max_steps": 6, "resume": "auto", "deepspeed": ZERO3,
+                             "overwrite": True}),
+                  (root / "cli-zero3", {"cli": cli_command(root)}))  # last: a train() run after it hung (seen once)
+    first = [json.loads((resumed / f"first-rank{r}.json").read_text()) for r in range(2)]
+    assert all(i["step"] == 3 and i["resumed_from"] is None for i in first), first
     return root, done.stdout
 
 
