@@ -1,5 +1,5 @@
 """A bounded soak of `hwrun serve` (issue 42): the real server (HTTP front + engine-core process, the shipped tiny
-model, CPU) under 32 seeded clients for 40 s after a 10 s warm-up, clients leaving streams and whole answers at
+model, CPU) under 32 seeded clients for 20 s after a 5 s warm-up, clients leaving streams and whole answers at
 random points. Every request finishes or is cancelled by its client (none hangs, fails or is refused), the server
 counts exactly the requests the clients sent and ends idle, both processes' RSS stays within `RSS_BOUND_MIB` and
 their open descriptors at the baseline's count, and SIGTERM ends both with exit 0. The same code runs for 10
@@ -18,7 +18,10 @@ import soak_serve  # noqa: E402
 
 @pytest.mark.slow
 def test_a_bounded_soak_keeps_every_request_accounted_for_and_memory_and_files_flat():
-    report = soak_serve.soak(40, 32, warmup_seconds=10, seed=42)
+    # 20 s after 5 s (issue 40.2; 40 s after 10 s before): 1,328 and 1,527 requests at load 3, 686 beside two busy
+    # loops (1,544 in 40 s at load 4.7), 2026-12-06. Each must finish or be cancelled and be counted, descriptors stay
+    # at the baseline (one leaked fails), RSS moved 0.1-0.5 MiB of the 16 MiB bound; 25 s less of both cores.
+    report = soak_serve.soak(20, 32, warmup_seconds=5, seed=42)
     assert report.problems == [], report.summary()
     assert report.requests["finished"] > 0 and report.requests["cancelled"] > 0
 
