@@ -1,7 +1,9 @@
-"""Tensor parallelism on CPU with gloo at world size 2 (issue 37.3): `tp=2` greedy tokens equal `tp=1` for five
-families (Llama, Qwen2 and Mistral with grouped-query attention, Qwen3-MoE and Mixtral with experts), seeded sampling
-equal on both ranks, and `hwrun generate --tp 2` starting its own ranks and printing once. Tiny random models saved
-as safetensors in a temporary folder; every process bounded by a timeout."""
+"""Tensor parallelism on CPU with gloo at world size 2 (issue 37.3): `tp=2` greedy tokens through hwrun's engine on
+every rank (`generate()`'s default on a tensor-parallel plan) equal `tp=1` for five families (Llama, Qwen2 and Mistral
+with grouped-query attention, Qwen3-MoE and Mixtral with experts), sampling equal on both ranks (seeded, and unseeded
+with rank 0's seed), a rank called with other arguments refused on every rank, and `hwrun generate --tp 2` starting
+its own ranks and printing once. Tiny random models saved as safetensors in a temporary folder; every process bounded
+by a timeout."""
 
 from __future__ import annotations
 
@@ -25,20 +27,27 @@ NEW_TOKENS = 10
 WORKER = textwrap.dedent('''
     import json, sys
     import hwrun
-    from hwrun.parallel.ranks import check_same_tokens, finish, rank
+    from hwrun.errors import RankDivergenceError
+    from hwrun.parallel.ranks import finish, rank
 
     out, prompts, models = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3:]
     result = {}
     for path in models:
         plan = hwrun.plan(path, device="cpu", tp=2)
         model, tokenizer = hwrun.load(plan)
-        options = dict(batching="static", decode="generate", model=model, tokenizer=tokenizer)
-        greedy = hwrun.generate(plan, prompts, NEW_TOKENS, **options)
-        check_same_tokens(greedy.token_ids)
+        options = dict(model=model, tokenizer=tokenizer)  # the default: hwrun's engine on every rank
+        greedy = hwrun.generate(plan, prompts, NEW_TOKENS, **options)  # compares the ranks' tokens itself
         sampled = hwrun.generate(plan, prompts[:1], NEW_TOKENS, do_sample=True, seed=7, **options)
-        check_same_tokens(sampled.token_ids)
         result[path] = {"greedy": greedy.token_ids, "sampled": sampled.token_ids,
+                        "runs": [[r.decode, r.batching, r.decode_reason] for r in (greedy, sampled)],
                         "weight": tuple(model.model.layers[0].self_attn.q_proj.weight.to_local().shape)}
+        if path == models[0] and len(prompts) > 1:
+            unseeded = hwrun.generate(plan, prompts[:1] * 2, NEW_TOKENS, do_sample=True, **options)  # rank 0's draw
+            result["unseeded"] = unseeded.token_ids
+            try:  # a rank whose call differs from rank 0's: refused on every rank before a forward
+                hwrun.generate(plan, prompts[rank()], NEW_TOKENS, **options)
+            except RankDivergenceError as error:
+                result["refused"] = str(error)
     with open(f"{out}/rank{rank()}.json", "w") as handle:
         json.dump(result, handle)
     finish()
@@ -61,12 +70,20 @@ def test_tp2_greedy_equals_tp1_for_five_families(families, tmp_path):
     done = launch_cpu_workers(script, str(tmp_path), json.dumps(PROMPTS), *map(str, families.values()), timeout=420)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    unseeded = ranks[0]["unseeded"]  # the same on both ranks; each of the two equal prompts samples on its own
+    assert unseeded == ranks[1]["unseeded"] and len(unseeded[0]) > 0 and unseeded[0] != unseeded[1]
+    for rank in ranks:
+        assert "rank 1 called generate() with prompts=['Once upon a time there was']" in rank["refused"]
     for name, path in families.items():
         plan = hwrun.plan(str(path), device="cpu")
         alone = hwrun.generate(plan, PROMPTS, NEW_TOKENS, batching="static", decode="generate")
         got = [rank[str(path)] for rank in ranks]
         assert got[0]["greedy"] == got[1]["greedy"] == alone.token_ids, name
         assert got[0]["sampled"] == got[1]["sampled"] and len(got[0]["sampled"][0]) > 0, name
+        for decode, batching, reason in got[0]["runs"]:  # hwrun's engine ran, on the model's own forward
+            assert (decode, batching) == ("graphs", "continuous"), (name, reason)
+            assert "every rank runs hwrun's engine (EngineCore.generate)" in reason and "eager steps" in reason, name
+            assert "step: the model's own forward over a per-row slot cache (step='model' given)" in reason, name
         assert got[0]["weight"] == [16, 32], name  # each rank holds 2 of the 4 query heads (head dim 8) of width 32
 
 
@@ -83,7 +100,9 @@ def test_cli_generate_tp2_starts_its_ranks_and_prints_once(families):
     alone = hwrun.generate(hwrun.plan(path, device="cpu"), PROMPTS[0], NEW_TOKENS, batching="static",
                            decode="generate")
     assert printed["token_ids"] == alone.token_ids
-    assert "tp=2 x cpu" in done.stderr
+    assert (printed["decode"], printed["batching"]) == ("graphs", "continuous")  # hwrun's engine on every rank
+    assert printed["decode_reason"].startswith("tensor parallel (tp=2): every rank runs hwrun's engine")
+    assert "tp=2 x cpu" in done.stderr and "decode: graphs]" in done.stderr
 
 
 def test_tp4_greedy_equals_tp1(tmp_path):
@@ -118,4 +137,5 @@ def test_tp4_greedy_equals_tp1(tmp_path):
     alone = hwrun.generate(hwrun.plan(str(path), device="cpu"), PROMPTS[:1], NEW_TOKENS, batching="static",
                            decode="generate")
     assert all(rank["greedy"] == alone.token_ids for rank in ranks)
+    assert all(run[:2] == ["graphs", "continuous"] for rank in ranks for run in rank["runs"])  # hwrun's engine
     assert ranks[0]["weight"] == [8, 32]  # one of the 4 query heads (head dim 8) per rank

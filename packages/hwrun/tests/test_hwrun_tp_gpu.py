@@ -1,5 +1,6 @@
 """Tensor parallelism on real accelerators (`gpu` marker, issue 37.3): `hwrun generate --tp 2` on two devices of
-this machine (nccl on NVIDIA/ROCm, xccl on XPU, hccl on Gaudi) gives `tp=1`'s greedy tokens. Skipped, with the reason,
+this machine (nccl on NVIDIA/ROCm, xccl on XPU, hccl on Gaudi), hwrun's engine on every rank (graphs captured per
+rank where the device has them), gives `tp=1`'s greedy tokens. Skipped, with the reason,
 where fewer than two accelerators are here (a CPU machine, or the one lent GPU):
 `pytest -m gpu packages/hwrun/tests/test_hwrun_tp_gpu.py` on a machine with several."""
 
@@ -42,4 +43,6 @@ def test_generate_tp2_on_two_devices_equals_one_device(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     alone = hwrun.generate(hwrun.plan(model, dtype="float32"), "The king said", 16, batching="static",
                            decode="generate")
-    assert json.loads(done.stdout)["token_ids"] == alone.token_ids
+    printed = json.loads(done.stdout)
+    assert printed["token_ids"] == alone.token_ids
+    assert (printed["decode"], printed["batching"]) == ("graphs", "continuous")  # hwrun's engine, graphs per rank

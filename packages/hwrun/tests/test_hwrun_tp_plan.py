@@ -35,6 +35,12 @@ def test_tp2_plan_says_how_llama_is_split(models):
     assert plan.to_dict()["tensor_parallel"]["split"] == list(plan.parallel.split)
     one = hwrun.plan(str(models["llama"]), device="cpu")
     assert one.tp == 1 and one.parallel is None and "tensor_parallel" not in {r[0] for r in one.rows()}
+    from hwrun.cli.main import decode_rows
+
+    for _label, value, reason in decode_rows(plan):  # `hwrun plan --tp 2`: hwrun's engine on every rank
+        assert value == "graphs, continuous batching", reason
+        assert reason.startswith("tensor parallel (tp=2): every rank runs hwrun's engine (EngineCore.generate)")
+        assert "eager steps (cpu has no CUDA, XPU or HPU graphs)" in reason
 
 
 def test_moe_experts_are_said_to_stay_whole_or_split_as_the_installed_plan_says(models):
@@ -125,8 +131,9 @@ def test_ranks_env_is_read_and_checked():
 
 @pytest.mark.parametrize(("extra", "words"), [
     (["--tp", "3"], "does not divide LlamaForCausalLM's 4 attention heads"),
-    (["--tp", "2", "--decode", "graphs"], "--tp 2 with --decode graphs"),
-    (["--tp", "2", "--batching", "continuous"], "--tp 2 with --batching continuous"),
+    (["--tp", "2", "--decode", "graphs", "--batching", "static"], "decode='graphs' with batching='static' on tp=2"),
+    (["--tp", "2", "--decode", "generate", "--batching", "continuous"],
+     "batching='continuous' with decode='generate' on tp=2"),
 ])
 def test_cli_refuses_before_launch_in_one_line(models, capsys, extra, words):
     from hwrun.cli.main import main
@@ -171,11 +178,13 @@ def test_weights_per_rank_are_counted_and_must_fit_one_device(models):
                    tp=2, dtype="bfloat16")
 
 
-def test_the_one_decision_for_a_tp_plan(models):
-    """`decide_serving` answers for tensor-parallel servers too (hwrun's engine on every rank, the model's own
-    forward), and generate()'s graph loops are not run over shards in one process."""
+def test_the_one_decision_for_a_tp_plan(models, monkeypatch):
+    """`decide_serving` and `decide` answer for tensor-parallel plans too: hwrun's engine on every rank, the model's
+    own forward; generate() takes Transformers' loop where it is asked for or where the engine cannot run the model
+    (logged), and refuses what would not pair the ranks' steps; rank 0 alone prints, and streams only that loop."""
     from hwrun.errors import EngineStartError, GenerateError
-    from hwrun.inference.decision import decide_serving, planned
+    from hwrun.inference.decision import decide, decide_serving, planned
+    from hwrun.parallel.generate import rank_roles
     from transformers import AutoModelForCausalLM
 
     plan = hwrun.plan(str(models["llama"]), device="cpu", tp=2)
@@ -185,5 +194,22 @@ def test_the_one_decision_for_a_tp_plan(models):
     assert decide_serving(plan, model, "slots").reason == decision.reason
     with pytest.raises(EngineStartError, match="--engine transformers with --tp 2"):
         decide_serving(plan, model, "transformers")
-    with pytest.raises(GenerateError, match="tensor parallel \\(tp=2\\)"):
-        planned(plan, 2, decode="graphs")
+    for n in (1, 64):
+        assert planned(plan, n).runner == planned(plan, n, decode="graphs").runner == "engine"
+    engine = decide(plan, model, n_prompts=2, needed=40)
+    assert engine.runner == "engine" and "step: the model's own forward" in engine.reason
+    assert decide(plan, model, n_prompts=2, needed=40, decode="generate").runner == "generate"
+    assert decide(plan, model, n_prompts=2, needed=40, batching="static").runner == "generate"
+    with pytest.raises(GenerateError, match="stream=True \\(or a streamer\\) on tp=2"):
+        planned(plan, 1, stream=True)
+    assert planned(plan, 1, decode="generate", stream=True).runner == "generate"  # Transformers' loop streams
+    monkeypatch.setattr(model.config, "sliding_window", 8, raising=False)  # a window the engine cannot attend over
+    fallback = decide(plan, model, n_prompts=2, needed=40)
+    assert fallback.runner == "generate" and "hwrun's engine cannot run LlamaForCausalLM" in fallback.reason
+    with pytest.raises(GenerateError, match="decode='graphs' on tp=2: hwrun's engine cannot run LlamaForCausalLM"):
+        decide(plan, model, n_prompts=2, needed=40, decode="graphs")
+    monkeypatch.delenv("RANK", raising=False)
+    assert rank_roles(planned(plan, 1), 1) == (True, False)  # hwrun's engine: printed at the end
+    assert rank_roles(planned(plan, 1, decode="generate"), 1) == (True, True)
+    monkeypatch.setenv("RANK", "1")
+    assert rank_roles(planned(plan, 1, decode="generate"), 1) == (False, False)

@@ -130,11 +130,7 @@ def decode_rows(run_plan) -> list[tuple[str, str, str]]:
     (graph replay or Transformers' loop, and the batching), as `hwrun plan` shows them."""
     from ..inference.decision import planned
 
-    if run_plan.tp > 1:  # tensor-parallel ranks: one static batch through Transformers' generate (hwrun.parallel)
-        from ..parallel.generate import RANK_DECODE_REASON
-
-        return [("decode (tp)", "generate, static batching", RANK_DECODE_REASON)]
-    rows = []
+    rows = []  # a tensor-parallel plan too: hwrun's engine on every rank (the decision's tp rule)
     for label, prompts in (("decode (1 prompt)", 1), ("decode (64 prompts)", 64)):
         decision = planned(run_plan, prompts)
         rows.append((label, f"{decision.decode}, {decision.batching} batching",
@@ -276,15 +272,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             raise GenerateError(f"prompt {index} is not UTF-8 text (character {error.start} is U+{ord(prompt[error.start]):04X}, "
                                 "a byte of another encoding or half of a UTF-16 pair). Fix: pass UTF-8 text.") from None
     _check_inputs(prompts, args.max_new_tokens)  # after the argv check, whose message speaks of the command line
-    tp = getattr(args, "tp", 1)
-    if tp != 1:
-        from ..parallel.generate import check_generate_options
-
-        check_generate_options(args)
     run_plan = _plan_from(args, args.model)
     if run_plan.tp > 1:
+        from ..inference.decision import planned
         from ..parallel.launch import rank_launch, run_ranks
         from ..parallel.ranks import launched_ranks
+
+        planned(run_plan, len(prompts), decode=args.decode, batching=args.batching)  # refused before the ranks start
 
         if not launched_ranks(run_plan.tp):  # this process starts the ranks; each runs this command again
             return run_ranks(rank_launch(run_plan, args.argv), "hwrun generate")
@@ -313,14 +307,15 @@ def _run_generate_here(args: argparse.Namespace, run_plan, prompts: list[str], s
     clock.mark("load")
     options = dict(**sampling, decode=args.decode, model=model, tokenizer=tokenizer)
     batching = args.batching
-    leader = True
-    if run_plan.tp > 1:
-        from ..parallel.generate import rank_options
+    leader = streams = True
+    if run_plan.tp > 1:  # rank 0 prints; generate() agrees the arguments and seed and compares the ranks' tokens
+        from ..inference.decision import planned
+        from ..parallel.generate import rank_roles
 
-        options, batching, leader = rank_options(run_plan, options, batching)
-        args.batching = batching
+        leader, streams = rank_roles(planned(run_plan, len(prompts), decode=args.decode, batching=batching),
+                                     len(prompts))
     single = len(prompts) == 1
-    stream = leader and single and not args.no_stream and not args.json  # graph decode streams too
+    stream = streams and single and not args.no_stream and not args.json  # graph decode streams too
     timing, first_token = "", None
     if stream:
         from .streaming import timed_text_streamer
@@ -333,10 +328,6 @@ def _run_generate_here(args: argparse.Namespace, run_plan, prompts: list[str], s
         first_token = streamer.first_token_seconds()
     else:
         result = _generate_with_progress(run_plan, prompts, args, options, generate, GenerationResult, show=leader)
-        if run_plan.tp > 1:
-            from ..parallel.ranks import check_same_tokens
-
-            check_same_tokens(result.token_ids)  # every rank decoded the same tokens
         if not leader:
             return 0
         if not args.json:
@@ -345,10 +336,6 @@ def _run_generate_here(args: argparse.Namespace, run_plan, prompts: list[str], s
                 if not single:
                     print("---")
     clock.mark("generate")
-    if run_plan.tp > 1 and stream:
-        from ..parallel.ranks import check_same_tokens
-
-        check_same_tokens(result.token_ids)
     if args.json:
         print(json.dumps({"texts": result.texts, "token_ids": result.token_ids, "new_tokens": result.new_tokens,
                           "seconds": result.seconds, "tokens_per_second": result.tokens_per_second,
@@ -372,9 +359,11 @@ def _generate_with_progress(run_plan, prompts, args, options, generate, result_t
     """Many prompts: continuous batching shows its own per-request bar; static batching runs in chunks under a bar."""
     from ..inference.batching import choose_batching
 
+    show = show and bool(args.batch_file) and not args.json
+    if run_plan.tp > 1:  # one call: every rank the same steps, as the decision's tp rule says (no chunks)
+        return generate(run_plan, prompts, args.max_new_tokens, batching=args.batching, progress=show, **options)
     batching = "static" if args.decode == "graphs" and args.batching == "auto" else args.batching
     choice = choose_batching(run_plan, len(prompts), batching)
-    show = show and bool(args.batch_file) and not args.json
     if choice.mode == "continuous" or len(prompts) <= STATIC_CHUNK:
         return generate(run_plan, prompts, args.max_new_tokens, batching=batching, progress=show, **options)
     from tqdm.auto import tqdm

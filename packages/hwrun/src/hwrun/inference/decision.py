@@ -19,6 +19,10 @@ The rule, per caller:
 - `hwrun serve`, `--engine auto`: hwrun's engine wherever the platform has CUDA or XPU graphs (a server runs long
   enough for the capture to pay, compile or not); Transformers' continuous batching where it runs and hwrun's
   engine does not (or the platform has no graphs); hwrun's engine eagerly where only it runs (Gaudi, MPS).
+- tensor parallel (`plan.tp` > 1), both callers: hwrun's engine on every rank, the model's own forward (the fused
+  step reads whole weights), graph replay where the platform has graphs (`_tp_planned`, `decide_serving`); for
+  `generate()`, Transformers' `model.generate` on one static batch where `decode="generate"` or `batching="static"`
+  is asked for, or where the engine cannot run the model (logged).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import EngineStartError, GenerateError
 from .batching import (
+    BATCHING,
     BatchingChoice,
     choose_batching,
     continuous_model_blocker,
@@ -99,9 +104,6 @@ def _plan_blockers(plan: RunPlan) -> list[str]:
             blockers.append(blocker)
     if plan.device_map == "auto":
         blockers.append("the model is split across devices")
-    if getattr(plan, "tp", 1) > 1:  # generate --tp runs Transformers' loop on every rank (hwrun.parallel.generate)
-        blockers.append(f"tensor parallel (tp={plan.tp}): each rank holds shards, and hwrun's loops in one process "
-                        "are not run over them by generate() (hwrun serve --tp runs its engine on every rank)")
     return blockers
 
 
@@ -185,10 +187,75 @@ def _decode_mode(plan: RunPlan, requested: str, batching: str) -> tuple[str, str
                         f"{api})")
 
 
+#: Why `generate()` on a tensor-parallel plan runs hwrun's engine on every rank.
+TP_GENERATE_REASON = ("tensor parallel (tp={tp}): every rank runs hwrun's engine (EngineCore.generate) on the same "
+                      "prompts, {how}, the model's own forward over the slot cache (the fused step reads whole "
+                      "weights); its scheduler is deterministic, so every rank admits, prefills and steps the same rows "
+                      "in the same order (hwrun.parallel.generate: the arguments and the sampling seed agreed first, "
+                      "the tokens compared at the end)")
+
+
+def _tp_planned(plan: RunPlan, n_prompts: int, decode: str, batching: str, stream: bool) -> DecodeDecision:
+    """`planned()` on a tensor-parallel plan: hwrun's engine on every rank (as `hwrun serve --tp` runs it), or
+    Transformers' `model.generate` on one static batch where `decode="generate"` or `batching="static"` is asked.
+    `stream` never changes the choice (rank 0 alone streams), it is refused where the engine runs."""
+    tp = plan.tp
+    if decode not in DECODE:
+        raise GenerateError(f"decode={decode!r} is not a decode mode; use one of {', '.join(DECODE)}.")
+    if batching not in BATCHING:
+        raise GenerateError(f"batching={batching!r} is not a batching mode; use one of {', '.join(BATCHING)}.")
+    if decode == "graphs" and batching == "static":
+        raise GenerateError(f"decode='graphs' with batching='static' on tp={tp}: hwrun's static graph decoder has not "
+                            "run on tensor-parallel shards. Leave batching out (hwrun's engine runs every rank) or "
+                            "use decode='generate'.")
+    if decode == "generate" and batching == "continuous":
+        raise GenerateError(f"batching='continuous' with decode='generate' on tp={tp}: Transformers' generate_batch "
+                            "schedules in a thread of its own on each rank, so the ranks' steps would not pair up. "
+                            "Leave decode out (hwrun's engine batches continuously on every rank) or use "
+                            "batching='static'.")
+    if decode == "generate" or batching == "static":
+        given = "decode='generate'" if decode == "generate" else "batching='static'"
+        return DecodeDecision("static", f"given ({given}): one left-padded batch, the same on every rank", "generate",
+                              f"given: model.generate on every rank (tensor parallel, tp={tp})")
+    if stream:
+        raise GenerateError(f"stream=True (or a streamer) on tp={tp}: hwrun's engine, which every rank runs, returns "
+                            "the tokens at the end. Leave stream out, or pass decode='generate' (Transformers' loop, "
+                            "which streams).")
+    graphs = graph_api_of(plan)
+    how = (f"one {graphs[1]} replay per step, captured per rank" if graphs is not None else
+           f"eager steps ({plan.accelerator.kind} has no CUDA, XPU or HPU graphs)")
+    return DecodeDecision("continuous", f"tensor parallel (tp={tp}): {n_prompts} prompt(s) through hwrun's engine over "
+                          "cache slots on every rank", "graphs", TP_GENERATE_REASON.format(tp=tp, how=how),
+                          graph_compile_backend(plan)[0])
+
+
+def _tp_decide(plan: RunPlan, model: Any, before: DecodeDecision, decode: str, needed: int) -> DecodeDecision:
+    """`decide()` on a tensor-parallel plan: `before` (from `_tp_planned`) checked against the model's own step
+    (`slot_step_support`, as `decide_serving` asks it); where the engine cannot run the model, Transformers' loop on
+    `decode="auto"` (logged) and a `GenerateError` on `decode="graphs"`."""
+    if before.runner != "engine":
+        return before
+    from .engine.steps import slot_step_support
+
+    step, why = slot_step_support(model, "model", -(-needed // CACHE_BUCKET) * CACHE_BUCKET)
+    if step is not None:
+        return replace(before, reason=f"{before.reason}; step: {why}")
+    name = type(model).__name__
+    if decode == "graphs":
+        raise GenerateError(f"decode='graphs' on tp={plan.tp}: hwrun's engine cannot run {name}: {why}. Use "
+                            "decode='generate'.")
+    logger.info("tensor parallel: hwrun's engine cannot run %s (%s); every rank runs model.generate", name, why)
+    return DecodeDecision("static", f"tensor parallel (tp={plan.tp}), but hwrun's engine cannot run {name}: one "
+                          "left-padded batch, the same on every rank", "generate",
+                          f"model.generate on every rank (hwrun's engine cannot run {name}: {why})")
+
+
 def planned(plan: RunPlan, n_prompts: int, *, decode: str = "auto", batching: str = "auto",
             stream: bool = False) -> DecodeDecision:
     """The decision `generate()` will take for `n_prompts` prompts, as far as it is known before load
     (`hwrun plan` shows it; `decide()` then checks it against the loaded model)."""
+    if getattr(plan, "tp", 1) > 1:
+        return _tp_planned(plan, n_prompts, decode, batching, stream)
     choice = choose_batching(plan, n_prompts, batching, stream=stream, engine=_runs_hwrun_loops(plan, decode))
     mode, reason = _decode_mode(plan, decode, choice.mode)
     return DecodeDecision(choice.mode, choice.reason, mode, reason)
@@ -202,6 +269,11 @@ def decide(plan: RunPlan, model: Any, *, n_prompts: int, needed: int, decode: st
     Raises `GenerateError` where an explicit `decode`/`batching` cannot run."""
     if before is None:
         before = planned(plan, n_prompts, decode=decode, batching=batching, stream=stream)
+    if getattr(plan, "tp", 1) > 1:
+        decision = _tp_decide(plan, model, before, decode, needed)
+        logger.info("batching: %s (%s); decode: %s (%s)", decision.batching, decision.batching_reason,
+                    decision.decode, decision.reason)
+        return decision
     choice = BatchingChoice(before.batching, before.batching_reason)
     # the model class may not run Transformers' continuous batching (hwrun's engine is checked in _fit_graph_decode)
     checked = choice if before.decode == "graphs" else model_batching(choice, batching, model)

@@ -168,6 +168,8 @@ def generate(
     `stream=True` prints the text as it is produced (a `TextStreamer`); `streamer` takes any object
     with Transformers' streamer protocol (`put(tensor)`, `end()`: `TextIteratorStreamer`, ...) instead.
     Both stream one prompt, through `model.generate` or the static graph decoder.
+    On a tensor-parallel plan (`plan.tp` > 1, in each torchrun rank) every rank makes the same call: hwrun's engine
+    runs on every rank (`hwrun.parallel.generate`: arguments and seed agreed, tokens compared at the end).
     """
     prompts = _check_inputs(prompts, max_new_tokens, max_new_tokens_limit)
     sampling = _sampling_kwargs(do_sample, temperature, top_p, top_k, seed)
@@ -192,12 +194,17 @@ def generate(
         model, tokenizer = load(plan)
     lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
     check_context(max_new_tokens, context_length(model.config), lengths)
+    tp, torch_seed = getattr(plan, "tp", 1), seed
+    if tp > 1:  # every rank runs this call: its arguments checked against rank 0's, one seed for torch's generator
+        from ..parallel.generate import agree_inputs
+
+        torch_seed = agree_inputs(prompts, max_new_tokens, sampling, seed, decode=decode, batching=batching)
     decision = decide(plan, model, n_prompts=len(prompts), needed=max(lengths) + max_new_tokens, decode=decode,
                       batching=batching, stream=stream, before=before)
     import torch
 
-    if seed is not None:
-        torch.manual_seed(seed)
+    if torch_seed is not None:
+        torch.manual_seed(torch_seed)
     eos = _eos_ids(model, tokenizer)
     if stream and streamer is None:
         from transformers import TextStreamer
@@ -230,6 +237,10 @@ def generate(
             ids, prompt_lens, seconds = _static(model, tokenizer, prompts, max_new_tokens, sampling, streamer,
                                                 progress)
     ids = [_truncate(row, eos) for row in ids]
+    if tp > 1:
+        from ..parallel.ranks import check_same_tokens
+
+        check_same_tokens(ids)  # every rank decoded the same tokens (RankDivergenceError naming where not)
     texts = [tokenizer.decode(row, skip_special_tokens=True) for row in ids]
     return GenerationResult(
         texts=texts, token_ids=ids, prompt_tokens=prompt_lens, new_tokens=[len(r) for r in ids], seconds=seconds,
@@ -301,7 +312,7 @@ MAX_SLOTS = 64
 
 
 def _decoder(model: Any, batch: int, needed: int, use_graphs: bool | None, backend: Any, *, slots: bool = False,
-             platform: Any = None) -> Any:
+             platform: Any = None, step: str = "auto") -> Any:
     from .decode.static import GraphDecoder
     from .engine import EngineCore, compiled_buckets
 
@@ -309,11 +320,11 @@ def _decoder(model: Any, batch: int, needed: int, use_graphs: bool | None, backe
     per_model = decoders_of(model)
     kind = platform.kind if platform is not None else None
     key = (slots, batch, length, use_graphs, backend if isinstance(backend, str) or backend is None else id(backend),
-           kind)
+           kind, step)
     if key not in per_model:
         cls, size = (EngineCore, "slots") if slots else (GraphDecoder, "batch_size")
         # compiled slot steps: few row buckets, or a draining batch compiles once per bucket mid-run
-        extra = {"buckets": compiled_buckets(batch, backend is not None)} if slots else {}
+        extra = {"buckets": compiled_buckets(batch, backend is not None), "step": step} if slots else {}
         per_model[key] = cls(model, **{size: batch}, max_cache_len=length, use_graphs=use_graphs,
                              compile_backend=backend, platform=platform, **extra)
     return per_model[key]
@@ -323,8 +334,10 @@ def _engine(plan: RunPlan, decision: DecodeDecision, model: Any, tokenizer: Any,
             max_new_tokens: int, sampling: Any = None) -> tuple[list[list[int]], list[int], float]:
     """Continuous batching through hwrun's engine (`hwrun.inference.engine`; EOS and budgets checked on the host)."""
     encoded = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
+    # tensor-parallel shards run the model's own forward (the fused Llama-family step reads whole weights)
+    step = "model" if getattr(plan, "tp", 1) > 1 else "auto"
     decoder = _decoder(model, min(len(encoded), MAX_SLOTS), max(map(len, encoded)) + max_new_tokens,
-                       None, decision.compile_backend, slots=True, platform=plan.accelerator.platform)
+                       None, decision.compile_backend, slots=True, platform=plan.accelerator.platform, step=step)
     start = time.perf_counter()
     rows = decoder.generate(encoded, max_new_tokens, eos_token_id=sorted(_eos_ids(model, tokenizer)) or None,
                             sampling=sampling)

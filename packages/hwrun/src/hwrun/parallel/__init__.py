@@ -3,7 +3,8 @@ torchrun (through `hwdist launch`), torch.distributed and Transformers' tensor-p
 
 - `checks`: can N processes split this model here, and how (the plan's `tensor_parallel` row);
 - `launch`: the CLI starts its N ranks itself (torchrun `--standalone`, no shell);
-- `ranks`: the rank side (group, one seed, every rank decoded the same tokens);
+- `ranks`: the rank side (group, every rank decoded the same tokens);
+- `generate`: `generate()` in a rank: every rank runs hwrun's engine on the same arguments (agreed), one seed;
 - `lockstep`: serving, where rank 0 runs the scheduler and the other ranks repeat its engine calls.
 
 Nothing here imports torch at import time. Public names load from their module on first use.
@@ -16,8 +17,8 @@ import importlib
 _EXPORTS = {
     "TensorParallelPlan": "checks", "plan_tensor_parallel": "checks", "declared_tp_plan": "checks",
     "RankLaunch": "launch", "rank_launch": "launch", "run_ranks": "launch",
-    "ensure_group": "ranks", "is_leader": "ranks", "launched_ranks": "ranks", "agreed_seed": "ranks",
-    "check_same_tokens": "ranks",
+    "ensure_group": "ranks", "is_leader": "ranks", "launched_ranks": "ranks",
+    "check_same_tokens": "ranks", "agree_inputs": "generate",
     "LeaderBackend": "lockstep", "follow": "lockstep",
 }
 

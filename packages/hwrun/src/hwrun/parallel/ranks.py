@@ -1,5 +1,5 @@
-"""The rank side of tensor parallelism: is this process one of the `tp` processes, their group (hwdist), one seed for
-all of them, and the check that every rank decoded the same tokens.
+"""The rank side of tensor parallelism: is this process one of the `tp` processes, their group (hwdist), and the
+check that every rank decoded the same tokens (one sampling seed for all of them: `hwrun.parallel.generate`).
 
 Every rank runs the same decode on its shards (Transformers' plan all-reduces after each row-wise layer and gathers
 the vocabulary, so every rank sees the same logits): greedy and seeded sampling pick the same token on every rank.
@@ -77,24 +77,6 @@ def check_mesh_device(plan: Any) -> None:
             f"tp={plan.tp} planned for {plan.accelerator.kind} ({plan.accelerator.device_type}), but Transformers "
             f"builds its tensor-parallel mesh on torch's current accelerator, {mesh_type}. Plan for {mesh_type}, or hide "
             f"the {mesh_type} devices from these processes (e.g. CUDA_VISIBLE_DEVICES=-1 for a CPU run).")
-
-
-def agreed_seed(seed: int | None) -> int:
-    """One sampling seed for every rank: `seed` when given, else one rank 0 draws (broadcast), so unseeded sampling
-    picks the same tokens on every rank."""
-    import hwdist
-
-    if seed is not None:
-        return seed
-    import secrets
-
-    drawn = [secrets.randbits(62) if is_leader() else None]
-    import torch.distributed as dist
-
-    dist.broadcast_object_list(drawn, src=0)
-    logger.info("sampling without --seed under tensor parallelism: every rank uses rank 0's seed %d", drawn[0])
-    hwdist.current()  # the group must be hwdist's (ensure_group ran)
-    return int(drawn[0])
 
 
 def check_same_tokens(token_ids: list[list[int]]) -> None:
