@@ -98,3 +98,47 @@ def test_the_readmes_figures_for_2000_token_requests_in_8_gib():
     # after: 125 blocks of 16 = 2,000 positions, 62.5 MiB a request
     assert requests_that_fit(8 * GIB, per_token, 2000) == 131
     assert 2000 * per_token == 65_536_000
+
+
+#: One rank of two (gloo, a file store): its pool would hold 100 + 50 x rank blocks; prints what it agreed on.
+_RANK = """
+import sys
+import torch.distributed as dist
+from hwrun.inference.engine.kv_memory import agree_across_ranks
+
+class TensorParallelModel:  # what agree_across_ranks reads of a model
+    tp_size = 2
+    device = "cpu"
+
+rank = int(sys.argv[2])
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=rank, world_size=2)
+blocks, why = agree_across_ranks(100 + 50 * rank, "budget", TensorParallelModel())
+dist.destroy_process_group()
+print(f"{blocks}|{why}")
+"""
+
+
+def test_tensor_parallel_ranks_take_the_fewest_blocks_any_of_them_holds(tmp_path):
+    """Two gloo ranks whose free memory differs would size different pools, preempt differently and stop pairing
+    their collectives; both take the smaller pool, and say so. Outside tensor parallelism nothing is exchanged."""
+    import subprocess
+    import sys
+
+    from hwrun.inference.engine.kv_memory import agree_across_ranks
+
+    ranks = [subprocess.Popen([sys.executable, "-c", _RANK, str(tmp_path / "store"), str(rank)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    answers = []
+    for rank in ranks:
+        out, err = rank.communicate(timeout=120)
+        assert rank.returncode == 0, err[-2000:]
+        answers.append(out.strip().splitlines()[-1].split("|"))
+    assert [int(blocks) for blocks, _ in answers] == [100, 100]
+    assert "the same on all 2 tensor-parallel ranks" in answers[0][1]
+    assert "agreed on the fewest blocks any of them holds (100, this rank's 150)" in answers[1][1]
+
+    class Alone:
+        tp_size = None
+        device = "cpu"
+
+    assert agree_across_ranks(150, "budget", Alone()) == (150, "budget")

@@ -36,7 +36,7 @@ from .adapters import AdapterRows, check_adapter, plan_adapters
 from .grammar import constrain, first_masks
 from .graphs import check_compile_allowed, decoder_graph_tools, model_platform
 from .kv_cache import KVCache
-from .kv_memory import KVReport, KVStats, blocks_in, kv_budget, parse_kv_memory
+from .kv_memory import KVReport, KVStats, agree_across_ranks, blocks_in, kv_budget, parse_kv_memory
 from .prefill_budget import prefill_chunk_for
 from .quantized import plan_quantized
 from .requests import GREEDY, TokenEvent, check_choices, choices, eos_ids
@@ -99,7 +99,7 @@ class EngineCore:
         def sizer(bytes_per_token: int, block_size: int) -> int:  # once the model's K/V shape is known
             full = slots * self.kv.max_blocks * block_size * bytes_per_token
             budget, why = kv_budget(kv_memory, model.device, self.platform.is_accelerator, full)
-            blocks = blocks_in(budget, bytes_per_token, block_size, why)
+            blocks, why = agree_across_ranks(blocks_in(budget, bytes_per_token, block_size, why), why, model)
             self.kv_report = KVReport(blocks, block_size, bytes_per_token, max_cache_len, why)
             return blocks
 

@@ -12,6 +12,7 @@ the engine decides per device (`kv_budget`):
 - on a CPU (or a device whose free memory cannot be read), a fixed 2 GiB, capped the same way: host memory is
   shared with everything else the machine runs, and a CPU decodes few requests at once anyway.
 
+Under tensor parallelism every rank takes the fewest blocks any rank's budget holds (`agree_across_ranks`).
 `KVReport` says what the budget holds (blocks, tokens, bytes per token, max-length requests at once) at start-up
 and in hwrun serve's /metrics.
 """
@@ -109,6 +110,28 @@ def blocks_in(budget: int, bytes_per_token: int, block_size: int, why: str) -> i
         raise FastDecodeError(f"{budget} bytes of KV memory ({why}) hold no block of {block_size} positions "
                               f"({bytes_per_token * block_size} bytes); give more (kv_cache_memory).")
     return blocks
+
+
+def agree_across_ranks(blocks: int, why: str, model: Any) -> tuple[int, str]:
+    """(blocks, why) agreed by every rank of a tensor-parallel model (`model.tp_size` > 1, one process per device: the
+    default process group): the fewest any rank's free memory allows. Each rank sizes its pool from its own free
+    memory, and ranks whose pools differed would preempt differently and their collectives would stop pairing up.
+    Every rank builds its engine at the same point (generate: the same call; serve: the followers repeat rank 0), so
+    this one all-reduce pairs up too. Unchanged outside tensor parallelism."""
+    tp = getattr(model, "tp_size", None) or 1
+    if tp <= 1:
+        return blocks, why
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() != tp:
+        return blocks, why
+    count = torch.tensor([blocks], dtype=torch.long, device=model.device)
+    dist.all_reduce(count, op=dist.ReduceOp.MIN)
+    agreed = int(count.item())
+    return agreed, why + (f"; {tp} tensor-parallel ranks agreed on the fewest blocks any of them holds ({agreed}, "
+                          f"this rank's {blocks})" if agreed != blocks else f"; the same on all {tp} tensor-parallel "
+                          "ranks")
 
 
 @dataclass(frozen=True)
