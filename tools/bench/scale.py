@@ -7,9 +7,9 @@ machine has), through hwrun's own paths: `hwrun.plan(tp=N)` -> `load` -> `genera
     python tools/bench/scale.py --out DIR --ranks 1    # world size 1 only: the baseline for scaling
 
 Decode rows: per rank count, tokens/s (all prompts) and time per token (one decode step of the batch), median of
-`--repeats` timed runs after a warm-up, every rank running Transformers' generate on its shards (the path `hwrun
-generate --tp N` runs); at one rank also hwrun's default decode path (graphs where the device has them) for
-reference. Training rows (LoRA on an FSDP-sharded base by default, `--train-mode full` for every weight): tokens/s
+`--repeats` timed runs after a warm-up, at every rank count both hwrun's default (its engine on every rank over its
+shards, the path `hwrun generate --tp N` runs; graphs where the device has them) and Transformers' generate on one
+static batch of the shards (`--decode generate`, the tp path before the engine). Training rows (LoRA on an FSDP-sharded base by default, `--train-mode full` for every weight): tokens/s
 from the `step N/M` lines' arrival times (after `--train-warmup` steps), global
 tokens per step = batch x block x ranks, and scaling efficiency = tokens/s at N / (N x tokens/s at 1). When
 `hwrun train` has no `--fsdp` the training part is skipped and the JSON says why.
@@ -60,7 +60,9 @@ def decode_worker(args: argparse.Namespace) -> None:
     model, tokenizer = hwrun.load(plan)
     prompts = prompts_of(tokenizer, args.prompts, args.prompt_tokens, seed=0)
     rows = []
-    paths = [("generate", "static")] + ([("auto", "auto")] if world == 1 else [])
+    # hwrun's default (its engine on every rank under tp, graphs where the device has them) at every rank count, and
+    # Transformers' loop on one static batch beside it (the tp path before the engine ran there)
+    paths = [("generate", "static"), ("auto", "auto")]
     for decode, batching in paths:
         options = dict(batching=batching, decode=decode, model=model, tokenizer=tokenizer)
         hwrun.generate(plan, prompts, 8, **options)  # warm-up: kernels, graphs, allocator
@@ -73,7 +75,8 @@ def decode_worker(args: argparse.Namespace) -> None:
             seconds = time.perf_counter() - start
             runs.append((seconds, result.total_new_tokens, max(result.new_tokens)))
         seconds, total, steps = sorted(runs)[len(runs) // 2]
-        rows.append({"ranks": world, "path": "tp" if decode == "generate" else "default", "decode": result.decode,
+        rows.append({"ranks": world, "path": "transformers-loop" if decode == "generate" else "default",
+                     "decode": result.decode,
                      "batching": result.batching, "prompts": len(prompts),
                      "new_tokens": total, "seconds": seconds, "tokens_per_second": total / seconds,
                      "ms_per_token": 1000 * seconds / steps, "runs": runs,
@@ -152,7 +155,7 @@ def decode_rows(args, accel, ranks: list[int]) -> list[dict]:
             continue
         for row in json.loads(out.read_text())["rows"]:
             rows.append(row)
-            print(f"decode  ranks={n} {row['path']:>7} ({row['decode']}, {row['batching']}): "
+            print(f"decode  ranks={n} {row['path']:>17} ({row['decode']}, {row['batching']}): "
                   f"{row['tokens_per_second']:9.1f} tokens/s, "
                   f"{row['ms_per_token']:7.2f} ms/token ({row['prompts']} prompts)", flush=True)
     return rows
@@ -228,15 +231,12 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    decode = [r for r in result["decode"] if "error" not in r and r["path"] == "tp"]
-    if decode:
-        xs = [r["ranks"] for r in decode]
-        axes[0].plot(xs, [r["tokens_per_second"] for r in decode], "o-", label="TP decode (generate)")
-        axes[1].plot(xs, [r["ms_per_token"] for r in decode], "o-", label="TP decode (generate)")
-    for r in result["decode"]:
-        if "error" not in r and r["path"] != "tp":
-            axes[0].plot([r["ranks"]], [r["tokens_per_second"]], "s", label=f"1 rank, hwrun default ({r['decode']}, {r['batching']})")
-            axes[1].plot([r["ranks"]], [r["ms_per_token"]], "s", label=f"1 rank, hwrun default ({r['decode']}, {r['batching']})")
+    for path, label in (("default", "hwrun's engine"), ("transformers-loop", "Transformers' generate")):
+        decode = [r for r in result["decode"] if "error" not in r and r["path"] == path]
+        if decode:
+            xs = [r["ranks"] for r in decode]
+            axes[0].plot(xs, [r["tokens_per_second"] for r in decode], "o-", label=f"TP decode ({label})")
+            axes[1].plot(xs, [r["ms_per_token"] for r in decode], "o-", label=f"TP decode ({label})")
     axes[0].set(title="decode tokens/s", xlabel="ranks (tensor parallel)", xscale="log", xticks=list(RANKS))
     axes[1].set(title="time per token (ms)", xlabel="ranks (tensor parallel)", xscale="log", xticks=list(RANKS))
     train = result["train"] if isinstance(result["train"], list) else []
