@@ -231,8 +231,8 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for path, label in (("default", "hwrun's engine"), ("transformers-loop", "Transformers' generate")):
-        decode = [r for r in result["decode"] if "error" not in r and r["path"] == path]
+    for kind, label in (("default", "hwrun's engine"), ("transformers-loop", "Transformers' generate")):
+        decode = [r for r in result["decode"] if "error" not in r and r["path"] == kind]
         if decode:
             xs = [r["ranks"] for r in decode]
             axes[0].plot(xs, [r["tokens_per_second"] for r in decode], "o-", label=f"TP decode ({label})")
