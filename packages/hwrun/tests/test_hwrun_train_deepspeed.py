@@ -31,6 +31,13 @@ WORKER = textwrap.dedent('''
     import json, os, sys
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator, comm over gloo
     import deepspeed
+    import deepspeed.ops
+
+    # DeepSpeed's CPU backend JIT-compiles its shared-memory all-reduce at start, a C++ op that only inference's
+    # tensor parallelism calls (inference_all_reduce); ZeRO's collectives go through torch.distributed (gloo) either
+    # way. torch caches the build per source path, so each new venv or clone built it again: ~90 s of the 2 cores in
+    # a clean clone's `uv run pytest` (2026-12-06). Marked unbuildable, as on a host without a compiler (issue 40.2).
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     import hwdist, hwrun
     from safetensors.torch import save_file
     from transformers import TrainerCallback
