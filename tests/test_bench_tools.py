@@ -102,3 +102,20 @@ def test_stamp_fills_a_benchs_own_versions_without_replacing_them():
                           accelerator=False)
     assert result["versions"]["torch"] == "as the bench saw it"
     assert {"transformers", "hwrun", "openai", "python"} <= set(result["versions"])
+
+
+def test_the_serve_benchs_warm_up_prompts_share_no_prefix_with_the_measured_ones():
+    """The warm-up burst used the level's own first prompts, so with a prefix cache every measured request continued
+    a cached prefix (hwrun's TTFT then measured its cache, not its prefill); the warm-up prompts now lead elsewhere."""
+    bench = str(ROOT / "tools" / "bench")
+    sys.path.insert(0, bench)  # serve.py imports its sibling bench_record
+    try:
+        serve = _load("serve_bench_under_test", ROOT / "tools" / "bench" / "serve.py")
+    finally:
+        sys.path.remove(bench)
+    warmup_prompt = serve.warmup_prompt
+    for prompt, _ in serve.workload(0, 32, (64, 512), (128, 512)):
+        warm = warmup_prompt(prompt)
+        assert len(warm.split()) == len(prompt.split())
+        assert warm.split()[:8] != prompt.split()[:8]
+    assert warmup_prompt("Hello") == "Before Hello"

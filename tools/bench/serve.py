@@ -102,6 +102,12 @@ def workload(seed: int, count: int, prompt_words: tuple[int, int], new_tokens: t
              rng.randint(*new_tokens)) for _ in range(count)]
 
 
+def warmup_prompt(prompt: str) -> str:
+    """A warm-up prompt as long as `prompt` that shares no leading words with it (its words reversed)."""
+    words = prompt.split()
+    return " ".join(reversed(words)).capitalize() if len(words) > 1 else f"Before {prompt}"
+
+
 async def one_request(client, model_id: str, prompt: str, max_tokens: int, extra_body: dict) -> dict:
     """Stream one greedy completion; its TTFT, inter-chunk gaps, token count (usage) and text."""
     start = time.perf_counter()
@@ -155,9 +161,11 @@ async def run_level(base_url: str, model_id: str, concurrency: int, jobs: list[t
     """One warm-up burst of `concurrency` short requests, then `concurrency` requests in flight until `jobs` are
     done; the level's figures."""
     client = _client(base_url)
-    # the client's first-call costs and the server's first batch of this size stay out of the figures
-    await asyncio.gather(*(one_request(client, model_id, jobs[i % len(jobs)][0], WARMUP_TOKENS, extra_body)
-                           for i in range(concurrency)))
+    # the client's first-call costs and the server's first batch of this size stay out of the figures; the warm-up's
+    # prompts are the level's first ones with their words reversed, so a server with a prefix cache finds none of the
+    # measured prompts cached by the warm-up (it did before: every measured request then continued a cached prefix)
+    await asyncio.gather(*(one_request(client, model_id, warmup_prompt(jobs[i % len(jobs)][0]), WARMUP_TOKENS,
+                                       extra_body) for i in range(concurrency)))
     queue: asyncio.Queue = asyncio.Queue()
     for job in jobs:
         queue.put_nowait(job)
