@@ -111,7 +111,7 @@ def _soak() -> list[str]:
               "there). SIGTERM: exit {report['exit_code']}. Problems: "
               f"{'; '.join(report['problems']) or 'none'}. The bounds: RSS growth at most 16 MiB per process, open "
               "descriptors at most the baseline's. CI runs the same code bounded "
-              "(`packages/hwrun/tests/test_hwrun_serve_soak.py`: 32 streams, 40 s after a 10 s warm-up).", ""]
+              "(`packages/hwrun/tests/test_hwrun_serve_soak.py`: 32 streams, 20 s after a 5 s warm-up).", ""]
     return lines
 
 

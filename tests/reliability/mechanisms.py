@@ -112,7 +112,7 @@ MECHANISMS: tuple[Mechanism, ...] = (
         "42 faults", "hang-unbounded", "hours of streams with clients leaving at any point: requests left running, "
         "memory or open files growing in the HTTP front or the engine process",
         "a request's state lives in the front's `runs` and the engine's slots until it finishes or its client leaves "
-        "(`Run.abandon` cancels it in the engine); the soak (`tools/soak_serve.py`, bounded in CI: 32 streams, 40 s) "
+        "(`Run.abandon` cancels it in the engine); the soak (`tools/soak_serve.py`, bounded in CI: 32 streams, 20 s) "
         "checks every request finished or was cancelled by its client, the server counted each once, nothing runs "
         "when the load stops, RSS within 16 MiB and descriptors at the idle baseline, SIGTERM exit 0 (figures below)",
         (HWRUN + "test_hwrun_serve_soak.py",)),
