@@ -66,9 +66,13 @@ def launch_cpu_workers(script: str | Path, *args: str, nproc: int = 2, timeout: 
 
     A clean environment for the children: no inherited rank variables, one OpenMP thread each,
     `HWENV_DEVICE=cpu`. Returns the finished `subprocess.CompletedProcess` (text output captured);
-    no shell is involved.
+    no shell is involved. Past `timeout` the launcher and every process below it (torchrun starts each rank in a
+    session of its own) are killed before `subprocess.TimeoutExpired` is raised (killing the launcher alone left the
+    ranks running, spinning both cores of a test machine, and holding the output pipes open).
     """
+    import contextlib
     import os
+    import signal
     import socket
     import subprocess
     import sys
@@ -81,7 +85,38 @@ def launch_cpu_workers(script: str | Path, *args: str, nproc: int = 2, timeout: 
         env.pop(name, None)
     argv = [sys.executable, "-m", "hwdist", "launch", "--kind", HOST_KIND, "--nproc-per-node", str(nproc),
             "--master-port", str(port), str(script), *map(str, args)]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as launcher:
+        try:
+            stdout, stderr = launcher.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            tree = _descendants(launcher.pid)  # torchrun starts each rank in a session of its own
+            for pid in (launcher.pid, *tree):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            stdout, stderr = launcher.communicate(timeout=60)
+            raise subprocess.TimeoutExpired(argv, timeout, output=stdout, stderr=stderr) from None
+    return subprocess.CompletedProcess(argv, launcher.returncode, stdout, stderr)
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below `root` (Linux: parent ids from /proc), deepest last."""
+    import os
+
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, queue = [], [root]
+    while queue:
+        for child in children.get(queue.pop(0), []):
+            found.append(child)
+            queue.append(child)
+    return found
 
 
 def run_under_triton_interpreter(code: str, *, timeout: float = 600) -> dict:
