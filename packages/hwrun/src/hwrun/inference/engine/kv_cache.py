@@ -15,8 +15,8 @@ The host half (`take`, `release`, `follow`, `busy`, `free_slots`; `needed`, `res
 bookkeeping the scheduler reads and writes; `sync()` (the runner, before each forward) writes the rows that changed
 into a host copy of the table (pinned where the platform allows, `transfers.Transfers`) and, only when one changed,
 copies it to the device table in one non-blocking copy: no stream synchronize, the device table's storage never
-changes (captured steps keep reading it). The device half (`allocate`, `write_decode`, `write`, `write_positions`, `gather`,
-`gather_rows`, `copy`) is what the steps call. A row moving to another slot moves its table row, not its K/V.
+changes (captured steps keep reading it). The device half (`allocate`, `write_decode`, `write`, `write_positions`,
+`gather`, `gather_rows`, `copy`) is what the steps call. A row moving to another slot moves its table row, not its K/V.
 """
 
 from __future__ import annotations

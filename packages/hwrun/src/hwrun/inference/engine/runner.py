@@ -154,9 +154,10 @@ class ModelRunner:
 
     def prefill(self, forward: list[Chunk]) -> None:
         """One prefill forward: prompts starting at position 0 (padded together), or chunks continuing their rows'
-        prompts (one: attention causal from its offset; several, padded together: each at its own positions). A row whose prompt it ends gets its first token, position and counter, and so does every row its
-        chunk copies its K/V into (the other choices of its request); a row with more to come gets the position its
-        next chunk starts at (where an idle decode step's write is rewritten)."""
+        prompts (one: attention causal from its offset; several, padded together: each at its own positions). A row
+        whose prompt it ends gets its first token, position and counter, and so does every row its chunk copies its
+        K/V into (the other choices of its request); a row with more to come gets the position its next chunk starts
+        at (where an idle decode step's write is rewritten)."""
         import torch
 
         with torch.inference_mode(), prefill_attention():

@@ -3,8 +3,7 @@
 `FusedStep` is hwrun.inference.decode.fused_step (Llama, Mistral, Qwen2: q/k/v and gate/up read as one matrix each)
 over the KV-cache manager's paged K/V (its block pool, through each row's block table); `ModelStep` runs the model's
 own forward over a `SlotCache` (hwrun.inference.decode.slot_cache: each row's K/V written at that row's position
-through its block table, a 4D mask per row, per-row
-`position_ids`), so any family whose attention goes through Transformers' attention interface with sdpa or eager
+through its block table, a 4D mask per row, per-row `position_ids`), so any family whose attention goes through Transformers' attention interface with sdpa or eager
 attention runs. Both answer:
 
 - `select(rows, columns)`: outside any compiled or captured region, what the next decode steps run over;
