@@ -401,7 +401,24 @@ def test_compile_model_on_a_fake_gaudi_reaches_hpu_backend_with_one_warning(in_p
 def test_distributed_train_two_processes_agree(child_env, tmp_path):
     argv = [sys.executable, "-m", "hwdist", "launch", "--nproc-per-node", "2", "--master-port", str(_free_port()),
             str(EXAMPLES / "distributed_train.py"), "--max-steps", "2", "--output", str(tmp_path)]
-    out = run_example(dict(child_env, MASTER_ADDR="127.0.0.1"), argv, timeout=240)
+    env = dict(child_env, MASTER_ADDR="127.0.0.1")
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    if done.returncode != 0 and "(exitcode: -6)" in done.stderr and "ranks agree: True" in done.stdout:
+        # a rank aborted at interpreter exit ("terminate called without an active exception", SIGABRT) after the
+        # example had done and printed everything: once in a clean-clone CI run on 2026-12-06 22:06 UTC, both workers
+        # busy, never alone (3 of 3 at 22:08); the gloo abort family the FSDP launches retry too (torch PR #179291).
+        # Launched once more from an empty folder, with a warning keeping the first launch's lines; a second abort,
+        # or an abort before the example finished, fails.
+        import shutil
+        import warnings
+
+        warnings.warn(f"a rank aborted at exit; launching again:\n{done.stderr[-3000:]}", stacklevel=1)
+        shutil.rmtree(tmp_path, ignore_errors=True)
+        tmp_path.mkdir()
+        argv[argv.index("--master-port") + 1] = str(_free_port())
+        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, f"{argv} exited {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    out = done.stdout
     assert "backend gloo, world size 2 (Trainer: world_size=2, ddp_backend=gloo, ParallelMode.DISTRIBUTED)" in out
     checksums = re.findall(r"rank (\d): 2 steps, LoRA weight checksum (\S+)", out)
     assert sorted(rank for rank, _ in checksums) == ["0", "1"] and len({c for _, c in checksums}) == 1
