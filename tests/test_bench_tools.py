@@ -119,3 +119,36 @@ def test_the_serve_benchs_warm_up_prompts_share_no_prefix_with_the_measured_ones
         assert len(warm.split()) == len(prompt.split())
         assert warm.split()[:8] != prompt.split()[:8]
     assert warmup_prompt("Hello") == "Before Hello"
+
+
+def _serve_bench():
+    bench = str(ROOT / "tools" / "bench")
+    sys.path.insert(0, bench)  # serve.py imports its sibling bench_record
+    try:
+        return _load("serve_bench_mix_under_test", ROOT / "tools" / "bench" / "serve.py")
+    finally:
+        sys.path.remove(bench)
+
+
+def test_the_serve_benchs_long_prompt_mix_gives_every_second_request_a_long_prompt():
+    """Issue 35's long-prompt mix: half the requests (the odd ones) carry ~2,000-word prompts, the rest the usual
+    64-512 words; the same seed gives the same requests, and without the mix no prompt is long."""
+    serve = _serve_bench()
+    mixed = serve.workload(3, 16, (64, 512), (128, 512), (1900, 2000))
+    lengths = [len(prompt.split()) for prompt, _ in mixed]
+    assert all(1900 <= n <= 2000 for n in lengths[1::2])
+    assert all(64 <= n <= 512 for n in lengths[0::2])
+    assert mixed == serve.workload(3, 16, (64, 512), (128, 512), (1900, 2000))
+    assert all(len(p.split()) <= 512 for p, _ in serve.workload(3, 16, (64, 512), (128, 512)))
+
+
+def test_the_serve_bench_refuses_a_malformed_long_prompt_range(tmp_path, capsys):
+    serve = _serve_bench()
+    for bad in ("2000,1900", "many"):
+        try:
+            serve.main(["--out", str(tmp_path), "--smoke", "--long-prompt-mix", "--long-prompt-words", bad])
+        except SystemExit as stop:
+            assert stop.code == 2
+        else:
+            raise AssertionError(f"--long-prompt-words {bad} was accepted")
+        assert bad in capsys.readouterr().err

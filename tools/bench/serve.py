@@ -95,11 +95,17 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-def workload(seed: int, count: int, prompt_words: tuple[int, int], new_tokens: tuple[int, int]):
-    """`count` (prompt, max_tokens) pairs drawn from `seed` (the same for every server)."""
+def workload(seed: int, count: int, prompt_words: tuple[int, int], new_tokens: tuple[int, int],
+             long_words: tuple[int, int] | None = None):
+    """`count` (prompt, max_tokens) pairs drawn from `seed` (the same for every server); with `long_words`, every
+    second request (the odd indices) has a prompt of that many words instead (issue 35's long-prompt mix)."""
     rng = random.Random(seed)
-    return [(" ".join(rng.choice(WORDS) for _ in range(rng.randint(*prompt_words))).capitalize(),
-             rng.randint(*new_tokens)) for _ in range(count)]
+    jobs = []
+    for index in range(count):
+        span = long_words if long_words is not None and index % 2 == 1 else prompt_words
+        jobs.append((" ".join(rng.choice(WORDS) for _ in range(rng.randint(*span))).capitalize(),
+                     rng.randint(*new_tokens)))
+    return jobs
 
 
 def warmup_prompt(prompt: str) -> str:
@@ -523,7 +529,13 @@ def main(argv=None) -> int:
                              "default: cores - 1 on CPU, each server's own choice (1 for both) on CUDA")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="--max-model-len of both servers (default: the model's context with --smoke, else 1536, "
-                             "which the longest request of the default workload fits)")
+                             "which the longest request of the default workload fits; 3072 with --long-prompt-mix)")
+    parser.add_argument("--long-prompt-mix", action="store_true",
+                        help="half the requests (every second one) get prompts of LONG_PROMPT_WORDS words (about one "
+                             "token a word with the shipped tokenizer): a long prompt arriving while streams decode")
+    parser.add_argument("--long-prompt-words", default="1900,2000",
+                        help="MIN,MAX words of the long prompts of --long-prompt-mix (default 1900,2000: ~2,000 "
+                             "tokens)")
     parser.add_argument("--generate-baseline", action="store_true", help="also time hwrun.generate at batch 1")
     parser.add_argument("--offline-engine", action="store_true",
                         help="also drive hwrun's engine without the server over the same requests (a row, and "
@@ -576,16 +588,29 @@ def main(argv=None) -> int:
     levels = [int(c) for c in (args.concurrency or ("1,2,4,8" if args.smoke else "1,8,32,64")).split(",")]
     prompt_words, new_tokens = ((4, 24), (16, 48)) if args.smoke else ((64, 512), (128, 512))
 
+    long_words = None
+    if args.long_prompt_mix:
+        low, _, high = args.long_prompt_words.partition(",")
+        try:
+            long_words = (int(low), int(high or low))
+        except ValueError:
+            parser.error(f"--long-prompt-words {args.long_prompt_words!r}: expected MIN,MAX word counts, e.g. 1900,2000")
+        if not 0 < long_words[0] <= long_words[1]:
+            parser.error(f"--long-prompt-words {args.long_prompt_words!r}: need 0 < MIN <= MAX")
+
     def jobs_of(concurrency: int):
-        return workload(args.seed + concurrency, args.requests or max(4 * concurrency, 16), prompt_words, new_tokens)
+        return workload(args.seed + concurrency, args.requests or max(4 * concurrency, 16), prompt_words, new_tokens,
+                        long_words)
 
     most = max(levels)
-    max_len = args.max_model_len if args.max_model_len is not None else (None if args.smoke else 1536)
+    max_len = args.max_model_len if args.max_model_len is not None else (
+        None if args.smoke else (3072 if long_words else 1536))
     length = [] if max_len is None else ["--max-model-len", str(max_len)]
     env = server_env(threads)
     python = [sys.executable, "-c", "import sys; from hwrun.cli.main import main; sys.exit(main())"]
     report: dict = {"model": model, "device": device, "dtype": dtype, "torch_threads": threads,
                     "max_model_len": max_len, "levels": levels, "seed": args.seed, "smoke": args.smoke, "prompt_words": prompt_words, "new_tokens": new_tokens,
+                    "long_prompt_words": long_words,
                     "servers": {}, "versions": _versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                     "argv": sys.argv[1:] if argv is None else list(argv), "cores": cores,
                     "load_average_start": _load_average()}
