@@ -24,15 +24,19 @@ from .steps import cache_keyword
 def padded(prompts: list[list[int]], left: bool, transfers: Any) -> tuple[Any, Any]:
     """(ids, lengths) on the device of `transfers` (`transfers.Transfers`: no stream synchronize): `prompts` padded
     with 0 to the longest, on the left or the right."""
+    return padded_ids(prompts, left, transfers), transfers.to_device([len(p) for p in prompts])
+
+
+def padded_ids(prompts: list[list[int]], left: bool, transfers: Any) -> Any:
+    """`prompts` padded with 0 to the longest, on the left or the right, on the device of `transfers`."""
     import torch
 
-    lengths = [len(p) for p in prompts]
-    width = max(lengths)
+    width = max(len(p) for p in prompts)
     ids = torch.zeros((len(prompts), width), dtype=torch.long)
     for row, prompt in enumerate(prompts):
         start = width - len(prompt) if left else 0
         ids[row, start:start + len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-    return transfers.to_device(ids), transfers.to_device(lengths)
+    return transfers.to_device(ids)
 
 
 class FusedStep:
@@ -76,7 +80,7 @@ class FusedStep:
         """Each row's last-token logits: `prompts[i]` continues row `rows[i]`'s prompt at positions `starts[i]..`
         (right-padded together; one forward for every continued prompt, e.g. after a shared cached prefix)."""
         positions, valid, end, lengths = continued_positions(prompts, starts, False, self.kv.transfers, self.device)
-        ids, _ = padded(prompts, False, self.kv.transfers)
+        ids = padded_ids(prompts, False, self.kv.transfers)
         return self.fused(ids, positions, rows=rows, last_index=lengths - 1, continued=(valid, end))
 
 
@@ -183,7 +187,7 @@ class ModelStep:
         """Each row's last-token logits: `prompts[i]` continues row `rows[i]`'s prompt at positions `starts[i]..`
         (left-padded together: every row's last token in the last column; one forward for every continued prompt)."""
         positions, valid, end, _ = continued_positions(prompts, starts, True, self.kv.transfers, self.device)
-        ids, _ = padded(prompts, True, self.kv.transfers)
+        ids = padded_ids(prompts, True, self.kv.transfers)
         visible = self.key_index[:end][None, None, :] <= positions[:, :, None]
         self.cache.continuing(rows, positions, valid, end)
         try:
