@@ -1,8 +1,9 @@
-"""The engine's Triton paged-attention decode kernel on a real CUDA GPU (`gpu` marker; issue 35): in bf16 it equals
-attention over the gathered blocks, and the engine's fused step with `paged_attention="triton"`, compiled by Inductor
-and captured as CUDA graphs, gives the gather path's greedy tokens in float32. The CPU twin runs the same checks under
-Triton's interpreter (packages/hwrun/tests/test_hwrun_engine_paged_attention.py). Written 2026-12-06 without a GPU
-left in the session: not yet run."""
+"""The engine's Triton paged-attention decode kernel on a real CUDA GPU (`gpu` marker; issues 35, 38): in bf16 it
+equals attention over the gathered blocks in one split, in the split count it chooses (3 on an H100 at these shapes)
+and in 2 and 8 splits, and the engine's fused step with `paged_attention="triton"`, compiled by Inductor and captured
+as CUDA graphs, gives the gather path's greedy tokens in float32 (its rows split in two: 96 positions, two tiles). The
+CPU twin runs the same checks under Triton's interpreter (packages/hwrun/tests/test_hwrun_engine_paged_attention.py).
+Written 2026-12-06 without a GPU left in the session: not yet run."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ def test_the_kernel_equals_attention_over_gathered_blocks_in_bf16():
     values = torch.randn(kv, blocks, size, dim, device="cuda", dtype=torch.bfloat16)
     table = torch.stack([torch.randperm(blocks, device="cuda")[:per_row] for _ in range(rows)])
     positions = torch.randint(0, per_row * size, (rows,), device="cuda")
+    positions[0] = 0  # a length of 1
     q = torch.randn(rows, heads, dim, device="cuda", dtype=torch.bfloat16)
-    got = paged_decode_attention(q, keys, values, table, positions, dim ** -0.5).float()
     gathered_k = keys[:, table].reshape(kv, rows, -1, dim).transpose(0, 1).float()  # (rows, kv, span, dim)
     gathered_v = values[:, table].reshape(kv, rows, -1, dim).transpose(0, 1).float()
     rep = heads // kv
@@ -35,7 +36,10 @@ def test_the_kernel_equals_attention_over_gathered_blocks_in_bf16():
     span = torch.arange(gathered_k.shape[2], device="cuda")
     scores = scores.masked_fill(span[None, None, None, :] > positions[:, None, None, None], float("-inf"))
     want = torch.einsum("bkrs,bksd->bkrd", torch.softmax(scores, -1), gathered_v).reshape(rows, heads, dim)
-    assert (got - want).abs().max().item() < 2e-2  # one bf16 rounding of the output (values of order 1)
+    for splits in (None, 1, 2, 8):  # None: split_count of these shapes and the GPU's SMs
+        got = paged_decode_attention(q, keys, values, table, positions, dim ** -0.5, splits=splits).float()
+        # bf16 roundings of the probabilities (tl.dot's p.V, as the gather path's) and of the output (values of order 1)
+        assert (got - want).abs().max().item() < 2e-2, splits
 
 
 def test_the_compiled_graph_engine_with_the_kernel_gives_the_gather_paths_tokens(tmp_path):
