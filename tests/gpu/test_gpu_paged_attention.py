@@ -3,7 +3,8 @@ equals attention over the gathered blocks in one split, in the split count it ch
 and in 2 and 8 splits, and the engine's fused step with `paged_attention="triton"`, compiled by Inductor and captured
 as CUDA graphs, gives the gather path's greedy tokens in float32 (its rows split in two: 96 positions, two tiles). The
 CPU twin runs the same checks under Triton's interpreter (packages/hwrun/tests/test_hwrun_engine_paged_attention.py).
-Written 2026-12-06 without a GPU left in the session: not yet run."""
+The split version (issue 38) is written 2026-12-06 without a GPU: not yet run here (the first, unsplit kernel's
+tests ran on an H200 at 20:19, docs/gpu-tests.md)."""
 
 from __future__ import annotations
 
