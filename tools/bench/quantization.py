@@ -24,6 +24,9 @@ minutes, most of it compiling Transformers' static-cache rows: give it 15 minute
 hwrun's rows). Each row records `elapsed_s` (load excluded) and the JSON `elapsed_s` per phase, so a run cut short
 still shows where its time went.
 
+Each method records its LM head (`lm_head`: the weight's class, dtype and whether it is still tied to the input
+embedding; hwrun quantizes it, untied, for int8/int4 weight-only since issue 43.3), and each speed row its class.
+
 Writes DIR/quantization.json (after every row), DIR/quantization.md and DIR/quantization.png; prints each row.
 """
 
@@ -201,6 +204,15 @@ def quantization_of(method):
     return None if method in ("bf16", "bfloat16", "none") else method
 
 
+def lm_head_of(model):
+    """{"weight": the LM head weight's class (a torchao tensor when hwrun quantized it), "dtype", "tied": whether it
+    is still the input embedding's weight} for the JSON rows (issue 43.3: the head is quantized, untied, by default)."""
+    head = model.get_output_embeddings().weight
+    embedding = model.get_input_embeddings().weight
+    return {"weight": type(head).__name__ if type(head).__name__ != "Parameter" else "Tensor",
+            "dtype": str(head.dtype).removeprefix("torch."), "tied": head is embedding}
+
+
 def quality(hwrun, folder, methods, device_kind, half, seqs, length, label):
     """{"float32_perplexity", "parameters", method: {argmax_agreement, perplexity} or {error}} for the model at
     `folder`: teacher-forced next-token argmax of each method against float32, on fixed random sequences and on the
@@ -230,7 +242,8 @@ def quality(hwrun, folder, methods, device_kind, half, seqs, length, label):
         agree = (forward_logits(model, ids).argmax(-1) == ref).float().mean()
         out[method] = {"argmax_agreement": float(agree),
                        "text_argmax_agreement": float((text_logits.argmax(-1) == ref_text).float().mean()),
-                       "perplexity": perplexity(text_logits, sample), "reason": plan.reasons["quantization"]}
+                       "perplexity": perplexity(text_logits, sample), "reason": plan.reasons["quantization"],
+                       "lm_head": lm_head_of(model)}
         print(f"{label}: {method:18s} agreement {out[method]['argmax_agreement']:.4f} (text "
               f"{out[method]['text_argmax_agreement']:.4f})  perplexity {out[method]['perplexity']:.2f} "
               f"(float32 {out['float32_perplexity']:.2f})", flush=True)
@@ -252,6 +265,8 @@ def speed(hwrun, torch, folder, method, entry, rows, *, device_kind, half, batch
         print(f"{method:18s} not run: {entry['error'][:200]}", flush=True)
         save()
         return
+    entry["lm_head"] = lm_head_of(model)
+    print(f"{method:18s} LM head: {entry['lm_head']}", flush=True)
     device = Device(plan)
     for batch in batches:
         texts = prompts_of(tokenizer, batch, prompt_len, seed=batch)
@@ -269,7 +284,7 @@ def speed(hwrun, torch, folder, method, entry, rows, *, device_kind, half, batch
         if hf_compile:
             runs.append(("transformers static cache + compile", static_cache, lambda r, b=batch: b * new_tokens))
         for name, run, produced in runs:
-            row = {"method": method, "batch": batch, "name": name}
+            row = {"method": method, "batch": batch, "name": name, "lm_head": entry["lm_head"]["weight"]}
             mark = time.perf_counter()
             try:
                 seconds, peak, result = measure(run, device, repeats)
@@ -321,16 +336,18 @@ def write_report(results, out):
                 lines.append(f"| {method} | {entry['argmax_agreement']:.2%} | {entry['text_argmax_agreement']:.2%} | "
                              f"{entry['perplexity']:.2f} |")
     lines += ["", "## Decode speed"]
-    lines += ["", "| method | prompts | path | tokens/s | vs bf16 | peak memory | decode |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "| method | prompts | path | tokens/s | vs bf16 | peak memory | decode | LM head |",
+              "|---|---|---|---|---|---|---|---|"]
     versus = {(r["method"], r["batch"], r["name"]): r["vs_bf16"] for r in results.get("ratios", [])}
     for row in results["rows"]:
         if "tokens_per_s" not in row:
-            lines.append(f"| {row['method']} | {row['batch']} | {row['name']} | failed: {row['error'][:100]} | | | |")
+            lines.append(f"| {row['method']} | {row['batch']} | {row['name']} | failed: {row['error'][:100]} | | | | "
+                         f"{row.get('lm_head', '')} |")
             continue
         ratio = versus.get((row["method"], row["batch"], row["name"]))
         peak = f"{row['peak_bytes'] / 2**30:.2f} GiB" if row.get("peak_bytes") is not None else "n/a"
         lines.append(f"| {row['method']} | {row['batch']} | {row['name']} | {row['tokens_per_s']:.1f} | "
-                     f"{f'{ratio:.2f}x' if ratio else '–'} | {peak} | {row.get('decode', '')} |")
+                     f"{f'{ratio:.2f}x' if ratio else '–'} | {peak} | {row.get('decode', '')} | {row.get('lm_head', '')} |")
     (out / "quantization.md").write_text("\n".join(lines) + "\n")
     try:
         import matplotlib

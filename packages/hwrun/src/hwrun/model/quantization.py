@@ -175,9 +175,15 @@ def keep_cpu_4bit_layers_unpacked(model: Any) -> dict[str, str]:
 
 
 def after_load(model: Any, plan: Any) -> None:
-    """What a quantized model needs once loaded, before its first forward (called by `load()` for every path)."""
+    """What a quantized model needs once loaded, before its first forward (called by `load()` for every path):
+    bitsandbytes' CPU 4-bit layers its repacking cannot take, and the LM head of a torchao weight-only plan
+    (`quantize_lm_head`; a plan with `quantize_lm_head=False` keeps it in the planned dtype)."""
     if getattr(model, "is_quantized", False) or plan.quantization:
         keep_cpu_4bit_layers_unpacked(model)
+    method = lm_head_method(plan)
+    if method is not None and getattr(plan, "quantize_lm_head", True):
+        done = quantize_lm_head(model, method)
+        logger.info("%s", done)
 
 
 # ---- every method of the table (issue 43): plan, pre-quantized checkpoints, the config passed to from_pretrained ----
@@ -192,14 +198,17 @@ INT4_GROUP_SIZES = (128, 64, 32)
 class QuantizationChoice:
     """What the plan holds for quantization: `value` (the plan's `quantization`: "4bit"/"8bit" for bitsandbytes, else
     the method's name; None for none), the table's `method`, whether the checkpoint is `pre_quantized` (its
-    config.json has a `quantization_config`: Transformers reads it, hwrun passes none), the `reason`, and `bits`
-    for the size estimate (None: the weights keep the planned dtype or the checkpoint's own packing)."""
+    config.json has a `quantization_config`: Transformers reads it, hwrun passes none), the `reason`, `bits`
+    for the size estimate (None: the weights keep the planned dtype or the checkpoint's own packing), and whether
+    the LM head is quantized too (`quantize_lm_head`)."""
 
     value: str | None
     method: str | None
     pre_quantized: bool
     reason: str
     bits: int | None
+    #: the LM head is quantized too (an untied copy where it is tied to the input embedding; `LM_HEAD_METHODS`)
+    quantize_lm_head: bool = False
 
     @property
     def size_key(self) -> str | None:
@@ -299,11 +308,12 @@ def quantize_methods() -> tuple[str, ...]:
 
 
 def plan_quantization(quantization: str | None, accel: hwenv.Accelerator, dtype: str,
-                      config: dict | None = None) -> QuantizationChoice:
+                      config: dict | None = None, *, quantize_lm_head: bool = True) -> QuantizationChoice:
     """Decide quantization for the plan, before anything loads: the requested method (`--quantize`, or "4bit"/"8bit")
     and/or the checkpoint's own `quantization_config`, checked against the table row of the accelerator's kind, the
     cell's finer rule (compute capability, Gaudi generation, dtype) and the library being installed. Raises
-    QuantizationError naming the value, the rule and the fix."""
+    QuantizationError naming the value, the rule and the fix. `quantize_lm_head`: for the torchao weight-only methods
+    quantizing on load (`LM_HEAD_METHODS`), quantize the LM head too (the default; False keeps it in `dtype`)."""
     from .quantization_table import (
         METHODS,
         QUANTIZATION_TABLE,
@@ -359,8 +369,12 @@ def plan_quantization(quantization: str | None, accel: hwenv.Accelerator, dtype:
                     f"unquantized model on load here (--quantize int4-weight-only).")
     elif name == "int4-weight-only":
         reason += f"; {int4_group_size(config)[1]}"
+    head_too = found is None and name in LM_HEAD_METHODS  # quantized on load by a weight-only method
+    if head_too:
+        reason += f"; {lm_head_reason(config, dtype, quantize_lm_head)}"
     _require_library(value, method)
-    return QuantizationChoice(value, name, found is not None, reason, None if found else method.bits)
+    return QuantizationChoice(value, name, found is not None, reason, None if found else method.bits,
+                              head_too and quantize_lm_head)
 
 
 PLAN_VALUE_BNB = ("bnb-4bit", "bnb-8bit")
@@ -422,6 +436,166 @@ def torchao_config(name: str, device_type: str, config: dict | None = None) -> A
     from torchao.quantization.quantize_.workflows import Int4PackingFormat
 
     return Int4WeightOnlyConfig(group_size=group_size, int4_packing_format=getattr(Int4PackingFormat, layout_name))
+
+
+# ---- the LM head (issue 43.3): quantized too for the weight-only methods, untied from the input embedding ----
+
+#: The torchao methods whose quantize-on-load also quantizes the LM head (`quantize_lm_head`). Transformers'
+#: TorchAoConfig leaves the output embedding unquantized (`quantizers/base.py get_keys_to_not_convert`), and its
+#: `include_input_output_embeddings` / `untie_embedding_weights` options (transformers 5.22.2 to 5.25, the same code)
+#: quantize the *input* embedding and tie nothing to a quantized head: on a tied Llama the head stayed the bf16
+#: embedding with every combination of them and `modules_to_not_convert=[]` (checked on the CPU). So hwrun quantizes
+#: the head itself after load with torchao's `quantize_`, with the method's own config. A batch-1 decode step reads
+#: the whole head every token: the 1.24B Llama's 128,256 x 2,048 head (tied, bf16) was 0.49 GiB of the ~1.03 GiB an
+#: int4 token read on an H100, and int4 decoded at 0.84x bf16 (docs/benchmarks/quantization.md). The dynamic and
+#: float8 methods keep it: their activation rounding at the head would add to the logits' error, untested here.
+LM_HEAD_METHODS = ("int8-weight-only", "int4-weight-only")
+
+
+def lm_head_reason(config: dict | None, dtype: str, quantized: bool = True) -> str:
+    """The plan's words on the LM head of a weight-only torchao plan (`quantized`: the head is quantized too)."""
+    text = (config or {}).get("text_config") or config or {}
+    vocab, hidden, tied = text.get("vocab_size"), text.get("hidden_size"), text.get("tie_word_embeddings")
+    shape = f" ({int(vocab):,} x {int(hidden):,})" if vocab and hidden else ""
+    if not quantized:
+        return f"LM head{shape} kept in {dtype} (quantize_lm_head=False){'; tied to the input embedding' * bool(tied)}"
+    if tied:
+        how = (f"untied: the input embedding stays {dtype} for the lookup and the head becomes its own quantized "
+               "copy, the only added weight")
+    else:
+        how = "not tied to the input embedding" if tied is False else "untied first if tied to the input embedding"
+    return (f"LM head{shape} quantized too ({how}): a batch-1 decode step reads the whole head every token (a 1.24B "
+            "Llama's bf16 head was half of what an int4 token read, docs/benchmarks/quantization.md); training mode "
+            "(LoRA) gets the plain head back; quantize_lm_head=False keeps it")
+
+
+def lm_head_method(plan: Any) -> str | None:
+    """The method `after_load` quantizes the LM head of `plan`'s model with, or None: a torchao weight-only plan
+    quantizing an unquantized checkpoint on load (a pre-quantized checkpoint keeps its own head)."""
+    from .quantization_table import method_name
+
+    if not plan.quantization or method_name(plan.quantization) not in LM_HEAD_METHODS:
+        return None
+    source = plan.model_source() if hasattr(plan, "model_source") else None
+    if source is not None and checkpoint_quantization(source.config) is not None:
+        return None
+    return method_name(plan.quantization)
+
+
+def _is_torchao(weight: Any) -> bool:
+    try:
+        from torchao.utils import TorchAOBaseTensor
+    except ImportError:
+        return False
+    return isinstance(weight, TorchAOBaseTensor)
+
+
+def quantize_lm_head(model: Any, method: str) -> str:
+    """Quantize `model`'s LM head with the torchao weight-only `method` in place, after a load that quantized the
+    rest of it; returns what was done (for the log). A head tied to the input embedding is untied without a copy:
+    torchao builds the quantized weight from the shared one and sets it on the head alone, the embedding keeps the
+    original for its lookup, and the config says `tie_word_embeddings=False` (and the model's tied-weights map loses
+    the head) so a later `tie_weights()` does not tie them again. A head torchao cannot take keeps its weight (and its
+    tie), with a warning saying why.
+
+    The quantized head is for inference: putting the model in training mode (`model.train()`, as Trainer does) gives
+    the head a plain weight back (`_HeadForTraining`): a tied head the input embedding's own parameter (tied again, as
+    before the load), an untied one its quantized weight dequantized (no second copy was kept), so LoRA training on a
+    quantized base runs as before (training's fused loss reads the head's weight as a plain matrix, and an untied
+    quantized copy of a tied head would only add memory there)."""
+    import torch
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    if not isinstance(head, torch.nn.Linear) or weight is None:
+        return f"LM head not quantized: the output embedding is a {type(head).__name__}, not a Linear layer"
+    if _is_torchao(weight):
+        return f"LM head already quantized ({type(weight).__name__})"
+    if not any(_is_torchao(getattr(m, "weight", None)) for m in model.modules()):
+        return "LM head not quantized: the model's other layers are not torchao-quantized (an unquantized load)"
+    if weight.device.type == "meta" or getattr(head, "_hf_hook", None) is not None:
+        return "LM head not quantized: it is offloaded by the device map (accelerate moves it per forward)"
+    if head.training:
+        return "LM head not quantized: the model is in training mode (the quantized head is for inference)"
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    tied = getattr(embedding, "weight", None) is weight
+    from torchao.quantization import quantize_
+
+    config = model.config.to_dict() if hasattr(model.config, "to_dict") else None
+    dtype = str(weight.dtype).removeprefix("torch.")
+    try:
+        quantize_(head, torchao_config(method, weight.device.type, config))
+    except Exception as exc:  # noqa: BLE001 - torchao's refusals (assertions on shapes) keep the head as it was
+        why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        logger.warning("LM head kept in %s: torchao %s could not quantize it (%s)", dtype, method, why)
+        return f"LM head kept in {dtype}: torchao {method} could not quantize it ({why})"
+    _HeadForTraining(head, weight if tied else None, _untie(model, head) if tied else [])
+    return (f"LM head {tuple(weight.shape)} quantized with {method} ({type(head.weight).__name__})"
+            + (f"; untied from the input embedding, which stays {dtype} for the lookup" if tied else ""))
+
+
+def _untie(model: Any, head: Any) -> list[tuple[Any, dict, str, str]]:
+    """Record that `head` is no longer tied to the input embedding: every config saying `tie_word_embeddings` says
+    False, and Transformers' tied-weights maps (`all_tied_weights_keys`) lose the head's weight. Returns what was
+    changed, as (object, map or None, key, old value) for `_HeadForTraining` to put back."""
+    changed: list[tuple[Any, dict, str, str]] = []
+    configs = [model.config]
+    if hasattr(model.config, "get_text_config"):
+        configs.append(model.config.get_text_config(decoder=True))
+    for module in model.modules():
+        tied = getattr(module, "all_tied_weights_keys", None)
+        if isinstance(tied, dict):
+            for name, sub in module.named_modules():
+                if sub is head and f"{name}.weight" in tied:
+                    changed.append((module, tied, f"{name}.weight", tied.pop(f"{name}.weight")))
+            if getattr(module, "config", None) is not None:
+                configs.append(module.config)
+    for config in {id(c): c for c in configs}.values():  # configs are not hashable
+        if getattr(config, "tie_word_embeddings", False):
+            config.tie_word_embeddings = False
+            changed.append((config, None, "tie_word_embeddings", True))
+    return changed
+
+
+class _HeadForTraining:
+    """Installed on a quantized LM head as its `train` method; the first `train(True)` gives the head a plain weight
+    before switching the mode: `tied` (the input embedding's parameter the head shared before it was quantized) with
+    the tie recorded again (`untied`), else the quantized weight dequantized. `train(False)` only switches the mode."""
+
+    def __init__(self, head: Any, tied: Any, untied: list) -> None:
+        self.head, self.tied, self.untied = head, tied, untied
+        self.train = type(head).train.__get__(head)
+        head.train = self
+
+    def __call__(self, mode: bool = True) -> Any:
+        if mode and self.head.__dict__.get("train") is self:
+            del self.head.train  # the module's own train() from now on
+            self._plain_weight()
+        return self.train(mode)
+
+    def _plain_weight(self) -> None:
+        import torch
+
+        quantized = self.head.weight
+        name = type(quantized).__name__
+        if self.tied is not None:
+            self.head.weight = self.tied
+            for target, mapping, key, old in self.untied:
+                if mapping is None:
+                    setattr(target, key, old)
+                else:
+                    mapping[key] = old
+            logger.info("training mode: the LM head is the input embedding's weight again (tied), not its %s copy",
+                        name)
+            return
+        try:
+            plain = quantized.dequantize()
+        except Exception as exc:  # noqa: BLE001 - a layout without dequantize keeps its quantized head
+            logger.warning("training mode: the LM head stays %s (torchao could not dequantize it: %s)", name, exc)
+            return
+        self.head.weight = torch.nn.Parameter(plain, requires_grad=False)
+        logger.info("training mode: the LM head's %s weight is dequantized to %s (its values keep the rounding)",
+                    name, str(plain.dtype).removeprefix("torch."))
 
 
 def decode_blocker(value: str) -> str | None:
