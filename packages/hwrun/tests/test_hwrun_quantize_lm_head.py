@@ -5,12 +5,12 @@ a tiny untied one built here; nothing is downloaded."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib.util
 import json
 import logging
 import weakref
-from dataclasses import dataclass, fields
 from pathlib import Path
 
 import hwrun
@@ -30,15 +30,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchao") is None, rea
 TEXT = Path(hwrun.DEFAULT_MODEL) / "sample_train.txt"
 
 
-@dataclass(frozen=True)
-class KeepHeadPlan(RunPlan):
-    """A plan with the opt-out field `after_load` reads (`quantize_lm_head`; RunPlan has no such field yet)."""
-
-    quantize_lm_head: bool = False
-
-
-def _keep_head(plan: RunPlan) -> KeepHeadPlan:
-    return KeepHeadPlan(**{f.name: getattr(plan, f.name) for f in fields(plan)})
+def _keep_head(plan: RunPlan) -> RunPlan:
+    return dataclasses.replace(plan, quantize_lm_head=False)
 
 
 def _is_torchao(weight) -> bool:
@@ -143,7 +136,9 @@ def test_int4_quantizes_the_head_on_the_cpu_layout_and_generates(reference):
 
 
 def test_the_opt_out_keeps_the_head_tied_in_the_planned_dtype(reference):
-    plan = _keep_head(hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu", quantization="int8-weight-only"))
+    plan = hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu", quantization="int8-weight-only", quantize_lm_head=False)
+    assert plan.to_dict()["quantize_lm_head"] is False and "quantize_lm_head=False" in plan.reasons["quantization"]
+    assert hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu", quantization="int8-weight-only").quantize_lm_head is True
     model, _ = hwrun.load(plan)
     assert type(model.model.layers[0].self_attn.q_proj.weight).__name__ == "Int8Tensor"  # the rest is quantized
     assert not _is_torchao(model.lm_head.weight) and model.lm_head.weight is model.model.embed_tokens.weight
@@ -187,3 +182,20 @@ def test_nothing_happens_to_the_head_of_an_unquantized_or_pre_quantized_load(ref
     said = quantize_lm_head(model, "int8-weight-only")
     assert said == "LM head not quantized: the model's other layers are not torchao-quantized (an unquantized load)"
     assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_plan_refuses_a_non_bool_quantize_lm_head():
+    from hwrun.errors import PlanError
+
+    with pytest.raises(PlanError, match="quantize_lm_head='no' must be True or False"):
+        hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu", quantize_lm_head="no")
+
+
+def test_the_cli_keep_lm_head_flag_reaches_the_plan(capsys):
+    from hwrun.cli.main import main
+
+    assert main(["plan", "--device", "cpu", "--quantize", "int8-weight-only", "--keep-lm-head", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["quantize_lm_head"] is False and "kept" in shown["reasons"]["quantization"]
+    assert main(["plan", "--device", "cpu", "--quantize", "int8-weight-only", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["quantize_lm_head"] is True

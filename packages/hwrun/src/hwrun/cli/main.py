@@ -44,6 +44,9 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                         help="int4-weight-only, int8-weight-only, int8-dynamic, float8 (torchao), bnb-4bit, bnb-8bit, "
                              "hqq, or awq, gptq, auto-round, compressed-tensors, fp8 (pre-quantized checkpoints); "
                              "refused before load where the device does not run it (hwrun's README has the table)")
+    parser.add_argument("--keep-lm-head", action="store_true",
+                        help="with --quantize int8/int4-weight-only: keep the LM head in the model's dtype (by "
+                             "default it is quantized too, as an untied copy: half of an int4 token's bytes otherwise)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code")
 
 
@@ -64,7 +67,8 @@ def _plan_from(args: argparse.Namespace, model: str | None):
 
     run_plan = plan(model, device=args.device, dtype=args.dtype, attention=args.attention,
                     use_kernels=args.use_kernels, compile=args.compile, quantization=_quantization_of(args),
-                    trust_remote_code=args.trust_remote_code, tp=getattr(args, "tp", 1))
+                    trust_remote_code=args.trust_remote_code, tp=getattr(args, "tp", 1),
+                    quantize_lm_head=not getattr(args, "keep_lm_head", False))
     note_plan(run_plan)
     return run_plan
 

@@ -100,6 +100,8 @@ class RunPlan:
     tp: int = 1
     #: how they split it (`hwrun.parallel.checks.TensorParallelPlan`), when `tp` > 1
     parallel: Any = None
+    #: torchao int8/int4 weight-only quantize-on-load also quantizes the LM head (an untied copy); False keeps it
+    quantize_lm_head: bool = True
 
     def model_source(self) -> ModelSource:
         """`model`'s checked source: the one `plan()` resolved, or resolved now for a plan built otherwise (or whose
@@ -144,6 +146,7 @@ class RunPlan:
                 "warned": self.compile.warned, "reason": self.compile.reason,
             },
             "quantization": self.quantization,
+            "quantize_lm_head": self.quantize_lm_head,
             "env": dict(self.env),
             "trust_remote_code": self.trust_remote_code,
             "dist_backend": {
@@ -394,10 +397,12 @@ def plan(
     quantization: str | None = None,
     trust_remote_code: bool = False,
     tp: int = 1,
+    quantize_lm_head: bool = True,
 ) -> RunPlan:
     """Decide how to run `model` (default: the shipped tiny model) here; nothing loads. Raises PlanError.
     `tp=N` splits it across N processes, one per device, with Transformers' tensor-parallel plan
-    (`hwrun.parallel`; TensorParallelError, a PlanError, when it cannot run here)."""
+    (`hwrun.parallel`; TensorParallelError, a PlanError, when it cannot run here). `quantize_lm_head=False` keeps the
+    LM head in the planned dtype under torchao int8/int4 weight-only quantize-on-load (default: quantized too)."""
     import hwattn
     import hwcompile
     import hwdist
@@ -407,6 +412,8 @@ def plan(
         raise PlanError(f"use_kernels={use_kernels!r} must be True or False.")
     if not isinstance(trust_remote_code, bool):
         raise PlanError(f"trust_remote_code={trust_remote_code!r} must be True or False.")
+    if not isinstance(quantize_lm_head, bool):
+        raise PlanError(f"quantize_lm_head={quantize_lm_head!r} must be True or False.")
     from ..parallel.checks import check_tp_value
 
     tp = check_tp_value(tp)
@@ -436,7 +443,8 @@ def plan(
                          else f"given: device={device!r}")
     dtype_name, reasons["dtype"] = choose_dtype(accel, dtype)
     # every method of hwrun's quantization table, and a pre-quantized checkpoint's own config (issue 43)
-    quant = plan_quantization(quantization, accel, dtype_name, model_config(source))
+    quant = plan_quantization(quantization, accel, dtype_name, model_config(source),
+                              quantize_lm_head=quantize_lm_head)
     reasons["quantization"] = quant.reason
     nbytes, how = weight_bytes(source, dtype_name, quant.size_key)
     # tp > 1: no device_map (each rank loads its shards; below), so no single-device split or offload is chosen
@@ -511,4 +519,5 @@ def plan(
         source=source,
         tp=tp,
         parallel=parallel,
+        quantize_lm_head=quantize_lm_head,
     )
