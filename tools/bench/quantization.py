@@ -122,6 +122,11 @@ def main(argv=None):
     parser.add_argument("--compile", action="store_true",
                         help="hwrun.plan(compile=True) for the speed rows: hwrun's graph step compiled by Inductor "
                              "(default: the eager step captured as one graph, hwrun's default)")
+    parser.add_argument("--skip-quality", action="store_true",
+                        help="leave out the argmax-agreement / perplexity pass (speed rows only)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after each method's hwrun.generate rows, one more call per batch under torch.profiler: "
+                             "the device-kernel table goes to OUT/profile-METHOD-bBATCH.txt")
     args = parser.parse_args(argv)
     offline_transformers()  # Transformers' static cache + compile rows: no Hub kernels offline (bench_record)
 
@@ -171,15 +176,16 @@ def main(argv=None):
     elapsed = results.setdefault("elapsed_s", {})
     # quality on the shipped tiny model first: it is trained (on the shipped text), so its agreement and perplexity
     # mean something; the benchmark model's random weights make its figures a stress test only
-    if not args.model:
+    if not args.model and not args.skip_quality:
         results["tiny_trained_quality"] = quality(hwrun, hwrun.DEFAULT_MODEL, methods, device_kind, half,
                                                   quality_seqs, quality_len, label="shipped tiny model")
         elapsed["tiny quality"] = round(time.perf_counter() - started, 1)
         save()
     mark = time.perf_counter()
-    results["quality"] = quality(hwrun, str(folder), methods, device_kind, half, quality_seqs, quality_len,
-                                 label="benchmark model")
-    elapsed["quality"] = round(time.perf_counter() - mark, 1)
+    if not args.skip_quality:
+        results["quality"] = quality(hwrun, str(folder), methods, device_kind, half, quality_seqs, quality_len,
+                                     label="benchmark model")
+        elapsed["quality"] = round(time.perf_counter() - mark, 1)
     probe = hwrun.plan(str(folder), device=device_kind, dtype=half)
     results.update(device=probe.accelerator.names[0] if probe.accelerator.names else probe.device,
                    kind=probe.accelerator.kind)
@@ -189,7 +195,8 @@ def main(argv=None):
         entry = results["methods"].setdefault(method, {})
         speed(hwrun, torch, folder, method, entry, results["rows"], device_kind=device_kind, half=half,
               batches=batches, prompt_len=prompt_len, new_tokens=new_tokens, repeats=args.repeats,
-              hf_compile=not args.skip_hf_compile, save=save, compile_step=args.compile)
+              hf_compile=not args.skip_hf_compile, save=save, compile_step=args.compile,
+              profile_to=out if args.profile else None)
         free_memory()
         elapsed[f"speed {method}"] = round(time.perf_counter() - mark, 1)
     results["ratios"] = ratios(results["rows"])
@@ -253,7 +260,7 @@ def quality(hwrun, folder, methods, device_kind, half, seqs, length, label):
 
 
 def speed(hwrun, torch, folder, method, entry, rows, *, device_kind, half, batches, prompt_len, new_tokens, repeats,
-          hf_compile, save, compile_step=False):
+          hf_compile, save, compile_step=False, profile_to=None):
     """Load `method` and measure each batch and path into `rows` (the model is freed when this returns)."""
     try:
         plan = hwrun.plan(str(folder), device=device_kind, dtype=half, quantization=quantization_of(method),
@@ -299,6 +306,27 @@ def speed(hwrun, torch, folder, method, entry, rows, *, device_kind, half, batch
             shown = f"{row['tokens_per_s']:10.1f} tokens/s" if "tokens_per_s" in row else f"FAILED {row['error'][:120]}"
             print(f"{method:18s} {batch:3d} {name:40s} {shown}", flush=True)
             save()
+        if profile_to is not None:
+            entry.setdefault("profiles", {})[str(batch)] = profile_kernels(torch, auto, profile_to, method, batch)
+            save()
+
+
+def profile_kernels(torch, run, out, method, batch):
+    """One more `run()` under torch.profiler (host and device activity): its kernel table, sorted by device time,
+    into OUT/profile-METHOD-bBATCH.txt; returns that file's name (or the error)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():  # platform-boundary: bench host probe (the profiler's device activity)
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    name = f"profile-{method}-b{batch}.txt"
+    try:
+        with torch.profiler.profile(activities=activities) as prof:
+            run()
+        sort = "self_cuda_time_total" if len(activities) > 1 else "self_cpu_time_total"
+        (Path(out) / name).write_text(prof.key_averages().table(sort_by=sort, row_limit=40,
+                                                                max_name_column_width=90))
+        return name
+    except Exception as exc:  # noqa: BLE001 - a profile that fails is noted, the rows stand
+        return f"failed: {type(exc).__name__}: {exc}"
 
 
 def ratios(rows):
