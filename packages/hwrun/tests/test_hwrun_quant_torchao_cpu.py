@@ -49,14 +49,15 @@ def test_quantize_on_load_and_generate(tiny, reference, method, tensor):
 @pytest.mark.parametrize("batching", ["static", "continuous"])
 def test_hwrun_graph_loops_run_torchao_weights_as_they_are(tiny, method, batching):
     """Both of hwrun's loops (the static-cache decoder and the engine) run torchao's tensor-subclass weights through
-    the model's own forward (the fused step refuses quantized weights: no dequantized copies), giving Transformers'
-    greedy tokens on the same quantized model (issue 43.2)."""
+    the fused step, unfused (q/k/v and gate/up as separate torchao products: no dequantized copies), giving
+    Transformers' greedy tokens on the same quantized model (issue 43.2)."""
     plan = hwrun.plan(tiny, device="cpu", quantization=method)
     model, tokenizer = hwrun.load(plan)
     # Transformers' paged-cache runner (generate_batch) refuses torchao weights: its static loop is the reference
     want = hwrun.generate(plan, PROMPTS, 6, model=model, tokenizer=tokenizer, decode="generate", batching="static")
     got = hwrun.generate(plan, PROMPTS, 6, model=model, tokenizer=tokenizer, decode="graphs", batching=batching)
-    assert got.decode == "graphs" and got.batching == batching and "model's own forward" in got.decode_reason
+    assert got.decode == "graphs" and got.batching == batching, got.decode_reason
+    assert "fused" in got.decode_reason and "model forward" not in got.decode_reason, got.decode_reason
     assert _weight_types(model) != {"Parameter"}  # still quantized after the run: no dequantized copy was swapped in
     assert got.token_ids == want.token_ids
 
@@ -81,7 +82,7 @@ def test_the_engine_serves_torchao_weights(tiny):
     plan = hwrun.plan(tiny, device="cpu", quantization="int8-weight-only")
     model, _ = hwrun.load(plan)
     decision = decide_serving(plan, model, "slots")
-    assert decision.engine == "slots" and "fused step does not apply: quantized weights" in decision.reason
+    assert decision.engine == "slots" and "quantized weights" not in decision.reason, decision.reason
 
 
 @needs_bnb
@@ -183,3 +184,47 @@ def test_a_compressed_tensors_checkpoint_made_here_loads_compressed_on_the_cpu(t
     assert weights == {torch.int8}  # run compressed, not a dequantized copy
     result = hwrun.generate(plan, PROMPTS, 6, model=model, tokenizer=tokenizer)
     assert result.new_tokens == [6, 6] and result.token_ids == reference
+
+
+@needs_torchao
+@pytest.mark.parametrize("method", ["int8-weight-only", "int4-weight-only"])
+def test_the_fused_step_reads_torchao_weights_unfused_without_copies(tiny, method):
+    """The fused step over torchao weights keeps q/k/v and gate/up as the model's own quantized tensors (the same
+    objects: nothing concatenated or dequantized), and its logits equal the model's own forward's."""
+    import torch
+    from hwrun.inference.decode.fused_step import (
+        FusedLlamaStep,
+        fused_step_support,
+        torchao_weights,
+    )
+
+    plan = hwrun.plan(tiny, device="cpu", quantization=method)
+    model, _ = hwrun.load(plan)
+    assert torchao_weights(model) and fused_step_support(model) is None
+    step = FusedLlamaStep(model, batch_size=1, max_cache_len=16)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert step.unfused and step.fused_bytes == 0
+    held = (*step.layers[0]["qkv"], *step.layers[0]["gate_up"])
+    own = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight)
+    assert all(a is b for a, b in zip(held, own, strict=True))
+    assert step.lm_head is model.lm_head.weight
+    ids = torch.tensor([[5, 9, 13, 2, 7]])
+    with torch.inference_mode():
+        got = step(ids, torch.arange(5)[None, :])
+        want = model(ids).logits[:, -1]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_other_quantized_layers_keep_the_model_forward():
+    """A quantized model whose layers are not torchao tensors on plain Linears (bitsandbytes' modules, ...) is not
+    the fused step's: `torchao_weights` says no (checked on stand-ins, by class, without those libraries)."""
+    import torch
+    from hwrun.inference.decode.fused_step import torchao_weights
+
+    class Linear4bit(torch.nn.Linear):
+        pass
+
+    Linear4bit.__module__ = "bitsandbytes.nn.modules"
+    model = torch.nn.Sequential(Linear4bit(4, 4))
+    assert not torchao_weights(model)
+    assert not torchao_weights(torch.nn.Sequential(torch.nn.Linear(4, 4)))  # nothing of torchao's at all

@@ -601,9 +601,9 @@ class _HeadForTraining:
 def decode_blocker(value: str) -> str | None:
     """Why hwrun's graph decode loops (and its serving engine) do not run a plan quantized with `value`, or None when
     they do: named by method and library, for `inference.decision`. torchao's weights are tensor subclasses that the
-    model's own forward runs as they are (torchao builds them for `torch.compile` and graphs), so both loops run them
-    through that step; the fused Llama step is never used for them (`decode/fused_step.py` refuses quantized models
-    rather than build dequantized copies). Other libraries' quantized layers (bitsandbytes' Linear4bit/Linear8bitLt,
+    model's own forward runs as they are (torchao builds them for `torch.compile` and graphs), so both loops run them:
+    through the fused Llama step, unfused (`decode/fused_step.py`'s `torchao_weights`: separate products, no
+    dequantized copies), or the model's own forward for other families. Other libraries' quantized layers (bitsandbytes' Linear4bit/Linear8bitLt,
     AWQ/GPTQ kernels) have not been run inside hwrun's graph loops: Transformers' loop runs them."""
     from .quantization_table import METHODS, method_name
 

@@ -14,6 +14,13 @@ transient peak while fusing is one layer's q/k/v + gate/up). The model's values,
 keys, `requires_grad` and later in-place loads (`load_state_dict` copies into the views) are unchanged;
 a second decoder on the same model reuses the fused matrices. The fusion runs outside inference mode,
 so the weights stay ordinary tensors that training can use.
+
+torchao's quantized weights (int8/int4 weight-only, int8 dynamic: tensor subclasses on ordinary `Linear`s) run
+through the same step without fusing: concatenating packed int4/int8 tensors is not an operation torchao defines,
+and a dequantized copy would give the bytes back. q/k/v (and gate/up) are then separate matrix products over the
+same normed input (`torchao_weights`), each dispatched to torchao's kernel, while the rest of the step (the plain
+K/V writes, the attention over unrepeated KV heads, one graph) stays. Other quantized layers (bitsandbytes,
+compressed-tensors, AWQ/GPTQ modules) are not plain `Linear`s and keep the model's own forward.
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ def fused_step_support(model: Any) -> str | None:
         return f"model_type {model_type!r} is not one of {sorted(FUSED_MODEL_TYPES)}"
     if getattr(config, "pretraining_tp", 1) not in (None, 1):
         return "config.pretraining_tp > 1"
-    if getattr(model, "is_quantized", False) or getattr(model, "hf_quantizer", None) is not None:
+    quantized = getattr(model, "is_quantized", False) or getattr(model, "hf_quantizer", None) is not None
+    if quantized and not torchao_weights(model):
         return "quantized weights"
     if (getattr(model, "tp_size", None) or 1) > 1:
         return "tensor-parallel shards: the fused step reads whole weights"
@@ -55,6 +63,32 @@ def fused_step_support(model: Any) -> str | None:
         if not hasattr(layer, "input_layernorm") or not hasattr(layer, "post_attention_layernorm"):
             return f"layer {type(layer).__name__} has no input/post-attention norms"
     return None
+
+
+def _is_torchao(weight: Any) -> bool:
+    """Whether `weight` is one of torchao's quantized tensor subclasses (checked by class, without importing torchao)."""
+    return any(c.__module__.startswith("torchao.") for c in type(weight).__mro__)
+
+
+def torchao_weights(model: Any) -> bool:
+    """True when `model`'s quantized weights are torchao's tensor subclasses on plain `Linear`s (quantize-on-load or a
+    torchao checkpoint) and nothing else is quantized: the fused step runs them unfused (see the module's note)."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", None)
+    if quantizer is not None and str(getattr(method, "value", method)) != "torchao":
+        return False
+    found = False
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if weight is None:
+            continue
+        if _is_torchao(weight):
+            if type(module).__name__ not in ("Linear", "Embedding"):
+                return False
+            found = True
+        elif type(module).__module__.startswith(("bitsandbytes", "compressed_tensors", "gptqmodel", "awq", "hqq")):
+            return False
+    return found
 
 
 def _views_of(fused: tuple[Any, Any], linears: list[Any]) -> bool:
@@ -92,6 +126,28 @@ def fuse_linears(owner: Any, name: str, linears: list[Any]) -> tuple[Any, Any]:
             offset += rows
     owner.__dict__[name] = (weight, bias)  # a plain attribute: not a parameter, buffer or state_dict entry
     return weight, bias
+
+
+def _held(weight: Any) -> Any:
+    """The tensor the step reads for `weight`: detached, except torchao's (its subclasses cannot be detached under
+    inference mode, and hold no autograd state worth dropping)."""
+    return weight if _is_torchao(weight) else weight.detach()
+
+
+def _separate(linears: list[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """(weights, biases) of `linears` as they are (torchao's quantized weights: not concatenated)."""
+    return (tuple(_held(linear.weight) for linear in linears),
+            tuple(None if linear.bias is None else linear.bias.detach() for linear in linears))
+
+
+def _linear(x: Any, weight: Any, bias: Any) -> Any:
+    """`F.linear` over a fused matrix, or over separate (torchao) matrices with the outputs concatenated."""
+    import torch
+    import torch.nn.functional as F
+
+    if isinstance(weight, tuple):
+        return torch.cat([F.linear(x, w, b) for w, b in zip(weight, bias, strict=True)], dim=-1)
+    return F.linear(x, weight, bias)
 
 
 #: Where `fuse_linears` keeps the fused matrices on the attention and MLP modules.
@@ -136,26 +192,33 @@ class FusedLlamaStep:
         self.embed = decoder.embed_tokens
         self.rotary = decoder.rotary_emb
         self.final_norm = _norm(decoder.norm)
-        self.lm_head = model.get_output_embeddings().weight.detach()
+        self.lm_head = _held(model.get_output_embeddings().weight)
         self.layers = []
         fused = 0
+        #: torchao's quantized weights: q/k/v and gate/up stay separate products (tuples below), nothing is fused
+        self.unfused = torchao_weights(model)
         for layer in decoder.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            qkv, qkv_bias = fuse_linears(attn, FUSED_QKV, [attn.q_proj, attn.k_proj, attn.v_proj])
-            gate_up, gate_up_bias = fuse_linears(mlp, FUSED_GATE_UP, [mlp.gate_proj, mlp.up_proj])
-            fused += qkv.numel() * qkv.element_size() + gate_up.numel() * gate_up.element_size()
+            if self.unfused:
+                qkv, qkv_bias = _separate([attn.q_proj, attn.k_proj, attn.v_proj])
+                gate_up, gate_up_bias = _separate([mlp.gate_proj, mlp.up_proj])
+            else:
+                qkv, qkv_bias = fuse_linears(attn, FUSED_QKV, [attn.q_proj, attn.k_proj, attn.v_proj])
+                gate_up, gate_up_bias = fuse_linears(mlp, FUSED_GATE_UP, [mlp.gate_proj, mlp.up_proj])
+                fused += qkv.numel() * qkv.element_size() + gate_up.numel() * gate_up.element_size()
             self.layers.append(dict(
                 norm_in=_norm(layer.input_layernorm), qkv=qkv, qkv_bias=qkv_bias,
-                o=attn.o_proj.weight.detach(), o_bias=None if attn.o_proj.bias is None else attn.o_proj.bias.detach(),
+                o=_held(attn.o_proj.weight), o_bias=None if attn.o_proj.bias is None else attn.o_proj.bias.detach(),
                 norm_post=_norm(layer.post_attention_layernorm), gate_up=gate_up, gate_up_bias=gate_up_bias,
-                down=mlp.down_proj.weight.detach(),
+                down=_held(mlp.down_proj.weight),
                 down_bias=None if mlp.down_proj.bias is None else mlp.down_proj.bias.detach(),
                 act=mlp.act_fn,
             ))
         self.fused_bytes = fused  # shared with the model's own q/k/v and gate/up weights
         self.extra_bytes = 0  # no second copy (see fuse_linears)
-        self.intermediate = self.layers[0]["gate_up"].shape[0] // 2
-        dtype, device = self.lm_head.dtype, self.lm_head.device
+        self.intermediate = mlp.gate_proj.out_features
+        # the embedding's (never quantized here): a torchao LM head reports its logical dtype, but is not the cache's
+        dtype, device = self.embed.weight.dtype, self.embed.weight.device
         shape = (batch_size, self.n_kv, max_cache_len, self.head_dim)
         self.paged = storage if getattr(storage, "paged", False) else None  # the engine's paged KV (kv_cache)
         if self.paged is not None:
@@ -265,7 +328,7 @@ class FusedLlamaStep:
             visible = causal_lower_right(length, offset + length)
         for i, layer in enumerate(self.layers):
             x = self._rms(hidden, layer["norm_in"])
-            qkv = F.linear(x, layer["qkv"], layer["qkv_bias"])
+            qkv = _linear(x, layer["qkv"], layer["qkv_bias"])
             q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
             q = q.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)
             k = k.view(batch, length, self.n_kv, self.head_dim).transpose(1, 2)
@@ -320,7 +383,10 @@ class FusedLlamaStep:
                 out = out.transpose(1, 2).reshape(batch, length, self.q_size)
             hidden = hidden + F.linear(out, layer["o"], layer["o_bias"])
             x = self._rms(hidden, layer["norm_post"])
-            gate, up = F.linear(x, layer["gate_up"], layer["gate_up_bias"]).split(self.intermediate, dim=-1)
+            if self.unfused:
+                gate, up = (F.linear(x, w, b) for w, b in zip(layer["gate_up"], layer["gate_up_bias"], strict=True))
+            else:
+                gate, up = F.linear(x, layer["gate_up"], layer["gate_up_bias"]).split(self.intermediate, dim=-1)
             hidden = hidden + F.linear(layer["act"](gate) * up, layer["down"], layer["down_bias"])
         if last_index is None:
             last = hidden[:, -1]

@@ -1,5 +1,5 @@
 """Quantized weights in hwrun's engine. torchao's weights are tensor subclasses that any step runs as they are (the
-model step; the fused step refuses them rather than keep dequantized copies). bitsandbytes' layers are modules with
+fused step runs them unfused, the model step through the model's own Linears; neither keeps dequantized copies). bitsandbytes' layers are modules with
 their own kernels: 4-bit `Linear4bit` runs the model's own forward, eagerly (bitsandbytes' kernels have not been
 captured in hwrun's graphs or compiled steps); 8-bit `Linear8bitLt` (LLM.int8) is refused, because its outlier
 split is decided per batch from the activations of every row in it, so a request's tokens would change with the
