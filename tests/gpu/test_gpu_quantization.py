@@ -111,7 +111,8 @@ def test_torchao_weights_run_in_hwruns_cuda_graph_decoders_with_transformers_gre
                           tokenizer=tokenizer)
     assert ours.decode == "graphs" and ours.batching == batching, ours.decode_reason
     assert ours.decode_reason.startswith("CUDA (compile off") and "CUDA graph" in ours.decode_reason
-    assert "model's own forward" in ours.decode_reason  # the fused step refuses quantized weights: no dequantized copy
+    # the fused step over torchao's weights, unfused (separate quantized products: no dequantized copy)
+    assert "fused" in ours.decode_reason and "model forward" not in ours.decode_reason, ours.decode_reason
     assert "model.generate" not in ours.decode_reason  # not a fallback to Transformers' loop
     assert _captured(model, runner), f"no {runner} decoder with captured CUDA graphs for {method}"
     assert _weight_types(model) == {WEIGHTS[method]}  # still quantized after the run
