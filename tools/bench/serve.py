@@ -533,9 +533,9 @@ def main(argv=None) -> int:
     parser.add_argument("--long-prompt-mix", action="store_true",
                         help="half the requests (every second one) get prompts of LONG_PROMPT_WORDS words (about one "
                              "token a word with the shipped tokenizer): a long prompt arriving while streams decode")
-    parser.add_argument("--long-prompt-words", default="1900,2000",
+    parser.add_argument("--long-prompt-words", default=None,
                         help="MIN,MAX words of the long prompts of --long-prompt-mix (default 1900,2000: ~2,000 "
-                             "tokens)")
+                             "tokens; --smoke: 300,400, inside the tiny model's 512-token context)")
     parser.add_argument("--generate-baseline", action="store_true", help="also time hwrun.generate at batch 1")
     parser.add_argument("--offline-engine", action="store_true",
                         help="also drive hwrun's engine without the server over the same requests (a row, and "
@@ -590,6 +590,8 @@ def main(argv=None) -> int:
 
     long_words = None
     if args.long_prompt_mix:
+        if args.long_prompt_words is None:
+            args.long_prompt_words = "300,400" if args.smoke else "1900,2000"
         low, _, high = args.long_prompt_words.partition(",")
         try:
             long_words = (int(low), int(high or low))

@@ -37,3 +37,30 @@ def test_a_launch_past_its_timeout_leaves_no_rank_running(tmp_path):
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in pids)
+
+
+def test_a_gloo_abort_relaunches_once_from_empty_outputs_and_other_failures_do_not(tmp_path):
+    from hwrun.testing import relaunch_after_gloo_abort
+
+    out = tmp_path / "out"
+    results = [subprocess.CompletedProcess([], -6, "", "exitcode  : -6 (pid: 1)  (SIGABRT)"),
+               subprocess.CompletedProcess([], 0, "done", "")]
+    seen = []
+
+    def launch():
+        seen.append(out.exists())
+        out.mkdir(exist_ok=True)
+        return results[len(seen) - 1]
+
+    with pytest.warns(UserWarning, match="aborted \\(SIGABRT\\)"):
+        assert relaunch_after_gloo_abort(launch, [out]).returncode == 0
+    assert seen == [False, False]  # the second launch found the first's folder removed
+
+    failed = subprocess.CompletedProcess([], 1, "", "Traceback: ValueError")
+    calls = []
+    assert relaunch_after_gloo_abort(lambda: calls.append(1) or failed, [out]) is failed and calls == [1]
+    twice = subprocess.CompletedProcess([], -6, "", "(SIGABRT)")
+    calls.clear()
+    with pytest.warns(UserWarning):
+        assert relaunch_after_gloo_abort(lambda: calls.append(1) or twice, [out]) is twice
+    assert calls == [1, 1]  # a second abort is returned, not retried again

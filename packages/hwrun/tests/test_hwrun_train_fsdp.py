@@ -27,6 +27,7 @@ from hwrun.testing import (
     assert_saved_full_model,
     launch_worker_runs,
     rank_outputs,
+    relaunch_after_gloo_abort,
 )
 from hwrun.training import TrainingConfigError, training_keywords
 
@@ -159,16 +160,11 @@ def launch_fsdp(tmp_path, data, *runs):
     2 of ~10 CI runs on 2026-12-06, only in the oldest-pair step (transformers 5.22.2) with both workers busy, never in
     a dozen runs of this file alone (the family of torch PR #179291); any other failure, a second abort, or an abort
     of a launch that resumes (its folders hold what it resumes from) fails."""
-    done = launch_worker_runs(WORKER, tmp_path, hwrun.DEFAULT_MODEL, data, list(runs))
-    fresh = not any(options.get("resume") for _, options in runs)
-    if done.returncode != 0 and fresh and "(SIGABRT)" in done.stderr + done.stdout:
-        import shutil
-        import warnings
+    def launch():
+        return launch_worker_runs(WORKER, tmp_path, hwrun.DEFAULT_MODEL, data, list(runs))
 
-        warnings.warn(f"a rank aborted inside gloo; launching again:\n{_failure(done)[:4000]}", stacklevel=2)
-        for out, _ in runs:
-            shutil.rmtree(out, ignore_errors=True)
-        done = launch_worker_runs(WORKER, tmp_path, hwrun.DEFAULT_MODEL, data, list(runs))
+    fresh = not any(options.get("resume") for _, options in runs)
+    done = relaunch_after_gloo_abort(launch, [out for out, _ in runs]) if fresh else launch()
     assert done.returncode == 0, _failure(done)
 
 
