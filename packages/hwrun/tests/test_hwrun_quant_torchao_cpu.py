@@ -228,3 +228,26 @@ def test_other_quantized_layers_keep_the_model_forward():
     model = torch.nn.Sequential(Linear4bit(4, 4))
     assert not torchao_weights(model)
     assert not torchao_weights(torch.nn.Sequential(torch.nn.Linear(4, 4)))  # nothing of torchao's at all
+
+
+@needs_torchao
+def test_the_fused_step_runs_torchao_weights_with_projection_biases(tmp_path):
+    """Qwen2's q/k/v carry biases: the unfused products add each projection's own bias (logits equal the model's
+    forward; the engine's greedy tokens equal Transformers' loop)."""
+    import torch
+    from hwrun.inference.decode.fused_step import FusedLlamaStep
+    from hwrun.testing.families import build_tiny_family
+
+    folder = str(build_tiny_family("qwen2", tmp_path / "qwen2"))
+    plan = hwrun.plan(folder, device="cpu", quantization="int8-weight-only")
+    model, tokenizer = hwrun.load(plan)
+    assert model.model.layers[0].self_attn.q_proj.bias is not None
+    step = FusedLlamaStep(model, batch_size=1, max_cache_len=16)
+    assert step.unfused and all(b is not None for b in step.layers[0]["qkv_bias"])
+    ids = torch.tensor([[5, 9, 13, 2, 7]])
+    with torch.inference_mode():
+        torch.testing.assert_close(step(ids, torch.arange(5)[None, :]), model(ids).logits[:, -1], rtol=1e-4,
+                                   atol=1e-4)
+    want = hwrun.generate(plan, PROMPTS, 6, model=model, tokenizer=tokenizer, decode="generate", batching="static")
+    got = hwrun.generate(plan, PROMPTS, 6, model=model, tokenizer=tokenizer, decode="graphs", batching="continuous")
+    assert "fused" in got.decode_reason and got.token_ids == want.token_ids
