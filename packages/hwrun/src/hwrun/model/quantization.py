@@ -482,12 +482,10 @@ def lm_head_method(plan: Any) -> str | None:
     return method_name(plan.quantization)
 
 
-def _is_torchao(weight: Any) -> bool:
-    try:
-        from torchao.utils import TorchAOBaseTensor
-    except ImportError:
-        return False
-    return isinstance(weight, TorchAOBaseTensor)
+def is_torchao_tensor(weight: Any) -> bool:
+    """Whether `weight` is one of torchao's quantized tensor subclasses (by class, without importing torchao: the
+    fused decode step asks this of every weight, quantized or not)."""
+    return any(c.__module__.startswith("torchao.") for c in type(weight).__mro__)
 
 
 def quantize_lm_head(model: Any, method: str) -> str:
@@ -509,9 +507,9 @@ def quantize_lm_head(model: Any, method: str) -> str:
     weight = getattr(head, "weight", None)
     if not isinstance(head, torch.nn.Linear) or weight is None:
         return f"LM head not quantized: the output embedding is a {type(head).__name__}, not a Linear layer"
-    if _is_torchao(weight):
+    if is_torchao_tensor(weight):
         return f"LM head already quantized ({type(weight).__name__})"
-    if not any(_is_torchao(getattr(m, "weight", None)) for m in model.modules()):
+    if not any(is_torchao_tensor(getattr(m, "weight", None)) for m in model.modules()):
         return "LM head not quantized: the model's other layers are not torchao-quantized (an unquantized load)"
     if weight.device.type == "meta" or getattr(head, "_hf_hook", None) is not None:
         return "LM head not quantized: it is offloaded by the device map (accelerate moves it per forward)"

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import FastDecodeError
+from ...model.quantization import is_torchao_tensor
 
 #: Model types whose decoder layers are input_layernorm -> self_attn(q,k,v,o) -> residual ->
 #: post_attention_layernorm -> mlp(gate, up, down) -> residual, with nothing else in between.
@@ -65,11 +66,6 @@ def fused_step_support(model: Any) -> str | None:
     return None
 
 
-def _is_torchao(weight: Any) -> bool:
-    """Whether `weight` is one of torchao's quantized tensor subclasses (checked by class, without importing torchao)."""
-    return any(c.__module__.startswith("torchao.") for c in type(weight).__mro__)
-
-
 def torchao_weights(model: Any) -> bool:
     """True when `model`'s quantized weights are torchao's tensor subclasses on plain `Linear`s (quantize-on-load or a
     torchao checkpoint) and nothing else is quantized: the fused step runs them unfused (see the module's note)."""
@@ -82,7 +78,7 @@ def torchao_weights(model: Any) -> bool:
         weight = getattr(module, "weight", None)
         if weight is None:
             continue
-        if _is_torchao(weight):
+        if is_torchao_tensor(weight):
             if type(module).__name__ not in ("Linear", "Embedding"):
                 return False
             found = True
@@ -131,7 +127,7 @@ def fuse_linears(owner: Any, name: str, linears: list[Any]) -> tuple[Any, Any]:
 def _held(weight: Any) -> Any:
     """The tensor the step reads for `weight`: detached, except torchao's (its subclasses cannot be detached under
     inference mode, and hold no autograd state worth dropping)."""
-    return weight if _is_torchao(weight) else weight.detach()
+    return weight if is_torchao_tensor(weight) else weight.detach()
 
 
 def _separate(linears: list[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
