@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import TrainingConfigError
+from .booleans import check_booleans
 
 logger = logging.getLogger(__name__)
 
@@ -121,8 +122,6 @@ def check_rank(settings: LoraSettings, config: Mapping[str, Any] | None) -> None
         )
     if settings.extra:
         from peft import LoraConfig
-
-        from .options import check_booleans
 
         check_booleans(settings.extra, LoraConfig, "lora={{..., {name!r}: {value!r}}}")
 

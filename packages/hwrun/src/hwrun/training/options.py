@@ -11,6 +11,7 @@ from dataclasses import fields
 from typing import Any
 
 from ..errors import TrainingConfigError
+from .booleans import check_booleans
 from .data import DEFAULT_MAX_DATA_BYTES
 from .lora import LoraSettings
 from .sharding import FSDP_CHECKPOINTS
@@ -75,23 +76,6 @@ def check_overrides(overrides: Mapping[str, Any], train_options: Sequence[str]) 
     from transformers import TrainingArguments
 
     check_booleans(overrides, TrainingArguments, "train(..., {name}={value!r})")
-
-
-def check_booleans(values: Mapping[str, Any], owner: type, where: str) -> None:
-    """Values for `owner`'s (a dataclass: TrainingArguments, peft's LoraConfig) fields typed `bool` must be True or
-    False: a string such as "false" is truthy and would switch the option on (issue 42). `where` names the caller's
-    spelling, a format string of `name` and `value` (e.g. "train(..., {name}={value!r})")."""
-    types = {f.name: f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-             for f in fields(owner)}
-    for name, value in values.items():
-        kind = str(types.get(name, "")).replace(" ", "")
-        if kind not in ("bool", "bool|None", "Optional[bool]", "None|bool") or isinstance(value, bool):
-            continue
-        if value is None and kind != "bool":
-            continue
-        hint = (f" ({value!r} is a string, which counts as True)" if isinstance(value, str) else "")
-        raise TrainingConfigError(f"{where.format(name=name, value=value)} must be True or False{hint}. Fix: pass "
-                                  f"{name}={str(value).strip().lower() in ('1', 'true', 'yes', 'on')}.")
 
 
 def check_numbers(epochs: Any, max_steps: Any, lr: Any, batch_size: Any, grad_accum: Any, block_size: Any,
