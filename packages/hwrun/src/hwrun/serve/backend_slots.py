@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .engine import EngineEvent, EngineRequest, TokenLogprob
+from .backend import EngineEvent, EngineRequest, TokenLogprob
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import logging
 from typing import Any
 
 from ..errors import EngineStartError
-from .engine import EngineEvent, EngineRequest
+from .backend import EngineEvent, EngineRequest
 
 logger = logging.getLogger(__name__)
 

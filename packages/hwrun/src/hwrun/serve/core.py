@@ -9,10 +9,8 @@ never waits on the front: sends are queued by ZeroMQ. Idle, it waits for the fro
 `IDLE_WAIT` seconds and sends an empty batch (a heartbeat) at least every `HEARTBEAT` seconds, so the front
 tells a hung step (no message for `--stall-seconds`) from an idle engine.
 
-`run_process(addresses, plan, config, log_level)` is the child process's entry point (multiprocessing's spawn
-context starts it): it ignores SIGINT (Ctrl-C reaches the whole process group; the front drains and then
-stops the core), exits if its parent dies (no orphan holds the device), loads the model and warms the
-backend (`hwrun.serve.startup.load_backend`), sends `Ready` with the pickled tokenizer, and runs the loop.
+The engine process's entry point, which loads the model, is `hwrun.serve.core_process.run_process`; this module
+imports no other part of the server (the front imports it for its in-thread core).
 """
 
 from __future__ import annotations
@@ -24,15 +22,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .engine import GENERIC_FAILURE, MAX_STEP_FAILURES, Backend, EngineRequest
+from .backend import GENERIC_FAILURE, MAX_STEP_FAILURES, Backend, EngineRequest
 from .ipc import AddRequest, Batch, Cancel, Channel, EventTuple, Failed, Ready, Shutdown
 from .protocol import Sampling
-
-if TYPE_CHECKING:
-    from ..model.plan import RunPlan
-    from .config import ServeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +36,8 @@ IDLE_WAIT = 0.25
 HEARTBEAT = 0.5
 #: Seconds the core's last messages may take to reach the front when it exits.
 CLOSE_LINGER = 2.0
-#: Seconds between two checks, in the child, that its parent (the server) still lives.
-PARENT_CHECK = 0.5
 
-__all__ = ["CoreLoop", "run_process", "run_thread", "GENERIC_FAILURE"]
+__all__ = ["CoreLoop", "request_of", "serve_core", "run_thread", "GENERIC_FAILURE"]
 
 
 class CoreLoop:
@@ -278,51 +270,3 @@ def run_thread(factory: Callable[[], tuple[Backend, dict[str, Any]]], addresses:
     thread = threading.Thread(target=target, name="hwrun-serve-core", daemon=True)
     thread.start()
     return thread
-
-
-def run_process(addresses: tuple[str, str], plan: RunPlan, config: ServeConfig, log_level: int,
-                parent: int) -> None:
-    """The engine process's entry point (spawned by `hwrun.serve.engine.Engine`)."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the front drains first, then sends Shutdown
-    logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
-    if log_level > logging.INFO:
-        _quiet_transformers()
-    threading.Thread(target=_exit_with_parent, args=(parent,), name="hwrun-serve-parent-watch",
-                     daemon=True).start()
-    channel = Channel.connect(addresses)
-    try:
-        serve_core(lambda: _load(plan, config), channel, config.stall_seconds)
-    finally:
-        channel.close(linger=CLOSE_LINGER)
-
-
-def _load(plan: RunPlan, config: ServeConfig) -> tuple[Backend, dict[str, Any], bytes]:
-    from .startup import load_backend
-
-    loaded = load_backend(plan, config)
-    info = {"engine": loaded.choice.name, "engine_reason": loaded.choice.reason,
-            "max_model_len": loaded.max_model_len, "max_model_len_reason": loaded.max_model_len_reason,
-            "eos_ids": list(loaded.eos_ids), "load_seconds": loaded.load_seconds,
-            "warm_seconds": loaded.warm_seconds, "threads": loaded.threads, "threads_reason": loaded.threads_reason,
-            "refuses": dict(getattr(loaded.backend, "refuses", {})), "kv": loaded.kv}
-    return loaded.backend, info, pickle.dumps(loaded.tokenizer)
-
-
-def _exit_with_parent(parent: int) -> None:
-    """Ends this process when the server that started it is gone (killed with SIGKILL: no Shutdown came)."""
-    while True:
-        time.sleep(PARENT_CHECK)
-        if os.getppid() != parent:
-            logger.error("the server process %d is gone: the engine process exits", parent)
-            os._exit(1)
-
-
-def _quiet_transformers() -> None:
-    try:
-        import transformers
-    except ImportError:  # pragma: no cover
-        return
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()

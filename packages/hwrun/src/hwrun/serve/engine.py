@@ -1,22 +1,23 @@
 """The serving engine as the HTTP front sees it: `Engine` submits requests to the engine core and hands each
 request's tokens, already turned into text, to its sink on the event loop.
 
-The engine core (`hwrun.serve.core`: the scheduler loop over a `Backend`) runs in its own process, started
-with `python -c` bootstrap code (no shell, no spawn re-import of the caller's `__main__`), or, as a seam for
-tests that bring their own backend, in a thread of this process; the two sides talk over ZeroMQ sockets
-(`hwrun.serve.ipc`). A reader thread of the front receives each step's batch of events, detokenizes them
-incrementally (`hwrun.serve.text`: tokenizers' `DecodeStream` where the tokenizer is fast) and wakes the
-event loop once per batch (`loop.call_soon_threadsafe`): neither torch nor detokenization runs on the loop,
-and the engine never waits for the front. The front keeps the admission limits (a full server answers 429
+The engine core (`hwrun.serve.core`: the scheduler loop over a `Backend`) runs in its own process
+(`hwrun.serve.core_process`), started with `python -c` bootstrap code (no shell, no spawn re-import of the caller's
+`__main__`), or, as a seam for tests that bring their own backend, in a thread of this process; the two sides talk
+over ZeroMQ sockets (`hwrun.serve.ipc`). A reader thread of the front receives each step's batch of events,
+detokenizes them incrementally (`hwrun.serve.text`: tokenizers' `DecodeStream` where the tokenizer is fast) and
+wakes the event loop once per batch (`loop.call_soon_threadsafe`): neither torch nor detokenization runs on the
+loop, and the engine never waits for the front. The front keeps the admission limits (a full server answers 429
 at once), learns the core's counters from its batches, and watches it: a core that dies (or stops on an
 error) fails every request in flight with an error event, and `/health` answers 503.
 
-Backends (`choose_engine` picks one and says why):
-- `slots` (`hwrun.serve.backend_slots`): hwrun's slot decoder over a static cache, one graph replay per
-  step where the platform has CUDA or XPU graphs (its step API: add / step / cancel).
+Backends (`hwrun.serve.startup.choose_engine` picks one and says why, asking
+`hwrun.inference.decision.decide_serving`):
+- `slots` (`hwrun.serve.backend_slots`): hwrun's engine (`hwrun.inference.engine.EngineCore`) over KV blocks,
+  one graph replay per step where the platform has CUDA, XPU or HPU graphs (its step API: add / step / cancel).
 - `transformers` (`hwrun.serve.backend_transformers`): Transformers' continuous-batching manager
   (`model.init_continuous_batching`, the engine `transformers serve` uses), for every model and device it
-  runs and hwrun's slot decoder does not.
+  runs and hwrun's engine does not.
 """
 
 from __future__ import annotations
@@ -31,10 +32,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from .protocol import Sampling
+from .backend import (
+    FINISH_REASONS,
+    GENERIC_FAILURE,
+    MAX_STEP_FAILURES,
+    Backend,
+    EngineChoice,
+    EngineEvent,
+    EngineRequest,
+    TokenLogprob,
+)
 
 if TYPE_CHECKING:
     from ..model.plan import RunPlan
@@ -43,8 +53,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Finish reasons an engine reports: EOS ("stop"), the token budget ("length"), or the request ended early.
-FINISH_REASONS = ("stop", "length", "cancelled", "error")
+#: The front's names, and the shared types it re-exports (they live in `hwrun.serve.backend`, which the core imports).
+__all__ = ["FINISH_REASONS", "GENERIC_FAILURE", "MAX_STEP_FAILURES", "Backend", "EngineChoice", "EngineEvent",
+           "EngineRequest", "TokenLogprob", "Engine", "EngineDied", "EngineNotReady", "QueueFullError", "add_message"]
 #: Seconds the front's reader waits for a message before it checks that the core still lives.
 POLL_SECONDS = 0.1
 #: Seconds `stop()` waits for the core to exit after `Shutdown`, then after SIGTERM, before SIGKILL.
@@ -52,82 +63,6 @@ STOP_WAIT = (10.0, 5.0)
 #: Seconds a running request may go without a token before the engine fails it (`--stall-seconds`), and
 #: seconds without a finished step, while requests run, after which `/health` answers 503.
 DEFAULT_STALL_SECONDS = 120.0
-#: Failed steps in a row after which the engine itself fails (a backend that fails every step is broken).
-MAX_STEP_FAILURES = 3
-#: What a client is told when its request fails inside the engine (the details go to the server log).
-GENERIC_FAILURE = "generation failed inside the engine; the server log has the details"
-
-
-@dataclass(frozen=True)
-class EngineRequest:
-    """One request as a backend sees it: prompt token ids, its token budget and sampling; `ignore_eos` decodes the
-    whole budget (the model's EOS does not end it; `stop_token_ids` still do). Each of its `n` choices finishes on
-    its own (an event with its `index` and `finished`); a "cancelled" or "error" event ends the whole request."""
-
-    request_id: str
-    input_ids: tuple[int, ...]
-    max_new_tokens: int
-    sampling: Sampling = field(default_factory=Sampling)
-    ignore_eos: bool = False
-    n: int = 1  # choices of this prompt (the prompt is prefilled once); events say which by `index`
-    stop_token_ids: tuple[int, ...] = ()  # ids that end the request besides the model's EOS (included, "stop")
-    adapter: str | None = None  # the LoRA adapter (a name given to `--lora`) this request runs; None: the base
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """The log-probability of one chosen token under the model's distribution, and the `top` most likely tokens
-    of that step as (token id, logprob) pairs, most likely first (empty unless the request asked for them)."""
-
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
-
-
-@dataclass(frozen=True)
-class EngineEvent:
-    """New tokens of one request; `finished` with a `finish_reason` (one of `FINISH_REASONS`) on its last event."""
-
-    request_id: str
-    token_ids: tuple[int, ...] = ()
-    finished: bool = False
-    finish_reason: str | None = None
-    error: str | None = None
-    text: str | None = None  # the tokens' new text (the front's reader fills it); None: not detokenized yet
-    index: int = 0  # which of the request's `n` choices these tokens belong to
-    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token id when the request asked for logprobs
-
-
-@dataclass(frozen=True)
-class EngineChoice:
-    """Which backend serves (`name`: "slots" | "transformers") and why."""
-
-    name: str
-    reason: str
-
-
-class Backend(Protocol):
-    """What the engine needs from a decoder. Every method is called from the engine's worker thread only."""
-
-    name: str
-
-    def free_slots(self) -> int:
-        """Requests `add` may take now."""
-
-    def add(self, request: EngineRequest) -> None:
-        """Start decoding `request` (its prefill runs at the next step or sooner)."""
-
-    def cancel(self, request_id: str) -> None:
-        """Stop `request_id`; its slot is free from the next step; no more events for it."""
-
-    def step(self) -> list[EngineEvent]:
-        """Decode one step (or wait briefly for the backend's own loop) and return the new events."""
-
-    def refusal(self, request: EngineRequest) -> str | None:
-        """Why this backend cannot run `request` (a field it does not implement, more choices than it holds), or
-        None. The core fails such a request at once instead of queueing it."""
-
-    def close(self) -> None:
-        """Stop decoding and release the model's buffers."""
 
 
 class QueueFullError(Exception):
@@ -208,7 +143,7 @@ class Engine:
                 self._child = _spawn_core(self._channel.addresses, *self.process_args)
                 self.core_pid = self._child.pid
             else:
-                from .core import run_thread
+                from .core import run_thread  # the core imports no front module: no circle
 
                 factory = self.factory
                 assert factory is not None
@@ -469,7 +404,7 @@ def add_message(request: EngineRequest) -> Any:
 
 #: What the engine process runs first: the payload (sys.path, then run_process's arguments) is read from stdin.
 _BOOTSTRAP = ("import pickle, sys; payload = pickle.load(sys.stdin.buffer); sys.path[:] = payload['path']; "
-              "from hwrun.serve.core import run_process; run_process(**payload['args'])")
+              "from hwrun.serve.core_process import run_process; run_process(**payload['args'])")
 
 
 def _spawn_core(addresses: tuple[str, str], plan: RunPlan, config: ServeConfig) -> subprocess.Popen:

@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .engine import Backend, Engine, EngineChoice, EngineNotReady
 from .metrics import Metrics
@@ -21,11 +21,17 @@ if TYPE_CHECKING:
     from ..model.plan import RunPlan
     from .config import ServeConfig
     from .ipc import Ready
-    from .request import Run
     from .startup import Loaded
     from .tools.choice import ToolSupport
 
 logger = logging.getLogger(__name__)
+
+
+class InFlight(Protocol):
+    """A request in flight as the state sees it (`hwrun.serve.request.Run`, which imports this module)."""
+
+    def end_now(self, why: str) -> None:
+        """End the request at once (a shutdown's grace period ran out)."""
 
 
 def _say(line: str) -> None:
@@ -61,7 +67,7 @@ class ServeState:
                                steps=lambda: self.engine.steps, kv_stats=lambda: self.engine.kv_stats)
         self.loop: Any = None  # the server's event loop (set when the app starts)
         self.cut_scheduled = False  # the end of the grace period is scheduled (a shutdown began)
-        self.runs: set[Run] = set()  # requests in flight (ended at once when the grace period of a shutdown ends)
+        self.runs: set[InFlight] = set()  # requests in flight (ended at once when the grace period of a shutdown ends)
         self.tool_support: ToolSupport | None = None  # set once the tokenizer is known
         self.drop_ids: frozenset[int] | None = None  # special tokens dropped from text (None: all special ones)
         self.token_texts: Any = None  # `text.TokenTexts` of the tokenizer (logprobs)
