@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -152,3 +154,42 @@ def test_the_serve_bench_refuses_a_malformed_long_prompt_range(tmp_path, capsys)
         else:
             raise AssertionError(f"--long-prompt-words {bad} was accepted")
         assert bad in capsys.readouterr().err
+
+
+def _train_bench():
+    bench = str(ROOT / "tools" / "bench")
+    sys.path.insert(0, bench)  # train.py imports its sibling bench_record
+    try:
+        return _load("train_bench_under_test", ROOT / "tools" / "bench" / "train.py")
+    finally:
+        sys.path.remove(bench)
+
+
+@pytest.mark.slow
+def test_the_train_bench_measures_full_fine_tuning_beside_the_plain_trainer(tmp_path):
+    """Issue 38.3 "full fine-tune measured too": the train bench's CPU smoke runs the plain Trainer's full fine-tune
+    (bf16, eager and compiled) and hwrun.train without LoRA on the same data, each with tokens/s, and compares
+    hwrun_full with the better plain full row only (never with a LoRA row)."""
+    import json
+
+    train = _train_bench()
+    rows = ("plain_full_bf16", "plain_full_bf16_compile", "hwrun_full")
+    assert set(rows) <= set(train.CONFIGS)
+    assert train.main(["--out", str(tmp_path), "--smoke", "--configs", ",".join(rows)]) == 0
+    written = json.loads((tmp_path / "train.json").read_text())
+    results = {r["config"]: r for r in written["results"]}
+    assert set(results) == set(rows)
+    for name in rows:
+        assert results[name]["tokens_per_s"] > 0, results[name]
+        assert results[name]["decisions"]["fine_tune"] == "full"
+    assert results["plain_full_bf16"]["decisions"]["weights"] == "float32"  # the same master weights as hwrun's
+    assert results["plain_full_bf16_compile"]["decisions"]["torch_compile"] is True
+    assert "full fine-tuning" in results["hwrun_full"]["decisions"]["model"]
+    assert "lora" not in results["hwrun_full"]["decisions"]
+    ratios = written["ratios"]
+    assert ratios["best_plain_full"] in rows[:2] and ratios["hwrun_full_vs_best_plain_full"] > 0
+    assert "hwrun_vs_best_plain" not in ratios  # no LoRA row ran: no LoRA ratio made of full rows
+    assert {"command", "date", "versions", "git"} <= set(written["meta"])
+    table = (tmp_path / "train.md").read_text()
+    assert all(f"| {name} |" in table for name in rows) and "hwrun_full / best plain full" in table
+    assert (tmp_path / "train.png").exists()

@@ -1,4 +1,4 @@
-"""Benchmark LoRA fine-tuning throughput: plain Transformers `Trainer` vs `hwrun train`, side by side.
+"""Benchmark LoRA and full fine-tuning throughput: plain Transformers `Trainer` vs `hwrun train`, side by side.
 
 One ~1.24B-parameter Llama built from a config (hidden 2048, 16 layers, 32/8 heads, intermediate
 8192, vocab 128256, tied embeddings), random weights saved once, LoRA r=16 on q/k/v/o, sequence
@@ -28,6 +28,13 @@ One ~1.24B-parameter Llama built from a config (hidden 2048, 16 layers, 32/8 hea
   hwrun_liger_all      all four ops with Liger's kernels
   plain_liger          plain Trainer, bf16, use_liger_kernel=True (Liger's own patching), eager
   plain_liger_compile  as plain_liger with torch_compile=True
+  Full fine-tuning (no LoRA: every weight trains; the same data, shape and steps):
+  plain_full_bf16          plain Trainer, bf16=True over float32 weights (mixed precision: float32 master
+                           weights, as hwrun's full fine-tune keeps them), no LoRA
+  plain_full_bf16_compile  as plain_full_bf16 plus torch_compile=True
+  hwrun_full               hwrun.train(lora=None): float32 master weights, bf16 + compile as hwrun picks them,
+                           with its fused loss, RoPE table and causal SDPA (fused projections are LoRA-only)
+  Their ratio: hwrun_full / the better plain_full row (apart from the LoRA ratio).
   A configuration whose kernels cannot run here (Liger on CPU, torch without its own op) is recorded as
   skipped, with the policy's reason.
 
@@ -98,8 +105,9 @@ POLICY_PAIRS = (
 )
 CONFIGS = ("plain_fp32", "plain_bf16", "plain_bf16_compile", "hwrun", "hwrun_qlora", "hwrun_model_loss", "hwrun_unfused",
            "hwrun_unfused_projections", "hwrun_reduce_overhead", "plain_bf16_compile_reduce_overhead", *KERNEL_CONFIGS, "plain_liger",
-           "plain_liger_compile")
+           "plain_liger_compile", "plain_full_bf16", "plain_full_bf16_compile", "hwrun_full")
 PLAIN = ("plain_fp32", "plain_bf16", "plain_bf16_compile")  # the issue's baseline set
+PLAIN_FULL = ("plain_full_bf16", "plain_full_bf16_compile")  # full fine-tuning's baseline set (no LoRA)
 PLAIN_EXTRA = ("plain_bf16_compile_reduce_overhead", "plain_liger", "plain_liger_compile")  # context rows
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -257,7 +265,7 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool, profile: bool =
         return {"config": name, "skipped": skipped}
     started = time.perf_counter()
     decisions = {}
-    if name in PLAIN or name in PLAIN_EXTRA:
+    if name in PLAIN or name in PLAIN_EXTRA or name in PLAIN_FULL:
         from peft import LoraConfig, get_peft_model
         from transformers import (
             AutoModelForCausalLM,
@@ -266,13 +274,15 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool, profile: bool =
             default_data_collator,
         )
 
-        dtype = torch.float32 if name == "plain_fp32" else torch.bfloat16
+        full = name in PLAIN_FULL  # full fine-tuning: float32 master weights under bf16 autocast, as hwrun_full
+        dtype = torch.float32 if name == "plain_fp32" or full else torch.bfloat16
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device)
         model.config.use_cache = False
-        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=list(LORA_TARGETS),
-                                                 task_type="CAUSAL_LM"))
+        if not full:
+            model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=list(LORA_TARGETS),
+                                                     task_type="CAUSAL_LM"))
         compile_kw = {}
-        if name.startswith("plain_bf16_compile") or name == "plain_liger_compile":
+        if name.startswith("plain_bf16_compile") or name in ("plain_liger_compile", "plain_full_bf16_compile"):
             compile_kw = {"torch_compile": True, **({"torch_compile_backend": backend} if backend else {})}
             if name.endswith("reduce_overhead") and not smoke:
                 compile_kw["torch_compile_mode"] = "reduce-overhead"
@@ -286,12 +296,14 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool, profile: bool =
                           callbacks=callbacks)
         trainer.train()
         decisions = {"bf16": args.bf16, "torch_compile": args.torch_compile, "optim": str(args.optim),
-                     "torch_compile_mode": args.torch_compile_mode}
+                     "torch_compile_mode": args.torch_compile_mode, "fine_tune": "full" if full else "lora",
+                     "weights": str(dtype).removeprefix("torch.")}
     else:
         import hwrun
         from hwrun.training import LoraSettings, train_plan
 
         qlora = name == "hwrun_qlora"
+        lora = None if name == "hwrun_full" else LoraSettings(r=16, alpha=32, target_modules=LORA_TARGETS)
         fused_loss = name != "hwrun_model_loss"
         layers = {"fused_projections": False, "rope_table": False} if name == "hwrun_unfused" else {}
         if name == "hwrun_unfused_projections":
@@ -304,11 +316,11 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool, profile: bool =
         else:
             # QLoRA is measured for memory; its 4-bit layers and gradient checkpointing run eager
             plan = train_plan(model_dir, compile=False if qlora else None)
-        result = hwrun.train(plan, dataset, lora=LoraSettings(r=16, alpha=32, target_modules=LORA_TARGETS),
-                             qlora=qlora, max_steps=total, batch_size=sizes["batch"], output_dir=out,
+        result = hwrun.train(plan, dataset, lora=lora, qlora=qlora, max_steps=total, batch_size=sizes["batch"], output_dir=out,
                              save_steps=10**9, plot=False, callbacks=callbacks, disable_tqdm=True, fused_loss=fused_loss, **layers, **overrides,
                              logging_steps=10_000, resume=False)
         decisions = {"device": plan.device, "dtype": plan.dtype, "torch_compile_mode": overrides.get("torch_compile_mode"),
+                     "fine_tune": "full" if lora is None else ("qlora" if qlora else "lora"),
                      "compile": None if plan.compile is None else str(plan.compile.backend),
                      **dict(result.reasons)}
     wall = time.perf_counter() - started
@@ -387,7 +399,11 @@ def write_outputs(out: Path, runs: list[dict], meta: dict) -> str:
     results = combine_runs(runs)
     ok = {r["config"]: r for r in results if "tokens_per_s" in r}
     plain_best = max((ok[c] for c in PLAIN if c in ok), key=lambda r: r["tokens_per_s"], default=None)
+    full_best = max((ok[c] for c in PLAIN_FULL if c in ok), key=lambda r: r["tokens_per_s"], default=None)
     ratios = {}
+    if full_best and "hwrun_full" in ok:  # full fine-tuning against full fine-tuning only, never against LoRA
+        ratios["hwrun_full_vs_best_plain_full"] = ok["hwrun_full"]["tokens_per_s"] / full_best["tokens_per_s"]
+        ratios["best_plain_full"] = full_best["config"]
     if plain_best and "hwrun" in ok:
         ratios["hwrun_vs_best_plain"] = ok["hwrun"]["tokens_per_s"] / plain_best["tokens_per_s"]
         ratios["best_plain"] = plain_best["config"]
@@ -404,11 +420,12 @@ def write_outputs(out: Path, runs: list[dict], meta: dict) -> str:
               for op, impl, base, config, against in POLICY_PAIRS if ran(config, op, impl) and ran(against, op, base)]
     if policy:
         ratios["kernel_policy"] = policy
-    lines = [f"LoRA fine-tuning, {meta['parameters'] / 1e9:.2f}B-parameter Llama from config, seq "
-             f"{meta['sizes']['seq']}, batch {meta['sizes']['batch']}, r=16 on q/k/v/o; "
+    lines = [f"LoRA fine-tuning (r=16 on q/k/v/o) and full fine-tuning (the *_full rows), "
+             f"{meta['parameters'] / 1e9:.2f}B-parameter Llama from config, seq "
+             f"{meta['sizes']['seq']}, batch {meta['sizes']['batch']}; "
              f"{meta['sizes']['warmup']} warm-up + {meta['sizes']['steps']} timed steps, median step. "
              f"Device: {meta['device']}.", "",
-             "| configuration | tokens/s | vs best plain | median step (ms) | peak memory (GiB) | notes |",
+             "| configuration | tokens/s | vs best plain (of its kind) | median step (ms) | peak memory (GiB) | notes |",
              "|---|---:|---:|---:|---:|---|"]
     for r in results:
         if "skipped" in r:
@@ -417,11 +434,14 @@ def write_outputs(out: Path, runs: list[dict], meta: dict) -> str:
         if "tokens_per_s" not in r:
             lines.append(f"| {r['config']} | failed | | | | {r.get('error', '')[:120]} |")
             continue
-        vs = f"{r['tokens_per_s'] / plain_best['tokens_per_s']:.2f}x" if plain_best else ""
+        anchor = full_best if r["config"] in (*PLAIN_FULL, "hwrun_full") else plain_best
+        vs = f"{r['tokens_per_s'] / anchor['tokens_per_s']:.2f}x" if anchor else ""
         d = r["decisions"]
         note = ", ".join(f"{k}={v}" for k, v in d.items() if k in ("dtype", "compile", "bf16", "torch_compile", "torch_compile_mode") and v)
         if "loss" in d:
             note += f"; loss: {d['loss']}"
+        if d.get("fine_tune") == "full":
+            note += "; full fine-tune, float32 master weights"
         if r.get("runs_tokens_per_s"):
             note += f"; median of {len(r['runs_tokens_per_s'])} interleaved runs: " + " / ".join(
                 f"{v:,}" if isinstance(v, int) else "failed" for v in r["runs_tokens_per_s"])
@@ -431,6 +451,9 @@ def write_outputs(out: Path, runs: list[dict], meta: dict) -> str:
     if "hwrun_vs_best_plain" in ratios:
         lines.append(f"hwrun / best plain ({ratios['best_plain']}): **{ratios['hwrun_vs_best_plain']:.2f}x** "
                      "(goal >= 1.2x)")
+    if "hwrun_full_vs_best_plain_full" in ratios:
+        lines.append(f"full fine-tune: hwrun_full / best plain full ({ratios['best_plain_full']}): "
+                     f"**{ratios['hwrun_full_vs_best_plain_full']:.2f}x**")
     if "qlora_peak_vs_lora_peak" in ratios:
         lines.append(f"QLoRA peak / LoRA peak: **{ratios['qlora_peak_vs_lora_peak']:.0%}** (goal <= 40%)")
     if ratios.get("kernel_policy"):
@@ -453,7 +476,7 @@ def write_outputs(out: Path, runs: list[dict], meta: dict) -> str:
     left.bar(names, [ok[n]["tokens_per_s"] for n in names],
              color=["#d62728" if n.startswith("hwrun") else "#7f7f7f" for n in names])
     left.set_ylabel("tokens/s (higher is better)")
-    left.set_title("LoRA fine-tuning throughput")
+    left.set_title("fine-tuning throughput (LoRA; *_full: full)")
     left.tick_params(axis="x", rotation=30)
     peaks = [ok[n]["peak_bytes"] or 0 for n in names]
     right.bar(names, [p / 2**30 for p in peaks],
