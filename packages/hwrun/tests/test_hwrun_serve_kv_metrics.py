@@ -1,7 +1,9 @@
 """KV use in `/metrics` (issue 35.2 and 35.4): the slot engine's blocks in use, prefix-cache queries and hits,
 preemptions and requests waiting for blocks travel from the engine core with every `Batch` and are rendered in
 Prometheus text by the front. A served request sharing a system prompt with an earlier one makes the hit counter
-rise; a forced small pool makes preemptions rise, and the served tokens still equal Transformers' greedy."""
+rise; a forced small pool makes preemptions rise, and the served tokens still equal Transformers' greedy. A served
+long prompt joining running streams is prefilled in chunks (issue 35.3) between their decode steps, and every
+request's tokens still equal Transformers' greedy."""
 
 from __future__ import annotations
 
@@ -68,6 +70,44 @@ def _serve(backend, waves):
     return tokens, engine, Metrics(kv_stats=lambda: engine.kv_stats).render()
 
 
+def _serve_joining(backend, running, joining, after: int):
+    """Serve `running` through a front over a thread core, then submit `joining` once each running request has
+    `after` tokens (it joins while they decode); the tokens by request id."""
+    engine = Engine(lambda: backend, max_concurrency=backend.capacity, max_queue=8)
+    tokens: dict[str, list[int]] = {}
+
+    async def main():
+        engine.start(asyncio.get_running_loop())
+        for _ in range(500):
+            if engine.state in ("ready", "failed"):
+                break
+            await asyncio.sleep(0.01)
+        assert engine.state == "ready"
+        done = {r.request_id: asyncio.Event() for r in [*running, joining]}
+
+        def submit(request):
+            tokens[request.request_id] = []
+
+            def sink(event, rid=request.request_id):
+                tokens[rid].extend(event.token_ids)
+                if event.finished:
+                    done[rid].set()
+            engine.submit(request, sink)
+        for request in running:
+            submit(request)
+        for _ in range(3000):
+            if all(len(tokens[r.request_id]) >= after for r in running):
+                break
+            await asyncio.sleep(0.001)
+        assert not any(done[r.request_id].is_set() for r in running), "the streams ended before the join"
+        submit(joining)
+        await asyncio.wait_for(asyncio.gather(*(d.wait() for d in done.values())), 60)
+        await asyncio.to_thread(engine.stop)
+
+    asyncio.run(main())
+    return tokens
+
+
 def _value(text, name):
     line = next(line for line in text.splitlines() if line.startswith(name + " "))
     return float(line.split()[1])
@@ -128,3 +168,32 @@ def test_the_scheduler_counts_requests_waiting_for_blocks(model):
     while core.active:
         core.step()
     assert core.kv_stats().used_blocks == 0 and core.kv_stats().waiting_for_blocks == 0
+
+
+def test_a_served_long_prompt_joining_running_streams_is_prefilled_in_chunks(model):
+    core = EngineCore(model, slots=3, max_cache_len=96, prefill_chunk=16, prefix_caching=False)
+    assert core.prefill_chunk == 16
+    plans: list[tuple[str, int, int, bool, frozenset[str]]] = []  # (request, start, tokens, last, decoding then)
+    plan = core.scheduler.prefill_plan
+
+    def recording_plan(*args, **kwargs):
+        decoding = frozenset(r.request_id for r in core.scheduler.decoding())
+        forwards = plan(*args, **kwargs)
+        for forward in forwards:
+            for chunk in forward:
+                request = core.scheduler.requests[core.kv.owner[chunk.slot]]
+                plans.append((request.request_id, chunk.start, len(chunk.tokens), chunk.last, decoding))
+        return forwards
+
+    core.scheduler.prefill_plan = recording_plan
+    backend = SlotsBackend(core, sampling_class=hwrun.inference.decode.SamplingParams, eos_token_id=None)
+    streams = [[(5 * i + k) % 80 + 4 for i in range(6)] for k in (1, 2)]
+    long = [(11 * i + 3) % 90 + 5 for i in range(40)]
+    running = [EngineRequest(f"s{k}", tuple(p), 80, GREEDY) for k, p in enumerate(streams)]
+    tokens = _serve_joining(backend, running, EngineRequest("long", tuple(long), 8, GREEDY), after=3)
+    assert tokens["long"] == _greedy(model, long, 8)
+    for k, prompt in enumerate(streams):
+        assert tokens[f"s{k}"] == _greedy(model, prompt, 80), f"stream {k}"
+    chunks = [(start, size, last, decoding) for rid, start, size, last, decoding in plans if rid == "long"]
+    assert [(start, size, last) for start, size, last, _ in chunks] == [(0, 16, False), (16, 16, False), (32, 8, True)]
+    assert all(decoding == {"s0", "s1"} for *_, decoding in chunks)  # each chunk's step also decoded both streams
