@@ -931,13 +931,31 @@ def test_hwrun_chat_local_continues_plain_text_when_the_model_has_no_template():
 
 
 def test_slots_engine_serves_greedy_answers_equal_to_generate_and_frees_cancelled_slots(chat_model, reference):
+    from hwrun.serve.config import parse_kv_cache_memory
+
     completion, _ = reference
     plan = hwrun.plan(str(chat_model))
+    kv_bytes = parse_kv_cache_memory("768KiB")  # what `--kv-cache-memory 768KiB` gives
     config = ServeConfig(port=0, max_concurrency=2, max_queue=4, grace_seconds=5, model_id=MODEL_ID,
-                         engine="slots", max_model_len=256)
+                         engine="slots", max_model_len=256, kv_cache_memory=kv_bytes)
     lines: list[str] = []
     with ServerThread(config, plan, say=lines.append) as srv:
         assert any(line.startswith("engine: slots (given: hwrun's") for line in lines), lines
+        # the KV pool the option sized, said at start-up and in /metrics with the same numbers
+        kv_line = next((line for line in lines if line.startswith("KV cache: ")), None)
+        assert kv_line is not None, lines
+        found = re.fullmatch(r"KV cache: (\d+) blocks of (\d+) tokens = (\d+) tokens, [0-9.]+ GiB \((\d+) bytes a "
+                             r"token\); (\d+) requests of 256 tokens at once \(kv_cache_memory=786432 bytes given\)",
+                             kv_line)
+        assert found, kv_line
+        blocks, block, tokens, per_token, max_requests = map(int, found.groups())
+        assert blocks == kv_bytes // (per_token * block) and tokens == blocks * block and max_requests == tokens // 256
+        assert _metric(srv, "hwrun_kv_cache_blocks") == blocks
+        assert _metric(srv, "hwrun_kv_cache_block_tokens") == block
+        assert _metric(srv, "hwrun_kv_cache_tokens") == tokens
+        assert _metric(srv, "hwrun_kv_cache_bytes") == tokens * per_token <= kv_bytes
+        assert _metric(srv, "hwrun_kv_cache_bytes_per_token") == per_token
+        assert _metric(srv, "hwrun_kv_cache_max_length_requests") == max_requests
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
         jobs = [("The king said", 20), ("Once upon a time", 7), ("In the beginning", 12)]
 
@@ -954,3 +972,11 @@ def test_slots_engine_serves_greedy_answers_equal_to_generate_and_frees_cancelle
         _wait(lambda: engine.free_slots == 2 and engine.running == 0, 20, "the cancelled request's slot")
         card = client.models.list().data[0].model_extra["hwrun"]
         assert card["engine"] == "slots" and card["max_model_len"] == 256
+        # the KV use the core sends with its batches: every block back once nothing runs
+        _wait(lambda: _metric(srv, "hwrun_kv_cache_used_blocks") == 0, 20, "the KV blocks back")
+        status, _, text = _http(srv, "GET", "/metrics")
+        assert status == 200
+        for name in ("hwrun_kv_cache_usage_ratio", "hwrun_prefix_cache_queries_total", "hwrun_prefix_cache_hits_total",
+                     "hwrun_preemptions_total", "hwrun_requests_waiting_for_blocks"):
+            assert f"\n{name} " in text, name
+        assert _metric(srv, "hwrun_kv_cache_usage_ratio") == 0 and _metric(srv, "hwrun_requests_waiting_for_blocks") == 0
