@@ -12,7 +12,8 @@ One ~1.24B-parameter Llama built from a config (hidden 2048, 16 layers, 32/8 hea
                       fused q/k/v + gate/up projections, RoPE table)
   hwrun_qlora         hwrun.train(qlora=True): 4-bit NF4 base (bitsandbytes), for peak memory
   hwrun_model_loss    as hwrun with fused_loss=False (the model's own loss), to see what the fused loss costs
-  hwrun_unfused       as hwrun with fused_projections=False and rope_table=False (hwrun before them)
+  hwrun_unfused       as hwrun with fused_projections=False and kernels={"rope": "inductor"} (no RoPE table:
+                      hwrun before both)
   hwrun_unfused_projections  as hwrun with fused_projections=False (the fused projections' own share)
   hwrun_reduce_overhead  as hwrun with torch_compile_mode="reduce-overhead" (CUDA graphs over the step)
   plain_bf16_compile_reduce_overhead  plain Trainer with the same mode: what the flag alone gives
@@ -305,7 +306,8 @@ def run_one(name: str, model_dir: str, sizes: dict, smoke: bool, profile: bool =
         qlora = name == "hwrun_qlora"
         lora = None if name == "hwrun_full" else LoraSettings(r=16, alpha=32, target_modules=LORA_TARGETS)
         fused_loss = name != "hwrun_model_loss"
-        layers = {"fused_projections": False, "rope_table": False} if name == "hwrun_unfused" else {}
+        # no fused projections, no RoPE table (kernels' rope choice; rope_table=False is its deprecated spelling)
+        layers = {"fused_projections": False, "kernels": {"rope": "inductor"}} if name == "hwrun_unfused" else {}
         if name == "hwrun_unfused_projections":
             layers["fused_projections"] = False
         if name in KERNEL_CONFIGS:

@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import hwrun
 import pytest
@@ -237,7 +238,11 @@ def test_explicit_choices_that_run_say_so():
 @pytest.mark.parametrize(("options", "message"), [
     ({"kernels": {"swiglu": "liger"}}, r"kernels\['swiglu'\]='liger' cannot run on"),
     ({"kernels": {"cross_entropy": "torch"}, "fused_loss": False}, "fused_loss=False switches that off"),
-    ({"kernels": {"rope": "hwrun"}, "rope_table": False}, "rope_table=False switches that off"),
+    # rope_table=False is kernels={'rope': 'inductor'} (deprecated): another rope choice contradicts it
+    ({"kernels": {"rope": "hwrun"}, "rope_table": False}, r"rope_table asks for kernels\['rope'\]='inductor' but "
+                                                          r"kernels\['rope'\]='hwrun'; give kernels= alone"),
+    ({"kernels": {"rope": "liger"}, "rope_table": False}, r"rope_table asks for kernels\['rope'\]='inductor'"),
+    ({"rope_table": "false"}, r"rope_table='false' \(must be True, False or None; deprecated: use kernels=\)"),
     # the deleted SwiGLU kernel: the value, why it is gone, and what remains
     ({"kernels": {"swiglu": "hwrun"}}, r"kernels\['swiglu'\]='hwrun': hwrun's Triton SwiGLU backward was deleted "
                                        r"in hwrun 0.2.0: it measured \+1.8 % .* below the 2 % .*Fix: choose 'auto' "
@@ -278,6 +283,68 @@ def test_the_deprecated_keywords_warn_naming_the_replacement(tmp_path, keyword, 
     ours = [w for w in caught if issubclass(w.category, FutureWarning) and f"{keyword}='torch'" in str(w.message)]
     assert ours and all(w.filename == __file__ for w in ours)
 
+
+
+@pytest.mark.parametrize(("value", "impl", "replacement"), [
+    (False, "inductor", "kernels={'rope': 'inductor'} (hwrun train --kernel rope=inductor)"),
+    (True, "auto", "kernels={'rope': 'auto'} (hwrun train --kernel rope=auto)"),
+])
+def test_rope_table_is_a_deprecated_spelling_of_the_rope_choice(tmp_path, value, impl, replacement):
+    """Issue 38.3: rope_table=False and kernels={'rope': 'inductor'} did the same thing under two names; kernels= is
+    the one way now, and rope_table= warns naming it (rope_table=True: the default, said so)."""
+    from hwrun.errors import TrainingDataError
+    from hwrun.training.kernel_policy import from_old_keyword
+
+    with pytest.warns(FutureWarning, match=rf"rope_table={value} is deprecated .* use {re.escape(replacement)} "
+                                           "instead") as caught:
+        assert from_old_keyword("rope_table", value) == impl
+    assert ("is the default" in str(caught[0].message)) is value
+    with pytest.raises(TrainingConfigError, match=r"rope_table=1 is not one of True, False"):
+        from_old_keyword("rope_table", 1)  # by type: 1 is not True
+    with pytest.warns(FutureWarning, match=f"rope_table={value} is deprecated") as caught:
+        with pytest.raises(TrainingDataError, match="missing.txt"):
+            hwrun.train(hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu"), tmp_path / "missing.txt",
+                        output_dir=tmp_path / "out", rope_table=value)
+    ours = [w for w in caught if issubclass(w.category, FutureWarning) and "rope_table=" in str(w.message)]
+    assert ours and all(w.filename == __file__ for w in ours)  # at the caller's line
+
+
+@pytest.mark.parametrize(("keyword", "op", "theirs"), [
+    ("loss_kernel", "cross_entropy", "kernels['cross_entropy']='torch' is another implementation: torch's own "
+                                     "chunked torch.nn.functional.linear_cross_entropy"),
+    ("swiglu_kernel", "swiglu", "kernels= has no 'torch' for swiglu"),
+])
+def test_the_old_torch_value_is_not_mistaken_for_kernels_torch(keyword, op, theirs):
+    """The old 'torch' was the torch form (kernels' 'inductor'); kernels' own 'torch' is torch's own op: the warning
+    says both, so nobody replaces loss_kernel='torch' with kernels={'cross_entropy': 'torch'}."""
+    from hwrun.training.kernel_policy import from_old_keyword
+
+    with pytest.warns(FutureWarning) as caught:
+        assert from_old_keyword(keyword, "torch") == "inductor"
+    message = str(caught[0].message)
+    assert f"use kernels={{{op!r}: 'inductor'}}" in message
+    assert "The old 'torch' meant hwrun's torch form that inductor compiles, named 'inductor' now" in message
+    assert theirs in message
+
+
+def test_rope_table_false_trains_as_kernels_rope_inductor(tmp_path):
+    """The deprecated spelling and the one way give the same run: the same rope choice and reasons (no table), the
+    same losses."""
+    data = tmp_path / "train.txt"
+    data.write_text("The king said to the queen that the castle was cold. " * 40, encoding="utf-8")
+    runs = {}
+    for name, options in (("old", {"rope_table": False}), ("new", {"kernels": {"rope": "inductor"}})):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            runs[name] = hwrun.train(hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu"), data, lora=True, max_steps=2,
+                                     batch_size=4, block_size=32, output_dir=tmp_path / name, plot=False,
+                                     disable_tqdm=True, seed=7, **options)
+        deprecated = [w for w in caught if issubclass(w.category, FutureWarning) and "rope_table" in str(w.message)]
+        assert bool(deprecated) is (name == "old")
+    old, new = runs["old"].reasons, runs["new"].reasons
+    assert "rope" not in old and "rope" not in new  # no table either way
+    assert old["kernel rope"].startswith("inductor: asked for") and old["kernel rope"] == new["kernel rope"]
+    assert runs["old"].losses == runs["new"].losses and len(runs["new"].losses) == 2
 
 def test_the_low_level_patches_take_the_policys_names():
     model = tiny_llama()

@@ -21,8 +21,8 @@ share is not measured, and the reason says so). Elsewhere it is the default beca
 
 Explicit choices (`train(kernels={"swiglu": "liger"})`, `hwrun train --kernel swiglu=liger`) are checked here
 before any work: a name that is not a candidate, a library that is not installed, a device the candidate does
-not run on. The older keywords (`loss_kernel=`, `swiglu_kernel=` of hwrun 0.1.0) are read here too, with a
-FutureWarning naming the replacement (`from_old_keyword`).
+not run on. The older keywords (`loss_kernel=`, `swiglu_kernel=`, `rope_table=` of hwrun 0.1.0) are read here too,
+with a FutureWarning naming the replacement (`from_old_keyword`): kernels= is the one way to choose.
 """
 
 from __future__ import annotations
@@ -88,10 +88,10 @@ CANDIDATES: dict[str, tuple[Candidate, ...]] = {
     ),
     "rope": (
         Candidate("rope", "hwrun", "hwrun", "hwrun's cos/sin table for packed blocks (patches.rope_table), "
-                  "rotation compiled by inductor", "rope_table"),
+                  "rotation compiled by inductor"),
         Candidate("rope", "inductor", "inductor", "the model's own rotary module and rotation, compiled by inductor"),
         Candidate("rope", "liger", "liger", "Liger's RoPE kernel for the rotation (cos/sin from hwrun's table "
-                  "where rope_table applies)"),
+                  "where the table applies: packed blocks)"),
     ),
 }
 
@@ -265,34 +265,57 @@ def explicit_choice(op: str, impl: str, kind: str, asked: str | None = None) -> 
     return Choice(op, impl, f"{impl}: asked for ({item.what}); {note}")
 
 
-#: The older keywords of hwrun 0.1.0 (`train(loss_kernel=, swiglu_kernel=)`, `apply_fused_loss(kernel=)`) and
-#: what their values are in kernels= names: 'triton' was hwrun's own kernel, 'torch' the torch form.
-OLD_KEYWORDS = {"loss_kernel": "cross_entropy", "swiglu_kernel": "swiglu"}
+#: The older keywords of hwrun 0.1.0 (`train(loss_kernel=, swiglu_kernel=, rope_table=)`, `apply_fused_loss(kernel=)`)
+#: and what their values are in kernels= names: 'triton' was hwrun's own kernel, 'torch' the torch form (which
+#: kernels= calls 'inductor'; its 'torch' is torch's own op); rope_table=False was the model's own rotary module
+#: compiled (kernels={'rope': 'inductor'}), rope_table=True the default ('auto').
+OLD_KEYWORDS = {"loss_kernel": "cross_entropy", "swiglu_kernel": "swiglu", "rope_table": "rope"}
 OLD_VALUES = {"auto": "auto", "triton": "hwrun", "torch": "inductor"}
+#: Keywords whose values are not OLD_VALUES' names.
+OLD_KEYWORD_VALUES: dict[str, dict] = {"rope_table": {True: "auto", False: "inductor"}}
 
 
-def from_old_keyword(keyword: str, value: str, op: str | None = None, stacklevel: int = 3,
+def _old_value(keyword: str, value: object) -> str | None:
+    """The kernels= name of `keyword`'s old `value`, or None (by type too: rope_table=1 is not rope_table=True)."""
+    values = OLD_KEYWORD_VALUES.get(keyword, OLD_VALUES)
+    return next((impl for old, impl in values.items() if type(old) is type(value) and old == value), None)
+
+
+def _old_torch_note(op: str) -> str:
+    """What the old 'torch' meant beside what kernels' 'torch' means for `op` (two different implementations)."""
+    own = next((c for c in CANDIDATES[op] if c.name == "torch"), None)
+    new = f"kernels[{op!r}]='torch' is another implementation: {own.what}" if own is not None else \
+        f"kernels= has no 'torch' for {op} (torch has no own {op} op)"
+    return f" The old 'torch' meant hwrun's torch form that inductor compiles, named 'inductor' now; {new}."
+
+
+def from_old_keyword(keyword: str, value: object, op: str | None = None, stacklevel: int = 3,
                      replacement: str = "kernels={{{op!r}: {impl!r}}} (hwrun train --kernel {op}={impl})") -> str:
     """The kernels= name of `value`, given through the deprecated `keyword`, with a FutureWarning naming the
     replacement (`replacement`, formatted with op and impl); a value that was never valid, or names a deleted
-    kernel, is a TrainingConfigError saying so."""
+    kernel, is a TrainingConfigError saying so. For the old value 'torch' the warning says that it is 'inductor'
+    now, and what kernels' own 'torch' is."""
     op = op or OLD_KEYWORDS[keyword]
-    if value not in OLD_VALUES:
-        valid = [v for v, impl in OLD_VALUES.items() if (op, impl) not in REMOVED]
+    impl = _old_value(keyword, value)
+    if impl is None:
+        values = OLD_KEYWORD_VALUES.get(keyword, OLD_VALUES)
+        valid = [v for v, name in values.items() if (op, name) not in REMOVED]
         raise TrainingConfigError(f"{keyword}={value!r} is not one of {', '.join(map(repr, valid))}; {keyword} is "
                                   f"deprecated: use kernels={{{op!r}: IMPL}} with IMPL 'auto' or one of "
                                   f"{', '.join(c.name for c in CANDIDATES[op])}.")
-    impl = OLD_VALUES[value]
     if impl != "auto":
         candidate(op, impl, f"{keyword}={value!r} (kernels[{op!r}]={impl!r})")  # a deleted kernel raises here
+    note = _old_torch_note(op) if value == "torch" else ""
+    if impl == "auto":
+        note += f" ({keyword}={value!r} is the default: leaving both out does the same.)"
     warnings.warn(f"{keyword}={value!r} is deprecated and will be removed; use "
-                  f"{replacement.format(op=op, impl=impl)} instead.", FutureWarning, stacklevel=stacklevel)
+                  f"{replacement.format(op=op, impl=impl)} instead.{note}", FutureWarning, stacklevel=stacklevel)
     return impl
 
 
 def check_kernels(kernels: Mapping[str, str] | None, old: Mapping[str, str] | None = None) -> dict[str, str]:
     """The explicit choices of a run, checked by name only (no device yet): `kernels` merged with the values of
-    the deprecated keywords in `old` ({keyword: value} of loss_kernel/swiglu_kernel, already warned about and
+    the deprecated keywords in `old` ({keyword: impl} of loss_kernel/swiglu_kernel/rope_table, already warned about and
     translated by `from_old_keyword`), which must not contradict it. Returns {op: impl} without 'auto'."""
     if kernels is None:
         kernels = {}

@@ -27,7 +27,9 @@ SET_BY_TRAIN = {
     "output_dir": "output_dir", "max_steps": "max_steps", "seed": "seed", "ddp_find_unused_parameters": None,
 }
 
-_BOOLEAN = ("qlora", "merge", "fused_loss", "fused_projections", "rope_table", "plot", "overwrite", "packing")
+_BOOLEAN = ("qlora", "merge", "fused_loss", "fused_projections", "plot", "overwrite", "packing")
+#: Deprecated switches (a FutureWarning names the replacement): True, False, or None (not given).
+_OPTIONAL_BOOLEAN = ("rope_table",)
 _INTEGER = {"batch_size": 1, "grad_accum": 1, "block_size": 2, "save_steps": 1, "max_data_bytes": 1}
 
 
@@ -107,6 +109,8 @@ def check_kinds(options: Mapping[str, Any]) -> None:
     """The non-numeric options: flags are True/False, callbacks a list, echo a function, the policy a name."""
     problems = [f"{name}={options[name]!r} (must be True or False)"
                 for name in _BOOLEAN if name in options and not isinstance(options[name], bool)]
+    problems += [f"{name}={options[name]!r} (must be True, False or None; deprecated: use kernels=)"
+                 for name in _OPTIONAL_BOOLEAN if options.get(name) is not None and not isinstance(options[name], bool)]
     policy = options.get("on_nonfinite", "stop")
     if policy not in POLICIES:
         problems.append(f"on_nonfinite={policy!r} (must be one of {', '.join(map(repr, POLICIES))})")

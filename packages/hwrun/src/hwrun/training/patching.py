@@ -55,16 +55,15 @@ class PatchOptions:
     resolved it (`kernels`: {op: impl}, hwrun.training.kernel_policy's names)."""
 
     fused_loss: bool
-    rope_table: bool
     fused_projections: bool
     compiled: bool
     kernels: Mapping[str, str]
 
     @classmethod
-    def from_choices(cls, choices: Mapping[str, Any], *, fused_loss: bool, rope_table: bool,
-                     fused_projections: bool, compiled: bool) -> PatchOptions:
+    def from_choices(cls, choices: Mapping[str, Any], *, fused_loss: bool, fused_projections: bool,
+                     compiled: bool) -> PatchOptions:
         """The patches that the kernel policy's `choices` ({op: Choice}) ask for."""
-        return cls(fused_loss, rope_table, fused_projections, compiled, {op: c.impl for op, c in choices.items()})
+        return cls(fused_loss, fused_projections, compiled, {op: c.impl for op, c in choices.items()})
 
 
 def patch_base(model: Any, dataset: Any, options: PatchOptions, stack: PatchStack, reasons: dict) -> None:
@@ -83,7 +82,8 @@ def patch_base(model: Any, dataset: Any, options: PatchOptions, stack: PatchStac
         reasons["loss"] = patch.reason
     else:
         reasons["loss"] = "model's own loss (fused_loss=False)"
-    if options.rope_table and options.kernels["rope"] != "inductor" and isinstance(dataset, PackedDataset):
+    # the table runs under hwrun's rotation and Liger's ('hwrun', 'liger'); 'inductor' is the model's own rotary module
+    if options.kernels["rope"] != "inductor" and isinstance(dataset, PackedDataset):
         reasons["rope"] = stack.add("rope table", apply_rope_table(model, int(dataset.blocks.shape[1]))).reason
     _library_kernels_base(model, options, stack, reasons)
     restore = _use_causal_sdpa(model, dataset)

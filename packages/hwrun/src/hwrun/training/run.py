@@ -216,7 +216,7 @@ def _validate(plan: RunPlan, data: Any, options: dict[str, Any]) -> RunSettings:
 
 
 def _check_kernel_asks(plan: RunPlan, options: Mapping[str, Any]) -> dict[str, str]:
-    """The explicit kernel choices (`kernels=`, and the deprecated `loss_kernel`/`swiglu_kernel`), checked by the
+    """The explicit kernel choices (`kernels=`, and the deprecated `loss_kernel`/`swiglu_kernel`/`rope_table`), checked by the
     kernel policy against its candidates, the plan's device and the run's other options, before any work."""
     from .kernel_policy import OLD_KEYWORDS, candidate, check_kernels, from_old_keyword, resolve
 
@@ -505,8 +505,7 @@ def _patch(model: Any, dataset: Any, plan: RunPlan, args: Any, run: RunSettings,
     choices = resolve(kind, run.kernel_asks)  # per op: the kernel policy's choice here, and why
     for op, choice in choices.items():
         reasons[f"kernel {op}"] = choice.reason
-    options = PatchOptions.from_choices(choices, fused_loss=run.fused_loss, rope_table=run.rope_table,
-                                        fused_projections=run.fused_projections, compiled=plan.compile is not None)
+    options = PatchOptions.from_choices(choices, fused_loss=run.fused_loss, fused_projections=run.fused_projections, compiled=plan.compile is not None)
     patch_base(model, dataset, options, stack, reasons)
     if run.settings is None:
         patch_last(model, options, stack, reasons)
@@ -713,7 +712,7 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
           grad_accum: int = 1, seed: int = 42, output_dir: str | os.PathLike = "hwrun-train",
           resume: bool | str | None = "auto", block_size: int = 512, merge: bool = False,
           save_steps: int = 100, fused_loss: bool = True, fused_projections: bool = True,
-          rope_table: bool = True, loss_kernel: str | None = None, swiglu_kernel: str | None = None,
+          rope_table: bool | None = None, loss_kernel: str | None = None, swiglu_kernel: str | None = None,
           kernels: Mapping[str, str] | None = None, plot: bool = True, callbacks: Sequence[Any] = (),
           echo: Callable[[str], Any] | None = None,
           overwrite: bool = False, on_nonfinite: str = "stop", max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
@@ -742,14 +741,17 @@ def train(plan: RunPlan, data: str | os.PathLike | Any, *, lora: Any = None, qlo
     "full" (gathered on rank 0: the model or adapter as safetensors, the optimizer state as one file), both resumable
     at another world size; None leaves fsdp_config's state_dict_type (Transformers' default: FULL_STATE_DICT). A
     resume from a checkpoint of the other kind is refused before the model loads (hwrun.training.sharding).
-    `fused_loss`, `fused_projections` (LoRA on a frozen base, one process or DDP) and `rope_table`
-    (packed blocks) switch hwrun's own training path off one by one; each logs why where it cannot apply.
+    `fused_loss` and `fused_projections` (LoRA on a frozen base, one process or DDP) switch hwrun's own training
+    path off one by one; each logs why where it cannot apply. The RoPE table (packed blocks) is kernels' 'rope'
+    choice: kernels={'rope': 'inductor'} runs the model's own rotary module instead.
     `kernels` picks the implementation of each training op, {op: impl} with op one of cross_entropy, swiglu,
     rmsnorm, rope and impl 'auto' (the default: hwrun.training.kernel_policy's measured choice for the
     device), 'hwrun' (our own: the loss kernel, the RoPE table), 'inductor' (the torch form, compiled), 'liger'
     (Liger's kernel, CUDA/ROCm/XPU, `pip install hwrun[liger]`) or 'torch' (torch's own op, where torch has one);
-    result.reasons has every op's choice and why ("kernel <op>"). `loss_kernel` and `swiglu_kernel` are
-    deprecated (hwrun 0.1.0's spelling; a FutureWarning): 'triton' is kernels[op]='hwrun', 'torch' 'inductor'.
+    result.reasons has every op's choice and why ("kernel <op>"). `loss_kernel`, `swiglu_kernel` and `rope_table`
+    are deprecated (hwrun 0.1.0's spelling; a FutureWarning naming the replacement): 'triton' is
+    kernels[op]='hwrun', 'torch' 'inductor' (kernels' own 'torch' is torch's own op, another implementation),
+    rope_table=False kernels={'rope': 'inductor'}, rope_table=True the default.
     """
     options = {name: value for name, value in locals().items()
                if name not in ("plan", "data", "training_overrides")}
