@@ -193,3 +193,30 @@ def test_the_train_bench_measures_full_fine_tuning_beside_the_plain_trainer(tmp_
     table = (tmp_path / "train.md").read_text()
     assert all(f"| {name} |" in table for name in rows) and "hwrun_full / best plain full" in table
     assert (tmp_path / "train.png").exists()
+
+
+def _profile_decoders_bench():
+    bench = str(ROOT / "tools" / "bench")
+    sys.path.insert(0, bench)  # profile_decoders.py imports its siblings bench_record and decode
+    try:
+        return _load("profile_decoders_under_test", ROOT / "tools" / "bench" / "profile_decoders.py")
+    finally:
+        sys.path.remove(bench)
+
+
+def test_profile_decoders_json_carries_the_stamp_like_every_bench(monkeypatch, capsys):
+    """Issue 38.4: profile_decoders.py wrote its step times with no command, date, device, versions or git; its JSON
+    now starts from bench_record.stamp's record. The bench is CUDA-only: without CUDA it says so and exits 2."""
+    profile = _profile_decoders_bench()
+    args = profile.parse(["--out", "D", "--batch", "8", "--compile", "none"])
+    result = profile.run_record(args, ["--out", "D", "--batch", "8", "--compile", "none"], "NVIDIA H100 80GB HBM3")
+    assert {"command", "date", "device_info", "versions", "git", "host", "env"} <= set(result)
+    assert result["command"][-6:] == ["--out", "D", "--batch", "8", "--compile", "none"]
+    assert result["date"].endswith("+00:00")
+    assert result["device"] == "NVIDIA H100 80GB HBM3" and result["batch"] == 8 and result["compile"] == "none"
+    assert {"python", "torch", "transformers", "hwrun", "hwenv"} <= set(result["versions"])
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert profile.main(["--out", "D"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err

@@ -5,6 +5,8 @@ difference between their tables is what the slot bookkeeping (per-row K/V writes
 cost: the engine runs once gathering each row's blocks (`paged_attention="gather"`) and once with the Triton
 paged-attention kernel (`"triton"`).
 Usage: python tools/bench/profile_decoders.py --out DIR [--batch 64] [--compile inductor|none]
+DIR/profile_decoders.json carries bench_record.stamp's record (command, UTC date, device, versions, git) beside the
+step times, as every bench's JSON does.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from bench_record import stamp  # noqa: E402
 from decode import FULL, build_model  # noqa: E402
 
 
@@ -34,15 +37,32 @@ def step_ms(step, repeats=50):
     return start.elapsed_time(end) / repeats
 
 
-def main(argv=None):
+def run_record(args: argparse.Namespace, argv: list[str] | None, device_name: str) -> dict:
+    """The JSON's header: what ran (the model, batch, cache length, compile) and where, stamped by
+    bench_record.stamp (command, UTC date, device_info, versions, host, env, git) like the other benches."""
+    return stamp({"device": device_name, "model": "random Llama from decode.FULL", "batch": args.batch,
+                  "cache_len": args.cache_len, "compile": args.compile}, argv, libraries=("hwenv", "triton"))
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--cache-len", type=int, default=384)
     parser.add_argument("--compile", default="inductor", choices=("inductor", "none"))
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse(argv)
 
     import torch
+
+    if not torch.cuda.is_available():
+        print("profile_decoders.py times CUDA graphs and CUDA kernels: no CUDA device here. Run it on the GPU "
+              "(tools/bench/run_h200.sh OUT profile_decoders).", file=sys.stderr)
+        return 2
     from hwrun.inference.decode.static import GraphDecoder
     from hwrun.inference.engine import EngineCore
     from hwrun.inference.engine.graphs import capture_graph
@@ -53,7 +73,7 @@ def main(argv=None):
     model = build_model(FULL, device, torch.bfloat16)
     backend = None if args.compile == "none" else "inductor"
     prompts = torch.randint(1, FULL["vocab_size"], (args.batch, 128), device=device)
-    results = {}
+    results = run_record(args, argv, torch.cuda.get_device_name(0))
 
     def graphs_per_row():  # the static decoder's step with the engine's per-row K/V writes
         decoder = GraphDecoder(model, batch_size=args.batch, max_cache_len=args.cache_len, compile_backend=backend,
