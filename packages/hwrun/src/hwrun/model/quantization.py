@@ -176,10 +176,15 @@ def keep_cpu_4bit_layers_unpacked(model: Any) -> dict[str, str]:
 
 def after_load(model: Any, plan: Any) -> None:
     """What a quantized model needs once loaded, before its first forward (called by `load()` for every path):
-    bitsandbytes' CPU 4-bit layers its repacking cannot take, and the LM head of a torchao weight-only plan
+    bitsandbytes' CPU 4-bit layers its repacking cannot take, a warning that compressed-tensors will decompress its
+    weights at the first forward (its own hook: `quantization_table.CT_DECOMPRESSES`), and the LM head of a torchao weight-only plan
     (`quantize_lm_head`; a plan with `quantize_lm_head=False` keeps it in the planned dtype)."""
     if getattr(model, "is_quantized", False) or plan.quantization:
         keep_cpu_4bit_layers_unpacked(model)
+    if plan.quantization == "compressed-tensors" and hasattr(model, "ct_decompress_hook"):
+        from .quantization_table import CT_DECOMPRESSES
+
+        logger.warning("compressed-tensors checkpoint: %s", CT_DECOMPRESSES)
     method = lm_head_method(plan)
     if method is not None and getattr(plan, "quantize_lm_head", True):
         done = quantize_lm_head(model, method)
@@ -596,19 +601,29 @@ class _HeadForTraining:
                     name, str(plain.dtype).removeprefix("torch."))
 
 
+#: Libraries whose quantized layers hwrun's engine runs through the model's own forward, eagerly
+#: (`inference/engine/quantized.py`): the layers are modules with their own kernels (or, for compressed-tensors, plain
+#: Linears that its hook decompresses in place at the first forward), none captured in hwrun's graphs or compiled.
+MODEL_FORWARD_LIBRARIES = ("gptqmodel", "auto-round", "compressed-tensors", "transformers")
+
+
 def decode_blocker(value: str) -> str | None:
     """Why hwrun's graph decode loops (and its serving engine) do not run a plan quantized with `value`, or None when
     they do: named by method and library, for `inference.decision`. torchao's weights are tensor subclasses that the
     model's own forward runs as they are (torchao builds them for `torch.compile` and graphs), so both loops run them:
     through the fused Llama step, unfused (`decode/fused_step.py`'s `torchao_weights`: separate products, no
-    dequantized copies), or the model's own forward for other families. Other libraries' quantized layers (bitsandbytes' Linear4bit/Linear8bitLt,
-    AWQ/GPTQ kernels) have not been run inside hwrun's graph loops: Transformers' loop runs them."""
+    dequantized copies), or the model's own forward for other families. The pre-quantized checkpoints of
+    `MODEL_FORWARD_LIBRARIES` (AWQ/GPTQ through gptqmodel, AutoRound, compressed-tensors, Transformers' fine-grained
+    FP8) run the model's own forward: the engine picks its model step, eagerly, and logs why
+    (`inference/engine/quantized.py`, `plan_quantized`), as it does for bitsandbytes 4-bit. bitsandbytes stays
+    blocked here: its 4-bit layers reach the engine through `decide_serving`'s own path (`hwrun serve`), its 8-bit
+    layers (LLM.int8) through none."""
     from .quantization_table import METHODS, method_name
 
     name = method_name(value)
     method = METHODS.get(name)
     library = method.library if method else "an unknown library"
-    if library == "torchao":
+    if library == "torchao" or library in MODEL_FORWARD_LIBRARIES:
         return None
     kind = "Linear4bit/Linear8bitLt layers" if library == "bitsandbytes" else "quantized layers"
     return (f"{library} weights ({value}: {kind}): hwrun's graph loops run plain Linear weights and torchao's "

@@ -174,6 +174,14 @@ _NOT_ON_MPS = "hwrun plans Apple GPUs like a CPU without quantization"
 #: with hqq 0.2.8 (2026-12-06), whatever the overview says.
 _HQQ_NOT_IN_TF5 = ("Transformers 5.22-5.25 cannot quantize with HQQ on load (HqqHfQuantizer has no get_quantize_ops: "
                    "NotImplementedError 'not available yet')")
+#: compressed-tensors 0.20 under Transformers 5.25 (`quantizer_compressed_tensors.py`, `ModelCompressor.add_decompress_hook`):
+#: a quantized checkpoint loads compressed and a forward pre-hook decompresses it in place at the first forward (seen on
+#: the CPU with an int8 checkpoint, 2026-12-07); Transformers' row-wise FP8 kernels are opt-in (`use_optimized_inference`,
+#: default False), which hwrun does not pass.
+CT_DECOMPRESSES = ("compressed-tensors loads the weights compressed and its own hook decompresses them in place to the "
+                   "model's dtype at the first forward (no compressed int kernels in Transformers 5.25; its FP8 "
+                   "kernels are opt-in and hwrun does not opt in), so decoding runs dense weights and memory grows to "
+                   "the unquantized size")
 #: A check run through hwrun (plan, load, generate) on a lent H100, not a test: the layouts loaded and generated.
 _RAN_H100 = "; loaded and generated through hwrun on an H100 (torch 2.11, torchao 0.18, 2026-12-06)"
 _NO_GAUDI_COLUMN = "the overview has no Gaudi column and the library has no HPU backend"
@@ -199,8 +207,7 @@ QUANTIZATION_TABLE: dict[str, dict[str, Cell]] = {
                     "gptqmodel"),
         "gptq": _yes("gptqmodel (with optimum)", "overview", "tf", "gptqmodel"),
         "auto-round": _yes("auto-round's CUDA backends", "overview", "tf"),
-        "compressed-tensors": _yes("compressed-tensors; FP8 kernels need compute capability >= 8.9", "overview",
-                                   "tf"),
+        "compressed-tensors": _yes(CT_DECOMPRESSES, "overview", "tf"),
         "hqq": _no(f"{_HQQ_NOT_IN_TF5}; the overview marks CUDA green", "tf", "overview"),
         "fp8": _yes("Transformers' fine-grained FP8 kernels; below compute capability 8.9 Transformers would "
                     "dequantize to bf16 silently, so hwrun refuses there", "overview", "tf",
@@ -219,7 +226,7 @@ QUANTIZATION_TABLE: dict[str, dict[str, Cell]] = {
         "awq": _yes("gptqmodel's ROCm kernels", "overview", "tf"),
         "gptq": _yes("gptqmodel's ROCm kernels", "overview", "tf"),
         "auto-round": _no("the overview marks AutoRound red on ROCm", "overview"),
-        "compressed-tensors": _yes("compressed-tensors", "overview", "tf"),
+        "compressed-tensors": _yes(CT_DECOMPRESSES, "overview", "tf"),
         "hqq": _no(f"the overview marks HQQ red on ROCm, and {_HQQ_NOT_IN_TF5}", "overview", "tf"),
         "fp8": _no("the overview marks fine-grained FP8 red on ROCm", "overview"),
         "fp8-inc": _no(_INC_ONLY_GAUDI, "inc-fp8"),
@@ -277,8 +284,8 @@ QUANTIZATION_TABLE: dict[str, dict[str, Cell]] = {
         "awq": _yes("gptqmodel's torch CPU kernels", "overview", "gptqmodel"),
         "gptq": _yes("gptqmodel's torch CPU kernels, all bits (IPEX: 4-bit)", "overview", "gptqmodel"),
         "auto-round": _yes("auto-round's CPU backends", "overview", "tf"),
-        "compressed-tensors": _yes("compressed-tensors; int8 checkpoints run compressed (FP8 schemes have no FP8 "
-                                   "kernels here)", "overview", "tf", tested=True),
+        "compressed-tensors": _yes(CT_DECOMPRESSES + " (FP8 schemes: no FP8 kernels on the CPU either)",
+                                   "overview", "tf", tested=True),
         "hqq": _no(f"{_HQQ_NOT_IN_TF5}; the overview marks CPU green (tried here: it raised)", "tf", "overview"),
         "fp8": _no("without a GPU or XPU Transformers dequantizes FP8 checkpoints to bf16 silently "
                    "(`quantizer_finegrained_fp8.validate_environment`); hwrun refuses rather than load a "

@@ -1,10 +1,17 @@
 """Quantized weights in hwrun's engine. torchao's weights are tensor subclasses that any step runs as they are (the
-fused step runs them unfused, the model step through the model's own Linears; neither keeps dequantized copies). bitsandbytes' layers are modules with
-their own kernels: 4-bit `Linear4bit` runs the model's own forward, eagerly (bitsandbytes' kernels have not been
-captured in hwrun's graphs or compiled steps); 8-bit `Linear8bitLt` (LLM.int8) is refused, because its outlier
-split is decided per batch from the activations of every row in it, so a request's tokens would change with the
-requests beside it. An engine over 4-bit weights therefore refuses `step="fused"`, `use_graphs=True` and a
-`compile_backend`, and picks the model step and eager steps itself under "auto" / None (logged)."""
+fused step runs them unfused, the model step through the model's own Linears; neither keeps dequantized copies).
+Other libraries' layers are modules with their own kernels, run by the model's own forward, eagerly (none has been
+captured in hwrun's graphs or compiled steps):
+
+- bitsandbytes 4-bit `Linear4bit`; 8-bit `Linear8bitLt` (LLM.int8) is refused, because its outlier split is decided
+  per batch from the activations of every row in it, so a request's tokens would change with the requests beside it.
+- pre-quantized checkpoints Transformers loads through another quantizer (`quant_method` awq, gptq, auto-round,
+  compressed-tensors, fp8): the same eager model step. compressed-tensors keeps its weights compressed until the first
+  forward, where its own hook (`ModelCompressor.add_decompress_hook`, compressed-tensors 0.20) decompresses them in
+  place to the model's dtype; a warning says so when the engine is built (hwrun makes no copy of its own).
+
+An engine over such weights therefore refuses `step="fused"`, `use_graphs=True` and a `compile_backend`, and picks
+the model step and eager steps itself under "auto" / None (logged with the reason)."""
 
 from __future__ import annotations
 
@@ -21,6 +28,16 @@ BNB_EAGER_REASON = ("bitsandbytes 4-bit weights (Linear4bit) run the model's own
 #: Why hwrun's engine refuses bitsandbytes 8-bit weights.
 BNB_8BIT_REASON = ("bitsandbytes 8-bit weights (LLM.int8, Linear8bitLt) split outlier columns per batch from every "
                    "row's activations, so a request's tokens would change with the requests beside it")
+#: Why an engine over another library's pre-quantized layers steps eagerly ({method}: the checkpoint's quant_method).
+EAGER_REASON = ("{method} weights run the model's own forward, eagerly: their layers' kernels have not been captured "
+                "in hwrun's graphs or compiled steps, and the fused step reads plain or torchao weights only")
+#: Why compressed-tensors weights are dense after the first forward (said once per engine, as a warning).
+CT_DECOMPRESS_REASON = ("compressed-tensors decompresses the checkpoint's weights in place to the model's dtype at the "
+                        "first forward (its own forward pre-hook, ModelCompressor.add_decompress_hook; Transformers "
+                        "5.25 has no compressed int kernels), so decoding runs dense weights and memory grows to the "
+                        "unquantized size; Transformers' own loop does the same")
+#: `quant_method` values whose layers run the engine's eager model step (bitsandbytes and torchao are handled apart).
+EAGER_METHODS = ("awq", "gptq", "auto-round", "compressed-tensors", "fp8")
 
 
 def bnb_bits(model: Any) -> int | None:
@@ -35,19 +52,45 @@ def bnb_bits(model: Any) -> int | None:
     return None
 
 
+def quant_method(model: Any) -> str | None:
+    """The `quant_method` of the quantizer Transformers loaded `model` with ("compressed-tensors", "gptq", ...), or
+    None for an unquantized model (a PEFT model is asked through its base)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(getattr(base, "hf_quantizer", None), "quantization_config", None)
+    method = getattr(config, "quant_method", None)
+    return None if method is None else str(getattr(method, "value", method)).lower()
+
+
+def eager_method(model: Any) -> str | None:
+    """The `quant_method` of `model`'s pre-quantized layers when the engine runs them through the model's own forward,
+    eagerly (`EAGER_METHODS`), else None (unquantized, torchao, bitsandbytes: `bnb_bits`)."""
+    method = quant_method(model)
+    return method if method in EAGER_METHODS else None
+
+
+def _refuse_asked(step: str, use_graphs: bool | None, compile_backend: Any, reason: str) -> None:
+    asked = [what for what, bad in (("step='fused'", step == "fused"), ("use_graphs=True", use_graphs is True),
+                                    (f"compile_backend={compile_backend!r}", compile_backend is not None)) if bad]
+    if asked:
+        raise FastDecodeError(f"{', '.join(asked)} cannot run this model: {reason}. Leave them at their defaults "
+                              "(the model step, eager).")
+
+
 def plan_quantized(model: Any, step: str, use_graphs: bool | None, compile_backend: Any) -> tuple[str, bool | None]:
-    """(step, use_graphs) an engine over `model`'s weights runs: unchanged unless they are bitsandbytes' (4-bit: the
-    model step, eagerly; `FastDecodeError` for what cannot run them, and for 8-bit)."""
+    """(step, use_graphs) an engine over `model`'s weights runs: unchanged unless they are bitsandbytes' or another
+    library's pre-quantized layers (`eager_method`): then the model step, eagerly, logged with the reason;
+    `FastDecodeError` for what was asked that cannot run them (the fused step, graphs, compile), and for 8-bit."""
     bits = bnb_bits(model)
-    if bits is None:
+    method = eager_method(model) if bits is None else None
+    if bits is None and method is None:
         return step, use_graphs
     if bits == 8:
         raise FastDecodeError(f"hwrun's engine cannot run this model: {BNB_8BIT_REASON}. Use 4-bit weights "
                               "(--quantization 4bit) or Transformers' loop (decode='generate').")
-    asked = [what for what, bad in (("step='fused'", step == "fused"), ("use_graphs=True", use_graphs is True),
-                                    (f"compile_backend={compile_backend!r}", compile_backend is not None)) if bad]
-    if asked:
-        raise FastDecodeError(f"{', '.join(asked)} cannot run this model: {BNB_EAGER_REASON}. Leave them at their "
-                              "defaults (the model step, eager).")
-    logger.info("engine over bitsandbytes 4-bit weights: model step, eager steps (%s)", BNB_EAGER_REASON)
+    reason = BNB_EAGER_REASON if bits == 4 else EAGER_REASON.format(method=method)
+    _refuse_asked(step, use_graphs, compile_backend, reason)
+    what = "bitsandbytes 4-bit" if bits == 4 else method
+    logger.info("engine over %s weights: model step, eager steps (%s)", what, reason)
+    if method == "compressed-tensors":
+        logger.warning("engine over compressed-tensors weights: %s", CT_DECOMPRESS_REASON)
     return "model", False
