@@ -8,6 +8,8 @@ a step also attends over only the cache positions its rows have reached (one gra
 
 from __future__ import annotations
 
+import dataclasses
+
 import hwrun
 import pytest
 import torch
@@ -546,10 +548,14 @@ def test_generate_compiles_few_row_buckets():
     assert compiled_buckets(16, compiled=False) is None
     plan = hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu")
     model, _ = hwrun.load(plan)
+    from hwrun.inference.decision import planned
     from hwrun.inference.generate import _decoder
 
-    compiled = _decoder(model, 16, 40, False, "eager", slots=True, platform=plan.accelerator.platform)
-    plain = _decoder(model, 16, 40, False, None, slots=True, platform=plan.accelerator.platform)
+    plain_decision = planned(plan, 16, decode="graphs")
+    compiled_decision = dataclasses.replace(plain_decision, compile_backend="eager", buckets=(1, 8, 16))
+    compiled = _decoder(model, 40, compiled_decision, plan.accelerator.platform)
+    plain = _decoder(model, 40, plain_decision, plan.accelerator.platform)
+    assert plain_decision.runner == "engine" and plain_decision.buckets is None
     assert compiled.buckets == (1, 8, 16) and plain.buckets == (1, 2, 4, 8, 16)
 
 

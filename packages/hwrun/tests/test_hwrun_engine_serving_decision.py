@@ -38,7 +38,8 @@ def test_a_window_shorter_than_the_context_is_asked_before_building(tiny, monkey
 
 def test_a_slot_engine_that_fails_to_build_stops_the_start_with_its_reason(tiny, monkeypatch):
     plan, model = tiny
-    monkeypatch.setattr(startup, "choose_engine", lambda *args: startup.EngineChoice("slots", "test"))
+    monkeypatch.setattr(startup, "decide_engine", lambda plan, config, model, max_len: decide_serving(
+        plan, model, "slots", max_cache_len=max_len, slots=config.max_concurrency))
     monkeypatch.setattr("hwrun.model.load.load", lambda plan: (model, _Tokenizer()))
     config = ServeConfig(max_concurrency=2, max_model_len=64, kv_cache_memory=1000)  # not one block of 16
     with pytest.raises(EngineStartError, match="slot engine cannot start: .*hold no block of 16 positions"):

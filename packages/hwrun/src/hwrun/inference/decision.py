@@ -61,18 +61,36 @@ CACHE_BUCKET = 256
 
 #: `DecodeDecision.runner` values: which loop runs.
 RUNNERS = ("engine", "static_graphs", "generate", "generate_batch")
+#: Most slots (concurrent prompts) `generate()`'s engine runs; more prompts wait for a free slot.
+MAX_SLOTS = 64
 
 
 @dataclass(frozen=True)
 class DecodeDecision:
     """How a run decodes and why: `batching` ("static" | "continuous"), `decode` ("generate": Transformers' loop,
-    "graphs": hwrun's), `runner` (one of `RUNNERS`), `compile_backend` for hwrun's step (None: not compiled)."""
+    "graphs": hwrun's), `runner` (one of `RUNNERS`), `compile_backend` for hwrun's step (None: not compiled), and
+    what hwrun's loops are built with (`engine_options`): `step` ("auto": the fused Llama-family step where it
+    applies, else the model's own forward; "model": the model's own forward), `use_graphs` (None: captured where this
+    torch's graph tools capture; False: eager steps), `slots` and the engine's row `buckets` (None: every power of
+    two up to `slots`), each with its reason."""
 
     batching: str
     batching_reason: str
     decode: str
     reason: str
     compile_backend: Any = None
+    step: str = "auto"
+    step_reason: str = ""
+    use_graphs: bool | None = None
+    graphs_reason: str = ""
+    slots: int | None = None
+    buckets: tuple[int, ...] | None = None
+    buckets_reason: str = ""
+
+    def engine_options(self) -> dict[str, Any]:
+        """The keywords hwrun's engine (`EngineCore`) is built with for this decision, by `generate()` and serve."""
+        return {"slots": self.slots, "step": self.step, "use_graphs": self.use_graphs,
+                "compile_backend": self.compile_backend, "buckets": self.buckets}
 
     @property
     def runner(self) -> str:
@@ -255,10 +273,13 @@ def planned(plan: RunPlan, n_prompts: int, *, decode: str = "auto", batching: st
     """The decision `generate()` will take for `n_prompts` prompts, as far as it is known before load
     (`hwrun plan` shows it; `decide()` then checks it against the loaded model)."""
     if getattr(plan, "tp", 1) > 1:
-        return _tp_planned(plan, n_prompts, decode, batching, stream)
-    choice = choose_batching(plan, n_prompts, batching, stream=stream, engine=_runs_hwrun_loops(plan, decode))
-    mode, reason = _decode_mode(plan, decode, choice.mode)
-    return DecodeDecision(choice.mode, choice.reason, mode, reason)
+        decision = _tp_planned(plan, n_prompts, decode, batching, stream)
+    else:
+        choice = choose_batching(plan, n_prompts, batching, stream=stream, engine=_runs_hwrun_loops(plan, decode))
+        mode, reason = _decode_mode(plan, decode, choice.mode)
+        backend = graph_compile_backend(plan)[0] if mode == "graphs" else None
+        decision = DecodeDecision(choice.mode, choice.reason, mode, reason, backend)
+    return _engine_setup(plan, decision, min(n_prompts, MAX_SLOTS))
 
 
 def decide(plan: RunPlan, model: Any, *, n_prompts: int, needed: int, decode: str = "auto",
@@ -269,8 +290,9 @@ def decide(plan: RunPlan, model: Any, *, n_prompts: int, needed: int, decode: st
     Raises `GenerateError` where an explicit `decode`/`batching` cannot run."""
     if before is None:
         before = planned(plan, n_prompts, decode=decode, batching=batching, stream=stream)
+    slots = min(n_prompts, MAX_SLOTS)
     if getattr(plan, "tp", 1) > 1:
-        decision = _tp_decide(plan, model, before, decode, needed)
+        decision = _engine_setup(plan, _tp_decide(plan, model, before, decode, needed), slots, model)
         logger.info("batching: %s (%s); decode: %s (%s)", decision.batching, decision.batching_reason,
                     decision.decode, decision.reason)
         return decision
@@ -287,7 +309,7 @@ def decide(plan: RunPlan, model: Any, *, n_prompts: int, needed: int, decode: st
         if note:
             logger.info("graph decode: %s", note)
             reason = f"{reason}; {note}"
-    decision = DecodeDecision(checked.mode, checked.reason, mode, reason, backend)
+    decision = _engine_setup(plan, DecodeDecision(checked.mode, checked.reason, mode, reason, backend), slots, model)
     logger.info("batching: %s (%s); decode: %s (%s)", decision.batching, decision.batching_reason, decision.decode,
                 decision.reason)
     return decision
@@ -299,8 +321,9 @@ def static_instead(plan: RunPlan, decision: DecodeDecision, why: str, decode: st
     logger.warning("%s; running one static batch instead", why)
     head = decision.batching_reason.split(":")[0]
     mode, reason = _decode_mode(plan, decode, "static")
-    return replace(decision, batching="static", batching_reason=f"{head}, but Transformers' {why}: one left-padded "
-                   "batch", decode=mode, reason=reason)
+    static = replace(decision, batching="static", batching_reason=f"{head}, but Transformers' {why}: one "
+                     "left-padded batch", decode=mode, reason=reason)
+    return _engine_setup(plan, static, None)
 
 
 def _fit_graph_decode(plan: RunPlan, model: Any, choice: BatchingChoice, decode: str, batching: str, reason: str,
@@ -380,6 +403,81 @@ def graph_compile_backend(plan: RunPlan) -> tuple[Any, str]:
     return plan.compile.backend, ""
 
 
+# ---- what hwrun's loops are built with -------------------------------------------------------------------
+
+
+def _eager_only(plan: RunPlan, model: Any, adapters: int) -> str | None:
+    """Why hwrun's loops must run the model's own forward eagerly (per-request LoRA adapters, bitsandbytes 4-bit
+    weights: of the loaded model, else of the plan's quantization), or None."""
+    if adapters:
+        from .engine.adapters import EAGER_REASON
+
+        return f"{adapters} LoRA adapter(s) per request: {EAGER_REASON}"
+    if _bnb_bits(plan, model) == 4:
+        from .engine.quantized import BNB_EAGER_REASON
+
+        return BNB_EAGER_REASON
+    return None
+
+
+def _bnb_bits(plan: RunPlan, model: Any) -> int | None:
+    """4 or 8 for bitsandbytes weights: the loaded model's layers, or before load the plan's quantization method."""
+    if model is not None:
+        from .engine.quantized import bnb_bits
+
+        return bnb_bits(model)
+    if not plan.quantization:
+        return None
+    from ..model.quantization_table import METHODS, method_name
+
+    name = method_name(plan.quantization)
+    method = METHODS.get(name)
+    if method is None or method.library != "bitsandbytes":
+        return None
+    return 8 if "8" in name else 4
+
+
+def _engine_setup(plan: RunPlan, decision: DecodeDecision, slots: int | None, model: Any = None,
+                  adapters: int = 0) -> DecodeDecision:
+    """`decision` with the step, graph capture and row buckets hwrun's loops are built with, and why: the one rule
+    `generate()` and `hwrun serve` both read (`DecodeDecision.engine_options`), never worked out again by a caller."""
+    if decision.decode != "graphs":
+        return replace(decision, step="model", step_reason="Transformers' loop runs the model's own forward",
+                       use_graphs=False, graphs_reason="Transformers' loop: hwrun captures no graph", slots=None,
+                       buckets=None, buckets_reason="")
+    tp = getattr(plan, "tp", 1)
+    eager = _eager_only(plan, model, adapters)
+    if eager is not None:
+        step, step_reason = "model", eager
+    elif tp > 1:
+        step, step_reason = "model", (f"tensor parallel (tp={tp}): the model's own forward over its shards (the fused "
+                                      "step reads whole weights)")
+    else:
+        step, step_reason = "auto", "the fused Llama-family step where it applies, else the model's own forward"
+    graphs = graph_api_of(plan)
+    if eager is not None:
+        use_graphs, graphs_reason = False, f"eager steps: {eager}"
+    elif graphs is None:
+        use_graphs, graphs_reason = False, (f"eager steps: {plan.accelerator.kind} has no CUDA, XPU or HPU graphs "
+                                            f"(graph API: {plan.accelerator.platform.graph_api})")
+    else:
+        use_graphs, graphs_reason = None, (f"each step captured as one {graphs[1]} where this torch's graph tools "
+                                           "capture (no tools there, e.g. Gaudi in eager mode: eager steps, logged)")
+    buckets, buckets_reason = None, ""
+    if decision.runner == "engine" and slots is not None:
+        from .engine.buckets import bucket_sizes, compiled_buckets
+
+        buckets = compiled_buckets(slots, decision.compile_backend is not None)
+        rows = ", ".join(map(str, bucket_sizes(slots, buckets)))
+        buckets_reason = (f"steps over {rows} of {slots} rows: each bucket is compiled once at start, so only one "
+                          "stream, light load and full load (a draining batch would compile mid-run otherwise)"
+                          if buckets is not None else
+                          f"steps over {rows} of {slots} rows: every power of two, one graph each (not compiled)")
+    return replace(decision, step=step, step_reason=step_reason, use_graphs=use_graphs, graphs_reason=graphs_reason,
+                   slots=slots if decision.runner == "engine" else None, buckets=buckets,
+                   buckets_reason=buckets_reason)
+
+
 # ---- serving --------------------------------------------------------------------------------------------
 
 
@@ -415,45 +513,42 @@ TP_ENGINE_REASON = ("tensor parallel (tp={tp}): rank 0 schedules and every rank 
                     "each rank")
 
 
-def _bnb_serving(plan: RunPlan, model: Any, engine: str, bits: int, batching: str,
-                 max_cache_len: int | None) -> DecodeDecision:
-    """`decide_serving` for bitsandbytes weights: 4-bit on hwrun's engine, eager model steps; 8-bit refused."""
-    from .engine.quantized import BNB_8BIT_REASON, BNB_EAGER_REASON
-    from .engine.steps import slot_step_support
+#: What a support callable answers before load, where the model's steps are not known yet.
+AFTER_LOAD = "checked against the model after load"
 
-    theirs = "; ".join(transformers_blockers(plan, model))
+
+def _bnb_serving(plan: RunPlan, engine: str, bits: int, batching: str, support: Any,
+                 theirs: list[str]) -> DecodeDecision:
+    """The serving rule for bitsandbytes weights: 4-bit on hwrun's engine, eager model steps; 8-bit refused."""
+    from .engine.quantized import BNB_8BIT_REASON, BNB_EAGER_REASON
+
+    theirs_text = "; ".join(theirs)
     if bits == 8:
         raise EngineStartError(f"no engine can serve this model: hwrun's engine: {BNB_8BIT_REASON}; Transformers' "
-                               f"continuous batching: {theirs}. Serve 4-bit weights (--quantization 4bit), or use "
+                               f"continuous batching: {theirs_text}. Serve 4-bit weights (--quantization 4bit), or use "
                                "`hwrun generate`.")
     if engine == "transformers":
-        raise EngineStartError(f"--engine transformers cannot serve this model here: {theirs}. Use --engine slots "
-                               "or auto.")
+        raise EngineStartError(f"--engine transformers cannot serve this model here: {theirs_text}. Use --engine "
+                               "slots or auto.")
     if plan.compile is not None:
         raise EngineStartError(f"--compile with bitsandbytes 4-bit weights: {BNB_EAGER_REASON}; leave --compile out.")
-    step, why = slot_step_support(model, "model", max_cache_len)
+    step, why = support("model")
     if step is None:
         raise EngineStartError(f"hwrun's engine cannot serve this model: {why}.")
     return DecodeDecision("continuous", batching, "graphs", f"hwrun's engine: {BNB_EAGER_REASON} (Transformers' "
-                          f"continuous batching: {theirs})", None)
+                          f"continuous batching: {theirs_text})", None)
 
 
-def decide_serving(plan: RunPlan, model: Any, engine: str = "auto", *, adapters: int = 0,
-                   max_cache_len: int | None = None) -> DecodeDecision:
-    """How `hwrun serve` decodes live requests with `model`: hwrun's engine or Transformers' continuous batching
-    (`engine`: one of `ENGINES`), and why; `EngineStartError` when the one asked for (or every one) cannot run.
-    `adapters`: how many LoRA adapters `--lora` serves per request (hwrun's engine only, eager model steps);
-    `max_cache_len`: the context served (its RoPE and sliding window are asked of the engine's steps now, not
-    found when the engine is built)."""
+def _serving_rule(plan: RunPlan, engine: str, *, bits: int | None, adapters: int, support: Any,
+                  theirs: list[str]) -> DecodeDecision:
+    """The rule behind `decide_serving` (the loaded model) and `planned_serving` (before load): `support(step)` is
+    the model's `slot_step_support` answer (step or None, why) for step "auto" or "model", `theirs` why
+    Transformers' continuous batching cannot run, `bits` the bitsandbytes width of the weights (None: not theirs)."""
     if engine not in ENGINES:
         raise EngineStartError(f"--engine {engine!r} is not an engine; use one of {', '.join(ENGINES)}.")
-    from .engine.quantized import bnb_bits
-    from .engine.steps import slot_step_support
-
     batching = "live requests join and leave between steps"
-    bits = bnb_bits(model)  # bitsandbytes' layers: 4-bit runs hwrun's engine eagerly (adapters too), 8-bit no engine
     if bits == 8 or (bits == 4 and not adapters):
-        return _bnb_serving(plan, model, engine, bits, batching, max_cache_len)
+        return _bnb_serving(plan, engine, bits, batching, support, theirs)
     if adapters:  # PEFT's mixed-batch forward picks each row's adapter on the host: no graph or compile holds it
         if engine == "transformers":
             raise EngineStartError("--engine transformers with --lora: Transformers' continuous batching runs one "
@@ -462,7 +557,7 @@ def decide_serving(plan: RunPlan, model: Any, engine: str = "auto", *, adapters:
             raise EngineStartError("--compile with --lora: adapters per request run eager model steps (PEFT groups "
                                    "rows by adapter on the host, which no graph or compiled step holds); leave "
                                    "--compile out, or merge the adapter into the model and serve that.")
-        step, why = slot_step_support(model, "model", max_cache_len)
+        step, why = support("model")
         if step is None:
             raise EngineStartError(f"--lora: hwrun's engine cannot serve this model: {why}.")
         return DecodeDecision("continuous", batching, "graphs", f"{adapters} LoRA adapter(s) per request: hwrun's "
@@ -473,15 +568,14 @@ def decide_serving(plan: RunPlan, model: Any, engine: str = "auto", *, adapters:
         if engine == "transformers":
             raise EngineStartError(f"--engine transformers with --tp {tp}: tensor-parallel ranks run hwrun's slot "
                                    "engine in lockstep; leave --engine out or pass --engine slots.")
-        step, why = slot_step_support(model, "model", max_cache_len)
+        step, why = support("model")
         if step is None:
             raise EngineStartError(f"--tp {tp}: hwrun's engine cannot serve this model: {why}.")
         return DecodeDecision("continuous", batching, "graphs", TP_ENGINE_REASON.format(tp=tp),
                               graph_compile_backend(plan)[0])
-    step, why = support = slot_step_support(model, max_cache_len=max_cache_len)
+    step, why = support_answer = support("auto")
     step_note = f"; step: {why}" if step is not None else ""
-    ours = _engine_blockers(plan, support)
-    theirs = transformers_blockers(plan, model)
+    ours = _engine_blockers(plan, support_answer)
     graphs = graph_api_of(plan)
     kind = plan.accelerator.kind
     backend = graph_compile_backend(plan)[0]
@@ -516,3 +610,29 @@ def decide_serving(plan: RunPlan, model: Any, engine: str = "auto", *, adapters:
                      f"({'; '.join(theirs)}){step_note}")
     raise EngineStartError(f"no engine can serve this model on {kind}: hwrun's engine: {'; '.join(ours)}; "
                            f"Transformers' continuous batching: {'; '.join(theirs)}. Use `hwrun generate` instead.")
+
+
+def decide_serving(plan: RunPlan, model: Any, engine: str = "auto", *, adapters: int = 0,
+                   max_cache_len: int | None = None, slots: int | None = None) -> DecodeDecision:
+    """How `hwrun serve` decodes live requests with `model`: hwrun's engine or Transformers' continuous batching
+    (`engine`: one of `ENGINES`), and why; `EngineStartError` when the one asked for (or every one) cannot run.
+    `adapters`: how many LoRA adapters `--lora` serves per request (hwrun's engine only, eager model steps);
+    `max_cache_len`: the context served (its RoPE and sliding window are asked of the engine's steps now, not
+    found when the engine is built); `slots`: the engine's rows (`--max-concurrency`), for its row buckets."""
+    from .engine.steps import slot_step_support
+
+    def support(step: str) -> tuple[str | None, str]:
+        return slot_step_support(model, step, max_cache_len)
+
+    decision = _serving_rule(plan, engine, bits=_bnb_bits(plan, model), adapters=adapters, support=support,
+                             theirs=transformers_blockers(plan, model))
+    return _engine_setup(plan, decision, slots, model, adapters)
+
+
+def planned_serving(plan: RunPlan, engine: str = "auto", *, adapters: int = 0,
+                    slots: int | None = None) -> DecodeDecision:
+    """The decision `hwrun serve` takes on `plan`, as far as it is known before load (`decide_serving`'s rule with
+    the model's steps assumed to run it: `hwrun plan` shows it; the loaded model is checked at start)."""
+    decision = _serving_rule(plan, engine, bits=_bnb_bits(plan, None), adapters=adapters,
+                             support=lambda step: (step, AFTER_LOAD), theirs=continuous_plan_blockers(plan))
+    return _engine_setup(plan, decision, slots, None, adapters)

@@ -307,26 +307,26 @@ def decoders_of(model: Any) -> dict:
     return model.__dict__.setdefault(DECODERS_ATTRIBUTE, {})
 
 
-#: Most slots (concurrent requests) the continuous graph decoder runs; more prompts wait for a free slot.
-MAX_SLOTS = 64
-
-
-def _decoder(model: Any, batch: int, needed: int, use_graphs: bool | None, backend: Any, *, slots: bool = False,
-             platform: Any = None, step: str = "auto") -> Any:
+def _decoder(model: Any, needed: int, decision: DecodeDecision, platform: Any, batch: int | None = None) -> Any:
+    """The graph decoder `decision` names for a cache of `needed` positions (rounded up to `CACHE_BUCKET`), built
+    with what the decision says (`engine_options`: step, graphs, compile, row buckets) or reused from the model:
+    hwrun's engine over `decision.slots` rows, or the static decoder over a batch of `batch` prompts."""
     from .decode.static import GraphDecoder
-    from .engine import EngineCore, compiled_buckets
+    from .engine import EngineCore
 
     length = -(-needed // CACHE_BUCKET) * CACHE_BUCKET
     per_model = decoders_of(model)
-    kind = platform.kind if platform is not None else None
-    key = (slots, batch, length, use_graphs, backend if isinstance(backend, str) or backend is None else id(backend),
-           kind, step)
+    engine = decision.runner == "engine"
+    backend = decision.compile_backend
+    key = (engine, decision.slots if engine else batch, length, decision.use_graphs,
+           backend if isinstance(backend, str) or backend is None else id(backend),
+           platform.kind if platform is not None else None, decision.step, decision.buckets)
     if key not in per_model:
-        cls, size = (EngineCore, "slots") if slots else (GraphDecoder, "batch_size")
-        # compiled slot steps: few row buckets, or a draining batch compiles once per bucket mid-run
-        extra = {"buckets": compiled_buckets(batch, backend is not None), "step": step} if slots else {}
-        per_model[key] = cls(model, **{size: batch}, max_cache_len=length, use_graphs=use_graphs,
-                             compile_backend=backend, platform=platform, **extra)
+        if engine:
+            per_model[key] = EngineCore(model, max_cache_len=length, platform=platform, **decision.engine_options())
+        else:
+            per_model[key] = GraphDecoder(model, batch_size=batch, max_cache_len=length,
+                                          use_graphs=decision.use_graphs, compile_backend=backend, platform=platform)
     return per_model[key]
 
 
@@ -334,10 +334,7 @@ def _engine(plan: RunPlan, decision: DecodeDecision, model: Any, tokenizer: Any,
             max_new_tokens: int, sampling: Any = None) -> tuple[list[list[int]], list[int], float]:
     """Continuous batching through hwrun's engine (`hwrun.inference.engine`; EOS and budgets checked on the host)."""
     encoded = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
-    # tensor-parallel shards run the model's own forward (the fused Llama-family step reads whole weights)
-    step = "model" if getattr(plan, "tp", 1) > 1 else "auto"
-    decoder = _decoder(model, min(len(encoded), MAX_SLOTS), max(map(len, encoded)) + max_new_tokens,
-                       None, decision.compile_backend, slots=True, platform=plan.accelerator.platform, step=step)
+    decoder = _decoder(model, max(map(len, encoded)) + max_new_tokens, decision, plan.accelerator.platform)
     start = time.perf_counter()
     rows = decoder.generate(encoded, max_new_tokens, eos_token_id=sorted(_eos_ids(model, tokenizer)) or None,
                             sampling=sampling)
@@ -353,14 +350,12 @@ def _graphs(plan: RunPlan, decision: DecodeDecision, model: Any, tokenizer: Any,
     encoded = [tokenizer(p, return_tensors="pt")["input_ids"] for p in prompts]
     lengths = {e.shape[1] for e in encoded}
     batches = [torch.cat(encoded)] if len(lengths) == 1 else encoded
-    use_graphs = None  # the decoders capture where the platform's graph tools do (hwenv: graph_tools)
-    compile_backend = decision.compile_backend
     eos = sorted(_eos_ids(model, tokenizer)) or None
     rows: list[list[int]] = []
     start = time.perf_counter()
     for batch in batches:
-        decoder = _decoder(model, batch.shape[0], batch.shape[1] + max_new_tokens, use_graphs, compile_backend,
-                           platform=plan.accelerator.platform)
+        decoder = _decoder(model, batch.shape[1] + max_new_tokens, decision, plan.accelerator.platform,
+                           batch=batch.shape[0])
         out = decoder.generate(batch.to(model.device), max_new_tokens, eos_token_id=eos, sampling=sampling,
                                streamer=streamer)
         rows.extend(out.tolist())

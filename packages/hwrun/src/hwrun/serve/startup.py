@@ -22,6 +22,7 @@ from .engine import Backend, EngineChoice, EngineEvent, EngineRequest
 from .protocol import Sampling
 
 if TYPE_CHECKING:
+    from ..inference.decision import DecodeDecision
     from ..model.plan import RunPlan
     from .config import ServeConfig
 
@@ -62,6 +63,15 @@ def choose_engine(plan: RunPlan, requested: str, model: Any, adapters: int = 0,
     return EngineChoice(decision.engine, decision.reason)
 
 
+def decide_engine(plan: RunPlan, config: ServeConfig, model: Any, max_len: int) -> DecodeDecision:
+    """The serving decision for `config` (engine, adapters, `max_concurrency` slots) over `model` at `max_len`:
+    `decide_serving`'s, which also says what the slot engine is built with (step, graphs, compile, row buckets)."""
+    from ..inference.decision import decide_serving
+
+    return decide_serving(plan, model, config.engine, adapters=len(config.adapters), max_cache_len=max_len,
+                          slots=config.max_concurrency)
+
+
 def model_context(model: Any) -> int | None:
     """The model's context length (`max_position_embeddings`), or None when its config has none."""
     config = model.config.get_text_config()
@@ -93,11 +103,12 @@ def _build(plan: RunPlan, config: ServeConfig) -> tuple[Any, EngineChoice, int, 
     model, tokenizer = load(plan)
     max_len, len_reason = context_limit(config.max_model_len, model_context(model))
     eos = tuple(sorted(_eos_ids(model, tokenizer)))
-    choice = choose_engine(plan, config.engine, model, len(config.adapters), max_len)
+    decision = decide_engine(plan, config, model, max_len)
+    choice = EngineChoice(decision.engine, decision.reason)
     backend: Backend | None = None
     if choice.name == "slots":  # decide_serving asked the engine's steps already: a refusal now is this server's
         try:
-            backend = _slots_backend(plan, model, config, max_len, eos, tokenizer)
+            backend = _slots_backend(plan, model, config, decision, max_len, eos, tokenizer)
         except FastDecodeError as exc:
             raise EngineStartError(f"hwrun's slot engine cannot start: {exc}") from exc
     if backend is None:
@@ -164,27 +175,21 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return eos_of(model, tokenizer)
 
 
-def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, max_len: int, eos: tuple[int, ...] = (),
-                   tokenizer: Any = None) -> Backend:
-    from ..inference.decision import graph_api_of
+def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, decision: DecodeDecision, max_len: int,
+                   eos: tuple[int, ...] = (), tokenizer: Any = None) -> Backend:
+    """hwrun's slot engine as `decision` says to build it (`engine_options`: slots, step, graphs, compile, row
+    buckets), with the config's adapters and KV memory, started behind a `SlotsBackend`."""
     from ..inference.decode import SamplingParams
-    from ..inference.engine import EngineCore, compiled_buckets
+    from ..inference.engine import EngineCore
     from .backend_slots import SlotsBackend
 
-    compile_backend = plan.compile.backend if plan.compile is not None else None
-    buckets = compiled_buckets(config.max_concurrency, compile_backend is not None)  # each bucket compiles at start
-    # tensor-parallel shards run the model's own forward (the fused Llama-family step reads whole weights)
-    step = "model" if getattr(plan, "tp", 1) > 1 else "auto"
     adapters = tuple(config.adapters) or None  # per request: the model step, eager (decide_serving said why)
-    decoder = EngineCore(model, slots=config.max_concurrency, max_cache_len=max_len,
-                          use_graphs=None if adapters or graph_api_of(plan) is not None else False,
-                          compile_backend=compile_backend, platform=plan.accelerator.platform, buckets=buckets,
-                          step=step, adapters=adapters, kv_cache_memory=config.kv_cache_memory)
+    decoder = EngineCore(model, max_cache_len=max_len, platform=plan.accelerator.platform, adapters=adapters,
+                         kv_cache_memory=config.kv_cache_memory, **decision.engine_options())
     if decoder.kv_report is not None:
         logger.info("slot engine: %s", decoder.kv_report.line())
-    logger.info("slot engine: steps run over %s rows (%s)%s", ", ".join(map(str, decoder.buckets)),
-                "one graph each, greedy and sampled, captured at start" if decoder.use_graphs else "eager steps",
-                "; fewer row buckets because each one is compiled" if buckets is not None else "")
+    logger.info("slot engine: step %s (%s); %s; %s", decision.step, decision.step_reason, decision.graphs_reason,
+                decision.buckets_reason)
     # the stop ids the transformers engine uses too: the model's, else the tokenizer's EOS
     backend = SlotsBackend(decoder, sampling_class=SamplingParams, eos_token_id=list(eos) or None, tokenizer=tokenizer)
     backend.start()
