@@ -220,3 +220,40 @@ def test_profile_decoders_json_carries_the_stamp_like_every_bench(monkeypatch, c
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert profile.main(["--out", "D"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_quantization_bench_smoke_writes_its_json_with_agreement_per_method(tmp_path):
+    """tools/bench/quantization.py --smoke (tiny sizes on the CPU, ~10 s): the JSON the GPU runs fill, with every
+    method's argmax agreement against float32 on both models, a speed row per method and batch, ratios to bf16, the
+    report and the plot. bf16 against float32 agrees fully; int8 weight-only stays close on the trained tiny model."""
+    import json
+    import subprocess
+
+    if importlib.util.find_spec("torchao") is None:
+        pytest.skip("torchao not installed: the bench's int8/int4 rows need it")
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "bench" / "quantization.py"), "--out", str(tmp_path),
+                           "--smoke"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = json.loads((tmp_path / "quantization.json").read_text())
+    methods = ("bf16", "int8-weight-only", "int4-weight-only")
+    assert written["smoke"] is True and written["kind"] == "cpu"
+    assert {"command", "date", "versions", "git", "torchao", "elapsed_s"} <= set(written)
+    for label in ("tiny_trained_quality", "quality"):
+        quality = written[label]
+        assert quality["float32_perplexity"] > 0 and quality["parameters"] > 0
+        for method in methods:
+            entry = quality[method]
+            assert "error" not in entry, entry
+            assert 0.0 <= entry["argmax_agreement"] <= 1.0 and 0.0 <= entry["text_argmax_agreement"] <= 1.0
+            assert entry["perplexity"] > 0 and entry["reason"]
+        assert quality["bf16"]["argmax_agreement"] == 1.0  # the smoke loads bf16 in float32 on the CPU
+        assert quality["int8-weight-only"]["lm_head"] == {"weight": "Int8Tensor", "dtype": "float32", "tied": False}
+        assert quality["int4-weight-only"]["lm_head"]["weight"] == "Int4OpaqueTensor"
+    assert written["tiny_trained_quality"]["int8-weight-only"]["argmax_agreement"] >= 0.9
+    rows = written["rows"]
+    assert {(r["method"], r["batch"]) for r in rows} == {(m, b) for m in methods for b in (1, 4)}
+    assert all(r["tokens_per_s"] > 0 and r["new_tokens"] > 0 for r in rows if "error" not in r), rows
+    assert {r["method"] for r in written["ratios"]} == set(methods[1:])
+    assert all(r["vs_bf16"] > 0 for r in written["ratios"])
+    assert (tmp_path / "quantization.md").exists() and (tmp_path / "quantization.png").exists()
