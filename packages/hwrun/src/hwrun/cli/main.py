@@ -41,9 +41,11 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                         help="compile the decode step (optionally with this torch.compile backend)")
     parser.add_argument("--quantization", choices=("4bit", "8bit"), default=None, help="bitsandbytes 4/8-bit (X14)")
     parser.add_argument("--quantize", default=None, metavar="METHOD",
-                        help="int4-weight-only, int8-weight-only, int8-dynamic, float8 (torchao), bnb-4bit, bnb-8bit, "
-                             "hqq, or awq, gptq, auto-round, compressed-tensors, fp8 (pre-quantized checkpoints); "
-                             "refused before load where the device does not run it (hwrun's README has the table)")
+                        help="int4-weight-only, int8-weight-only, int8-dynamic, float8 (torchao), bnb-4bit, bnb-8bit "
+                             "(quantize on load), or awq, gptq, auto-round, compressed-tensors, fp8 (pre-quantized "
+                             "checkpoints); hqq and fp8-inc (Gaudi FP8 through Intel Neural Compressor) are in the "
+                             "table, but no device runs them in hwrun yet; refused before load where the device does "
+                             "not run it (hwrun's README has the table)")
     parser.add_argument("--keep-lm-head", action="store_true",
                         help="with --quantize int8/int4-weight-only: keep the LM head in the model's dtype (by "
                              "default it is quantized too, as an untied copy: half of an int4 token's bytes otherwise)")
@@ -138,8 +140,33 @@ def decode_rows(run_plan) -> list[tuple[str, str, str]]:
     for label, prompts in (("decode (1 prompt)", 1), ("decode (64 prompts)", 64)):
         decision = planned(run_plan, prompts)
         rows.append((label, f"{decision.decode}, {decision.batching} batching",
-                     f"{decision.reason}; batching: {decision.batching_reason}"))
+                     f"{decision.reason}; batching: {decision.batching_reason}{_built_with(decision)}"))
     return rows
+
+
+def _built_with(decision) -> str:
+    """What hwrun's loops are built with for `decision` (step, graphs, row buckets), as reason text."""
+    if decision.decode != "graphs":
+        return ""
+    text = f"; engine step: {decision.step} ({decision.step_reason}); graphs: {decision.graphs_reason}"
+    return f"{text}; row buckets: {decision.buckets_reason}" if decision.buckets_reason else text
+
+
+def serve_row(run_plan) -> tuple[str, str, str]:
+    """(field, value, reason) of the engine `hwrun serve` (--engine auto, the default --max-concurrency) starts
+    on this plan, as `planned_serving` decides before load; a refusal is shown, not raised."""
+    from ..errors import EngineStartError
+    from ..inference.decision import planned_serving
+    from ..serve.config import ServeConfig
+
+    slots = ServeConfig().max_concurrency
+    label = f"serve (--max-concurrency {slots})"
+    try:
+        decision = planned_serving(run_plan, slots=slots)
+    except EngineStartError as exc:
+        return label, "refused", str(exc)
+    name = "hwrun's engine (slots)" if decision.engine == "slots" else "Transformers' continuous batching"
+    return label, name, f"{decision.reason}{_built_with(decision)}"
 
 
 #: What the core `torch_threads_for` leaves free is for, in `hwrun generate`, `hwrun train` and `hwrun plan`'s row.
@@ -185,14 +212,16 @@ def torch_threads_set(run_plan, given: int | None):
 def _cmd_plan(args: argparse.Namespace) -> int:
     run_plan = _plan_from(args, args.model)
     decode = decode_rows(run_plan)
+    serve = serve_row(run_plan)
     threads = threads_row(run_plan)
     if args.json:
         data = run_plan.to_dict()
         data["decode"] = {label: {"value": value, "reason": reason} for label, value, reason in decode}
+        data["serve"] = {"value": serve[1], "reason": serve[2]}
         data["torch_threads"] = {"value": threads[1], "reason": threads[2]}
         print(json.dumps(data, indent=2, default=str))
     else:
-        print(run_plan.render([*decode, threads]))
+        print(run_plan.render([*decode, serve, threads]))
     return 0
 
 
