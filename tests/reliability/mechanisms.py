@@ -70,7 +70,7 @@ MECHANISMS: tuple[Mechanism, ...] = (
         "42.4", "silently-accepted", "`max_position_embeddings: 0` (or below --block-size), unbounded --batch-size and "
         "--lora-r, booleans given as strings to TrainingArguments and LoRA settings",
         "checked before the model loads (`hwrun.training.run._check_fits`, `lora.check_rank`, "
-        "`options.check_booleans`): positions an int >= 1 and >= the block size, one step's blocks within the "
+        "`booleans.check_booleans`): positions an int >= 1 and >= the block size, one step's blocks within the "
         "data, r within the hidden size, bool-typed fields True/False",
         (HWRUN + "test_hwrun_train_bounds.py",)),
     Mechanism(
