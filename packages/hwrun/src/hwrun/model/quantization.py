@@ -312,6 +312,15 @@ def quantize_methods() -> tuple[str, ...]:
     return (*METHODS, *ALIASES)
 
 
+def on_load_methods(kind: str) -> tuple[str, ...]:
+    """The `--quantize` methods that quantize an unquantized checkpoint on load on devices of `kind`: the table's
+    on-load methods whose cell for `kind` runs (so never hqq, which Transformers 5.25 cannot quantize with, nor float8
+    on the CPU)."""
+    from .quantization_table import METHODS, cell
+
+    return tuple(name for name, method in METHODS.items() if method.on_load and cell(kind, name).runs)
+
+
 def plan_quantization(quantization: str | None, accel: hwenv.Accelerator, dtype: str,
                       config: dict | None = None, *, quantize_lm_head: bool = True) -> QuantizationChoice:
     """Decide quantization for the plan, before anything loads: the requested method (`--quantize`, or "4bit"/"8bit")
@@ -351,10 +360,12 @@ def plan_quantization(quantization: str | None, accel: hwenv.Accelerator, dtype:
             f"hwrun runs it on: {', '.join(where) or 'no device'}; pick another method for {accel.kind} "
             f"(`hwrun plan --quantize METHOD` says which) or load without quantization.")
     if found is None and not method.on_load:
+        here_on_load = on_load_methods(accel.kind)
         raise QuantizationError(
             f"quantization={quantization!r} loads {method.summary} only (run by {method.library}) and this model's "
-            f"config.json has no quantization_config; quantize it first, or pick a method that "
-            f"quantizes on load ({', '.join(n for n, m in METHODS.items() if m.on_load)}).")
+            f"config.json has no quantization_config; quantize it first, or pick a method that quantizes on load "
+            + (f"on {accel.kind} ({', '.join(here_on_load)})." if here_on_load
+               else f"(none runs on {accel.kind}): load without quantization."))
     if name in PLAN_VALUE_BNB:  # bitsandbytes: the generation table on Gaudi, its own messages (kept)
         reason = check_quantization(value, accel)
     else:

@@ -391,7 +391,7 @@ def markdown(kinds: tuple[str, ...] = ("cuda", "rocm", "xpu", "hpu", "cpu", "mps
             cells.append(("yes" if c.runs else "no") + (" (tested)" if c.tested else ""))
             sources.update(dict.fromkeys(c.sources))
         runs_somewhere = any(QUANTIZATION_TABLE[kind][name].runs for kind in kinds)
-        on = "on load" if method.on_load else "pre-quantized" if runs_somewhere else "not in hwrun yet"
+        on = ("on load" if method.on_load else "pre-quantized") if runs_somewhere else "not in hwrun yet"
         training = LORA_TRAINING[name]
         sources.update(dict.fromkeys(training.sources))
         trains = ("yes" if training.trains else "no") + (" (tested)" if training.tested else "")
