@@ -1,10 +1,13 @@
 """What the engine core and its backends exchange, with no dependency on either side: a request as a backend sees
 it (`EngineRequest`), its tokens back (`EngineEvent`, `TokenLogprob`), the `Backend` protocol the core drives, and
-which backend serves (`EngineChoice`). The front (`hwrun.serve.engine`), the core (`hwrun.serve.core`), start-up
-and the backends all import these from here, so none of them imports another to learn a type."""
+which backend serves (`EngineChoice`), and where a backend's start says its progress (`START_PROGRESS`). The front
+(`hwrun.serve.engine`), the core (`hwrun.serve.core`), start-up and the backends all import these from here, so none
+of them imports another to learn a type."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -16,6 +19,10 @@ FINISH_REASONS = ("stop", "length", "cancelled", "error")
 MAX_STEP_FAILURES = 3
 #: What a client is told when its request fails inside the engine (the details go to the server log).
 GENERIC_FAILURE = "generation failed inside the engine; the server log has the details"
+#: Where a backend's start says its progress (the slot engine's warm-up, one line per bucket): set by the engine core
+#: while it builds the backend (`hwrun.serve.core.serve_core` sends each line to the front, whose start-up log says
+#: it), unset elsewhere (the lines are logged only). A context variable, so start-up code in between need not pass it.
+START_PROGRESS: ContextVar[Callable[[str], None] | None] = ContextVar("hwrun_serve_start_progress", default=None)
 
 
 @dataclass(frozen=True)

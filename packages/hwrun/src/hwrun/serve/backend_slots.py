@@ -15,9 +15,10 @@ rows of different adapters in one eager step of the model's forward); an engine 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from .backend import EngineEvent, EngineRequest, TokenLogprob
+from .backend import START_PROGRESS, EngineEvent, EngineRequest, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +77,23 @@ class SlotsBackend:
         """Slots in all (the most choices one request may have)."""
         return int(self.decoder.slots)
 
-    def start(self) -> None:
+    def start(self, progress: Callable[[str], None] | None = None) -> None:
         """Capture (or warm) every step kind of the decoder (greedy, sampled, processed, masked) before the server
-        reports healthy."""
-        self.decoder.start(processed=True)
+        reports healthy; each bucket done is a line to `progress` (default: `START_PROGRESS`, the server's start-up
+        log where the engine core set it) as well as to the log."""
+        report = progress if progress is not None else START_PROGRESS.get()
+        runner = getattr(self.decoder, "runner", None)
+        if report is None or runner is None:
+            if report is not None:
+                logger.info("the %s decoder has no model runner: its warm-up is not reported bucket by bucket",
+                            type(self.decoder).__name__)
+            self.decoder.start(processed=True)
+            return
+        runner.progress = lambda warmed: report(warmed.line())
+        try:
+            self.decoder.start(processed=True)
+        finally:
+            runner.progress = None
 
     def free_slots(self) -> int:
         """Slots no request holds."""

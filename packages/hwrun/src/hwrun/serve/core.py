@@ -24,8 +24,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .backend import GENERIC_FAILURE, MAX_STEP_FAILURES, Backend, EngineRequest
-from .ipc import AddRequest, Batch, Cancel, Channel, EventTuple, Failed, Ready, Shutdown
+from .backend import GENERIC_FAILURE, MAX_STEP_FAILURES, START_PROGRESS, Backend, EngineRequest
+from .ipc import AddRequest, Batch, Cancel, Channel, EventTuple, Failed, Progress, Ready, Shutdown
 from .protocol import Sampling
 
 logger = logging.getLogger(__name__)
@@ -230,12 +230,17 @@ def request_of(message: AddRequest) -> EngineRequest:
 
 def serve_core(build: Callable[[], tuple[Backend, dict[str, Any], bytes]], channel: Channel,
                stall_seconds: float) -> None:
-    """Build the backend, say `Ready`, run the loop until `Shutdown`; on any failure say `Failed` (the
-    exception pickled when it can be) and return. Closes the backend."""
+    """Build the backend (its start's progress lines, `START_PROGRESS`, go to the front as `Progress`), say `Ready`,
+    run the loop until `Shutdown`; on any failure say `Failed` (the exception pickled when it can be) and return.
+    Closes the backend."""
     backend: Backend | None = None
     ready = False
     try:
-        backend, info, tokenizer = build()
+        said = START_PROGRESS.set(lambda text: channel.send(Progress(text)))
+        try:
+            backend, info, tokenizer = build()
+        finally:
+            START_PROGRESS.reset(said)
         # the counters come with Ready: the front knows the free slots before the first step's batch
         info = {**info, "free_slots": int(backend.free_slots())}
         channel.send(Ready(info, tokenizer, os.getpid()))

@@ -102,6 +102,8 @@ class Engine:
         self.on_loaded: Callable[[Ready], None] | None = None
         self.on_ready: Callable[[], None] | None = None
         self.on_failed: Callable[[BaseException], None] | None = None
+        #: Told each line of the core's start (`Progress`: the warm-up's buckets), on the reader thread, before Ready.
+        self.on_progress: Callable[[str], None] | None = None
         #: Makes one request's incremental detokenizer (set by the server once the tokenizer is known; None:
         #: events go out with `text=None`, as the backend gave them).
         self.detokenizer: Callable[[], Any] | None = None
@@ -267,11 +269,14 @@ class Engine:
 
     def _handle(self, message: Any) -> bool:
         """One message of the core; False once it said it failed (nothing more comes)."""
-        from .ipc import Batch, Failed, Ready
+        from .ipc import Batch, Failed, Progress, Ready
 
         self._beat = time.monotonic()
         if isinstance(message, Batch):
             self._on_batch(message)
+        elif isinstance(message, Progress):
+            if self.on_progress is not None:
+                self.on_progress(message.text)
         elif isinstance(message, Ready):
             self._on_ready(message)
         elif isinstance(message, Failed):

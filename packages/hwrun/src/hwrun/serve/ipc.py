@@ -1,8 +1,8 @@
 """What the HTTP front and the engine core say to each other, and the sockets that carry it.
 
 Two ZeroMQ sockets over Unix-domain sockets (`ipc://` in a private temporary folder): the front PUSHes
-requests, cancels and the shutdown to the core; the core PUSHes its messages back: `Ready` once the model is
-loaded and warm, one `Batch` per engine step (every event of that step, and its counters), `Failed` when it
+requests, cancels and the shutdown to the core; the core PUSHes its messages back: `Progress` lines while it
+starts (the slot engine's warm-up, bucket by bucket), `Ready` once the model is loaded and warm, one `Batch` per engine step (every event of that step, and its counters), `Failed` when it
 stops on an error. Messages are msgspec structs encoded as MessagePack arrays (vLLM V1's engine core and
 client do the same). A PUSH socket queues in ZeroMQ's own I/O thread with no high-water mark, so the core's
 `send` returns at once whatever the front is doing: the engine never waits on the HTTP side. Chosen over
@@ -64,6 +64,12 @@ class Shutdown(msgspec.Struct, array_like=True, tag="shutdown"):
     """Cancel whatever runs, close the backend and exit."""
 
 
+class Progress(msgspec.Struct, array_like=True, tag="progress"):
+    """One line of the core's start (e.g. `warm-up: bucket 3/6 (...)`), said in the server's start-up log."""
+
+    text: str
+
+
 class Ready(msgspec.Struct, array_like=True, tag="ready"):
     """The model is loaded and warm. `info`: the load's facts (engine and why, context, EOS ids, threads,
     seconds); `tokenizer`: the tokenizer the core loaded, pickled (the front tokenizes and detokenizes with it),
@@ -97,7 +103,7 @@ class Failed(msgspec.Struct, array_like=True, tag="failed"):
 
 
 ToCore = AddRequest | Cancel | Shutdown
-FromCore = Ready | Batch | Failed
+FromCore = Progress | Ready | Batch | Failed
 
 
 class Channel:

@@ -61,6 +61,7 @@ class ServeState:
         else:
             self.engine = Engine(self._build, **limits)
         self.engine.on_loaded = self._on_loaded
+        self.engine.on_progress = lambda line: self.say(line)  # the engine's start, bucket by bucket (before it is ready)
         # one thread: fast tokenizers are not safe to share across threads, and encoding stays off the event loop
         self.encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwrun-serve-tokenize")
         self.metrics = Metrics(queue_depth=lambda: self.engine.queue_depth, running=lambda: self.engine.running,

@@ -3,7 +3,7 @@ reads and writes (each slot's newest token, its position, its token counter, its
 row), the step chosen once at construction (`FusedStep` or `ModelStep`, hwrun.inference.engine.step_kinds), one step
 function per (greedy or sampled, rows, cache columns) bucket, compiled where asked and captured as a device graph
 through hwrun.inference.engine.graphs where the platform has graph tools, and the warm-up (`start`) that captures
-or compiles every bucket before the first request.
+or compiles every bucket before the first request, telling `progress` (and the log) each bucket as it is done.
 
 A decode step runs over the first `rows` slots through views of the fixed buffers, so each bucket has fixed shapes
 and addresses and its own graph. Idle rows among them (free slots, a prompt still being prefilled) step too: their
@@ -16,10 +16,18 @@ step by the rows it runs; one graph of a kind serves any mix of rows a smaller k
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .choosing import GREEDY, KIND_NAMES, KINDS, MASKED, PROCESSED, SAMPLED, RowChoice, vocab_size
-from .graphs import FilterChoice, capture_graph, compile_step, with_filter_fallback
+from .graphs import (
+    BucketWarmed,
+    FilterChoice,
+    capture_graph,
+    compile_step,
+    warm_buckets,
+    with_filter_fallback,
+)
 from .kv_cache import KVCache
 from .scheduler import Chunk
 from .step_kinds import STEP_KINDS
@@ -61,6 +69,7 @@ class ModelRunner:
         self.warmed: set[tuple[int, int, int]] = set()
         self.sampling_fallback: str | None = None  # why a compiled sampled step's filter runs eagerly, if one does
         self.capture_seconds: float | None = None
+        self.progress: Callable[[BucketWarmed], None] | None = None  # told each bucket `start` warms (set by its caller)
 
     # ---- one decode step ----------------------------------------------------------------------------------------
 
@@ -132,23 +141,12 @@ class ModelRunner:
                 step()
 
     def start(self, buckets: tuple[int, ...], cache_buckets: tuple[int, ...], sampling: bool = True,
-              processed: bool = False) -> None:
+              processed: bool = False) -> list[BucketWarmed]:
         """Capture every (rows, cache length) bucket's greedy step (and sampled step when `sampling`, processed and
         masked steps when `processed`) if not yet captured; without graphs, run each compiled step once (its
-        compilation), restoring the buffers."""
-        import torch
-
+        compilation), restoring the buffers. Each bucket done is logged and told to `self.progress` (`warm_buckets`)."""
         kinds = KINDS if processed else (GREEDY, SAMPLED) if sampling else (GREEDY,)
-        with torch.inference_mode():
-            for key in ((s, r, c) for s in kinds for r in buckets for c in cache_buckets):
-                if self.use_graphs:
-                    self.runnable(*key)
-                elif self.compiled and key not in self.warmed:
-                    saved = [(buffer, buffer.clone()) for buffer in self.step_buffers()]
-                    self.step_function(*key)()
-                    for buffer, value in saved:
-                        buffer.copy_(value)
-                self.warmed.add(key)
+        return warm_buckets(self, buckets, cache_buckets, kinds, self.progress)
 
     # ---- prefill, sampling rows, reads and moves -------------------------------------------------------------
 
