@@ -22,6 +22,25 @@ INDUCTOR_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_VARIABLE = "TRITON_CACHE_DIR"
 #: hwstack's own override of the cache root (else $XDG_CACHE_HOME/hwstack, else ~/.cache/hwstack).
 ROOT_VARIABLE = "HWSTACK_CACHE_DIR"
+#: The opt-out: `HWSTACK_COMPILE_CACHE=0` (or off/false/no) leaves torch's cache folders as they are.
+SWITCH_VARIABLE = "HWSTACK_COMPILE_CACHE"
+_OFF = ("0", "off", "false", "no")
+_ON = ("", "1", "on", "true", "yes")
+
+
+def cache_switch(environ: MutableMapping[str, str] | None = None) -> bool:
+    """Whether hwstack may move torch's compile caches: False where `HWSTACK_COMPILE_CACHE` is 0/off/false/no;
+    `CompileArgumentError` for a value that is neither on nor off."""
+    env = os.environ if environ is None else environ
+    value = env.get(SWITCH_VARIABLE, "").strip().lower()
+    if value in _OFF:
+        return False
+    if value in _ON:
+        return True
+    from .errors import CompileArgumentError
+
+    raise CompileArgumentError(f"{SWITCH_VARIABLE}={env[SWITCH_VARIABLE]!r} is neither on nor off: set it to 0 to keep "
+                               "torch's default compile cache folder (in /tmp), or unset it for the persistent one.")
 
 
 def cache_root(environ: MutableMapping[str, str] | None = None) -> Path:
@@ -46,6 +65,7 @@ class PersistentCache:
     folder: Path
     warm: bool
     reason: str
+    on: bool = True  # False: HWSTACK_COMPILE_CACHE opted out, torch's folders left as they were
     _previous: dict[str, str | None] = field(default_factory=dict, repr=False)
     _environ: MutableMapping[str, str] | None = field(default=None, repr=False)
 
@@ -80,9 +100,15 @@ def enable_persistent_cache(torch_version: str | None = None,
     """Point torch's inductor and Triton caches at `compile_cache_dir()` unless the user set them already.
 
     Call it before the first `torch.compile` of the process; `warm` says whether compiled graphs from an
-    earlier run are there (then compiling mostly reads them back). The folder is created (mode 0700).
+    earlier run are there (then compiling mostly reads them back). The folder is created (mode 0700). A second call
+    changes nothing (its `undo` neither); `HWSTACK_COMPILE_CACHE=0` opts out (`on` False, nothing changed, logged).
     """
     env = os.environ if environ is None else environ
+    if not cache_switch(env):
+        folder = Path(env[INDUCTOR_VARIABLE]) if env.get(INDUCTOR_VARIABLE) else torch_default_dir()
+        reason = f"off: {SWITCH_VARIABLE}={env[SWITCH_VARIABLE]} (torch's folder {folder} kept)"
+        logger.info("compile cache %s", reason)
+        return PersistentCache(folder, _holds_graphs(folder), reason, on=False, _environ=environ)
     if torch_version is None:
         import torch
 
@@ -90,11 +116,16 @@ def enable_persistent_cache(torch_version: str | None = None,
     chosen = env.get(INDUCTOR_VARIABLE)
     if chosen and Path(chosen) == torch_default_dir():
         chosen = None  # torch writes its /tmp default into the variable on first use: not the user's choice
+    ours = compile_cache_dir(torch_version, env)
+    if chosen and Path(chosen) == ours:  # an earlier call of this process set it: already on
+        warm = _holds_graphs(ours)
+        return PersistentCache(ours, warm, f"{ours} (already on in this process; "
+                               f"{'warm' if warm else 'cold'})", _environ=environ)
     if chosen:
         folder = Path(chosen).expanduser()
         return PersistentCache(folder, _holds_graphs(folder), f"{INDUCTOR_VARIABLE}={chosen} (yours, kept)",
                                _environ=environ)
-    folder = compile_cache_dir(torch_version, env)
+    folder = ours
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
@@ -108,8 +139,8 @@ def enable_persistent_cache(torch_version: str | None = None,
         env[TRITON_VARIABLE] = str(folder / "triton")
     warm = _holds_graphs(folder)
     reason = (f"{folder} ({'warm: compiled graphs from an earlier run are reused' if warm else 'cold: first compile of this torch version here'})")
-    return PersistentCache(folder, warm, reason, previous, environ)
+    return PersistentCache(folder, warm, reason, _previous=previous, _environ=environ)
 
 
-__all__ = ["INDUCTOR_VARIABLE", "PersistentCache", "ROOT_VARIABLE", "TRITON_VARIABLE", "cache_root",
-           "compile_cache_dir", "enable_persistent_cache"]
+__all__ = ["INDUCTOR_VARIABLE", "PersistentCache", "ROOT_VARIABLE", "SWITCH_VARIABLE", "TRITON_VARIABLE",
+           "cache_root", "cache_switch", "compile_cache_dir", "enable_persistent_cache"]

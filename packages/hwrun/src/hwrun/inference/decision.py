@@ -406,6 +406,19 @@ def graph_compile_backend(plan: RunPlan) -> tuple[Any, str]:
 # ---- what hwrun's loops are built with -------------------------------------------------------------------
 
 
+def compile_cache(decision: DecodeDecision) -> Any:
+    """Where `decision` compiles hwrun's step, point torch's compile caches at hwcompile's persistent folder first
+    (idempotent; `HWSTACK_COMPILE_CACHE=0` opts out) and log which; the `PersistentCache`, or None (no compile).
+    `generate()` and `hwrun serve` call it before they build the decoder the decision names."""
+    if decision.compile_backend is None or decision.decode != "graphs":
+        return None
+    from hwcompile.cache import enable_persistent_cache
+
+    cache = enable_persistent_cache()
+    logger.info("compile cache: %s", cache.reason)
+    return cache
+
+
 def _eager_only(plan: RunPlan, model: Any, adapters: int) -> str | None:
     """Why hwrun's loops must run the model's own forward eagerly (per-request LoRA adapters, bitsandbytes 4-bit
     weights: of the loaded model, else of the plan's quantization), or None."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ContinuousBatchingError, GenerateError
 from .batching import continuous_config, continuous_warmup
-from .decision import CACHE_BUCKET, DecodeDecision, decide, planned, static_instead
+from .decision import CACHE_BUCKET, DecodeDecision, compile_cache, decide, planned, static_instead
 from .limits import check_context, check_new_tokens, context_length, new_tokens_limit
 
 if TYPE_CHECKING:
@@ -201,6 +201,7 @@ def generate(
         torch_seed = agree_inputs(prompts, max_new_tokens, sampling, seed, decode=decode, batching=batching)
     decision = decide(plan, model, n_prompts=len(prompts), needed=max(lengths) + max_new_tokens, decode=decode,
                       batching=batching, stream=stream, before=before)
+    compile_cache(decision)  # a compiled step reads and writes hwcompile's persistent cache (HWSTACK_COMPILE_CACHE=0: off)
     import torch
 
     if torch_seed is not None:

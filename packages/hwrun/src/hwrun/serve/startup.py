@@ -179,10 +179,12 @@ def _slots_backend(plan: RunPlan, model: Any, config: ServeConfig, decision: Dec
                    eos: tuple[int, ...] = (), tokenizer: Any = None) -> Backend:
     """hwrun's slot engine as `decision` says to build it (`engine_options`: slots, step, graphs, compile, row
     buckets), with the config's adapters and KV memory, started behind a `SlotsBackend`."""
+    from ..inference.decision import compile_cache
     from ..inference.decode import SamplingParams
     from ..inference.engine import EngineCore
     from .backend_slots import SlotsBackend
 
+    compile_cache(decision)  # a compiled step reads and writes hwcompile's persistent cache (HWSTACK_COMPILE_CACHE=0: off)
     adapters = tuple(config.adapters) or None  # per request: the model step, eager (decide_serving said why)
     decoder = EngineCore(model, max_cache_len=max_len, platform=plan.accelerator.platform, adapters=adapters,
                          kv_cache_memory=config.kv_cache_memory, **decision.engine_options())
