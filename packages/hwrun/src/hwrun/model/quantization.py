@@ -176,11 +176,17 @@ def keep_cpu_4bit_layers_unpacked(model: Any) -> dict[str, str]:
 
 def after_load(model: Any, plan: Any) -> None:
     """What a quantized model needs once loaded, before its first forward (called by `load()` for every path):
-    bitsandbytes' CPU 4-bit layers its repacking cannot take, a warning that compressed-tensors will decompress its
+    bitsandbytes' CPU 4-bit layers its repacking cannot take, a warning when the quantization library loaded the model
+    in another dtype than the plan's, a warning that compressed-tensors will decompress its
     weights at the first forward (its own hook: `quantization_table.CT_DECOMPRESSES`), and the LM head of a torchao weight-only plan
     (`quantize_lm_head`; a plan with `quantize_lm_head=False` keeps it in the planned dtype)."""
     if getattr(model, "is_quantized", False) or plan.quantization:
         keep_cpu_4bit_layers_unpacked(model)
+    loaded = str(getattr(model, "dtype", "")).removeprefix("torch.")
+    if plan.quantization and loaded and getattr(plan, "dtype", loaded) != loaded:
+        logger.warning("%s: the quantization library loaded the model in %s, not the planned %s (auto-round 0.16 "
+                       "forces float16, for one); its non-quantized layers and activations run in %s", plan.quantization,
+                       loaded, plan.dtype, loaded)
     if plan.quantization == "compressed-tensors" and hasattr(model, "ct_decompress_hook"):
         from .quantization_table import CT_DECOMPRESSES
 

@@ -283,7 +283,10 @@ QUANTIZATION_TABLE: dict[str, dict[str, Cell]] = {
         "bnb-8bit": _yes("bitsandbytes' CPU backend (slow)", "overview", "bnb", tested=True),
         "awq": _yes("gptqmodel's torch CPU kernels", "overview", "gptqmodel"),
         "gptq": _yes("gptqmodel's torch CPU kernels, all bits (IPEX: 4-bit)", "overview", "gptqmodel"),
-        "auto-round": _yes("auto-round's CPU backends", "overview", "tf"),
+        "auto-round": _yes("auto-round's CPU backends: its torch QuantLinear (packed int4) without auto-round-lib; "
+                           "auto-round 0.16 casts the model to float16 on load whatever the planned dtype "
+                           "(convert_model.py: 'Forced model to torch.float16'; hwrun warns)", "overview", "tf",
+                           tested=True),
         "compressed-tensors": _yes(CT_DECOMPRESSES + " (FP8 schemes: no FP8 kernels on the CPU either)",
                                    "overview", "tf", tested=True),
         "hqq": _no(f"{_HQQ_NOT_IN_TF5}; the overview marks CPU green (tried here: it raised)", "tf", "overview"),
