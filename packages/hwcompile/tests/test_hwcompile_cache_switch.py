@@ -4,7 +4,12 @@ second `enable_persistent_cache` in one process changing nothing (issue 38.1c)."
 from __future__ import annotations
 
 import pytest
-from hwcompile.cache import INDUCTOR_VARIABLE, SWITCH_VARIABLE, cache_switch, enable_persistent_cache
+from hwcompile.cache import (
+    INDUCTOR_VARIABLE,
+    SWITCH_VARIABLE,
+    cache_switch,
+    enable_persistent_cache,
+)
 from hwcompile.errors import CompileArgumentError
 
 
