@@ -95,6 +95,21 @@ def _holds_graphs(folder: Path) -> bool:
     return False
 
 
+def persistent_cache_warm(torch_version: str | None = None,
+                          environ: MutableMapping[str, str] | None = None) -> bool:
+    """Whether the folder a compile would read (yours in TORCHINDUCTOR_CACHE_DIR, else `compile_cache_dir()`)
+    already holds compiled graphs; changes nothing."""
+    env = os.environ if environ is None else environ
+    chosen = env.get(INDUCTOR_VARIABLE)
+    if chosen:
+        return _holds_graphs(Path(chosen).expanduser())
+    if torch_version is None:
+        import torch
+
+        torch_version = torch.__version__
+    return _holds_graphs(compile_cache_dir(torch_version, env))
+
+
 def enable_persistent_cache(torch_version: str | None = None,
                             environ: MutableMapping[str, str] | None = None) -> PersistentCache:
     """Point torch's inductor and Triton caches at `compile_cache_dir()` unless the user set them already.
@@ -143,4 +158,4 @@ def enable_persistent_cache(torch_version: str | None = None,
 
 
 __all__ = ["INDUCTOR_VARIABLE", "PersistentCache", "ROOT_VARIABLE", "SWITCH_VARIABLE", "TRITON_VARIABLE",
-           "cache_root", "cache_switch", "compile_cache_dir", "enable_persistent_cache"]
+           "cache_root", "cache_switch", "compile_cache_dir", "enable_persistent_cache", "persistent_cache_warm"]

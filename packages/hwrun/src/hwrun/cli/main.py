@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def decode_rows(run_plan) -> list[tuple[str, str, str]]:
     """(field, value, reason) of the decode path `generate()` takes here for one prompt and for many
-    (graph replay or Transformers' loop, and the batching), as `hwrun plan` shows them."""
+    (graph replay or Transformers' loop, the batching, and whether the step is compiled for `hwrun generate`'s
+    default 50 new tokens), as `hwrun plan` shows them."""
     from ..inference.decision import planned
 
     rows = []  # a tensor-parallel plan too: hwrun's engine on every rank (the decision's tp rule)
@@ -149,7 +150,11 @@ def _built_with(decision) -> str:
     if decision.decode != "graphs":
         return ""
     text = f"; engine step: {decision.step} ({decision.step_reason}); graphs: {decision.graphs_reason}"
-    return f"{text}; row buckets: {decision.buckets_reason}" if decision.buckets_reason else text
+    if decision.buckets_reason:
+        text += f"; row buckets: {decision.buckets_reason}"
+    if decision.compile_reason and decision.compile_reason not in decision.reason:
+        text += f"; compile: {decision.compile_reason}"
+    return text
 
 
 def serve_row(run_plan) -> tuple[str, str, str]:

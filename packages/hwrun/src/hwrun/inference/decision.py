@@ -63,6 +63,10 @@ CACHE_BUCKET = 256
 RUNNERS = ("engine", "static_graphs", "generate", "generate_batch")
 #: Most slots (concurrent prompts) `generate()`'s engine runs; more prompts wait for a free slot.
 MAX_SLOTS = 64
+#: `generate(compile=...)`: "auto" (the plan's compile where it has one, else `compile_pays`), True, False.
+COMPILE = ("auto", True, False)
+#: `generate()`'s and `hwrun generate`'s default new tokens per prompt (`hwrun plan`'s rows assume it).
+DEFAULT_NEW_TOKENS = 50
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,7 @@ class DecodeDecision:
     slots: int | None = None
     buckets: tuple[int, ...] | None = None
     buckets_reason: str = ""
+    compile_reason: str = ""
 
     def engine_options(self) -> dict[str, Any]:
         """The keywords hwrun's engine (`EngineCore`) is built with for this decision, by `generate()` and serve."""
@@ -162,8 +167,10 @@ def _runs_hwrun_loops(plan: RunPlan, requested: str) -> bool:
     return requested in DECODE and _decode_case(plan, requested) in _GRAPH_CASES
 
 
-def _decode_mode(plan: RunPlan, requested: str, batching: str) -> tuple[str, str]:
-    """("generate" | "graphs", reason) for `generate()` before load: the rule of the module docstring, worded."""
+def _decode_mode(plan: RunPlan, requested: str, batching: str,
+                 compiled: tuple[Any, str, str] | None = None) -> tuple[str, str]:
+    """("generate" | "graphs", reason) for `generate()` before load: the rule of the module docstring, worded;
+    `compiled`: the step's compile choice (`_step_compile`), which the reason for `decode="auto"` names."""
     if requested not in DECODE:
         raise GenerateError(f"decode={requested!r} is not a decode mode; use one of {', '.join(DECODE)}.")
     graphs = graph_api_of(plan)
@@ -193,9 +200,13 @@ def _decode_mode(plan: RunPlan, requested: str, batching: str) -> tuple[str, str
         return "generate", (f"{theirs} (graph decode needs CUDA or XPU graphs and compile=True for decode='auto'; "
                             f"{label}'s HPU graphs record in lazy mode only, where compile is off: pass decode='graphs')")
     if case == "auto_graphs":
-        how = ("compile on" if plan.compile is not None else
-               "compile off: the eager step captured as one graph, nothing to compile first; compile=True fuses "
-               "its small kernels with torch.compile for a faster step after a longer start")
+        backend, why = (plan.compile, "") if compiled is None else compiled[:2]
+        if backend is not None:
+            how = "compile on" if plan.compile is not None else f"compile on: {why}"
+        else:
+            how = ("compile off: the eager step captured as one graph, nothing to compile first; compile=True fuses "
+                   "its small kernels with torch.compile for a faster step after a longer start"
+                   f"{f'; {why}' if why else ''}")
         return "graphs", f"{label} ({how}): {loop}, no host work per token"
     if case == "auto_blocked":
         blockers = "; ".join(_plan_blockers(plan))
@@ -269,27 +280,41 @@ def _tp_decide(plan: RunPlan, model: Any, before: DecodeDecision, decode: str, n
 
 
 def planned(plan: RunPlan, n_prompts: int, *, decode: str = "auto", batching: str = "auto",
-            stream: bool = False) -> DecodeDecision:
-    """The decision `generate()` will take for `n_prompts` prompts, as far as it is known before load
-    (`hwrun plan` shows it; `decide()` then checks it against the loaded model)."""
+            stream: bool = False, compile: Any = "auto",
+            max_new_tokens: int = DEFAULT_NEW_TOKENS) -> DecodeDecision:
+    """The decision `generate()` will take for `n_prompts` prompts of `max_new_tokens` each, as far as it is known
+    before load (`hwrun plan` shows it; `decide()` then checks it against the loaded model)."""
     if getattr(plan, "tp", 1) > 1:
         decision = _tp_planned(plan, n_prompts, decode, batching, stream)
     else:
         choice = choose_batching(plan, n_prompts, batching, stream=stream, engine=_runs_hwrun_loops(plan, decode))
-        mode, reason = _decode_mode(plan, decode, choice.mode)
-        backend = graph_compile_backend(plan)[0] if mode == "graphs" else None
-        decision = DecodeDecision(choice.mode, choice.reason, mode, reason, backend)
+        compiled = _compile_for(plan, decode, choice.mode, n_prompts, max_new_tokens, compile)
+        mode, reason = _decode_mode(plan, decode, choice.mode, compiled)
+        backend, compile_reason = compiled[:2] if mode == "graphs" and compiled else (None, "")
+        decision = DecodeDecision(choice.mode, choice.reason, mode, reason, backend, compile_reason=compile_reason)
     return _engine_setup(plan, decision, min(n_prompts, MAX_SLOTS))
 
 
+def _compile_for(plan: RunPlan, decode: str, batching: str, n_prompts: int, max_new_tokens: int,
+                 compile: Any) -> tuple[Any, str, str] | None:
+    """`_step_compile` for a run whose `decode` reaches hwrun's loops (None otherwise): the expected tokens are every
+    prompt's `max_new_tokens`, the batch the engine's rows (continuous) or the prompts (one static batch)."""
+    if not _runs_hwrun_loops(plan, decode):
+        return None
+    batch = min(n_prompts, MAX_SLOTS) if batching == "continuous" else n_prompts
+    return _step_compile(plan, compile, n_prompts * max_new_tokens, batch)
+
+
 def decide(plan: RunPlan, model: Any, *, n_prompts: int, needed: int, decode: str = "auto",
-           batching: str = "auto", stream: bool = False, before: DecodeDecision | None = None) -> DecodeDecision:
+           batching: str = "auto", stream: bool = False, before: DecodeDecision | None = None,
+           compile: Any = "auto", max_new_tokens: int = DEFAULT_NEW_TOKENS) -> DecodeDecision:
     """How `generate()` decodes `n_prompts` prompts whose longest needs `needed` cache positions (prompt + new
     tokens) with the loaded `model`: the plan's decision (`before`, from `planned()` with the same arguments before
     load; computed here when None) checked against the model's class, its attention and its family's step.
     Raises `GenerateError` where an explicit `decode`/`batching` cannot run."""
     if before is None:
-        before = planned(plan, n_prompts, decode=decode, batching=batching, stream=stream)
+        before = planned(plan, n_prompts, decode=decode, batching=batching, stream=stream, compile=compile,
+                         max_new_tokens=max_new_tokens)
     slots = min(n_prompts, MAX_SLOTS)
     if getattr(plan, "tp", 1) > 1:
         decision = _engine_setup(plan, _tp_decide(plan, model, before, decode, needed), slots, model)
@@ -299,17 +324,19 @@ def decide(plan: RunPlan, model: Any, *, n_prompts: int, needed: int, decode: st
     choice = BatchingChoice(before.batching, before.batching_reason)
     # the model class may not run Transformers' continuous batching (hwrun's engine is checked in _fit_graph_decode)
     checked = choice if before.decode == "graphs" else model_batching(choice, batching, model)
-    mode, reason = ((before.decode, before.reason) if checked.mode == choice.mode
-                    else _decode_mode(plan, decode, checked.mode))
+    mode, reason = ((before.decode, before.reason) if checked.mode == choice.mode else _decode_mode(
+        plan, decode, checked.mode, _compile_for(plan, decode, checked.mode, n_prompts, max_new_tokens, compile)))
     if mode == "graphs":
         checked, mode, reason = _fit_graph_decode(plan, model, checked, decode, batching, reason, needed, n_prompts)
-    backend = None
-    if mode == "graphs":
-        backend, note = graph_compile_backend(plan)
+    backend, compile_reason = None, ""
+    if mode == "graphs":  # the batch the compile choice weighs is the one that runs (checked may be static now)
+        compiled = _compile_for(plan, decode, checked.mode, n_prompts, max_new_tokens, compile)
+        backend, compile_reason, note = compiled or _step_compile(plan, compile, n_prompts * max_new_tokens, 1)
         if note:
             logger.info("graph decode: %s", note)
             reason = f"{reason}; {note}"
-    decision = _engine_setup(plan, DecodeDecision(checked.mode, checked.reason, mode, reason, backend), slots, model)
+    decision = _engine_setup(plan, DecodeDecision(checked.mode, checked.reason, mode, reason, backend,
+                                                  compile_reason=compile_reason), slots, model)
     logger.info("batching: %s (%s); decode: %s (%s)", decision.batching, decision.batching_reason, decision.decode,
                 decision.reason)
     return decision
@@ -401,6 +428,121 @@ def graph_compile_backend(plan: RunPlan) -> tuple[Any, str]:
         return None, (f"the step is not compiled: {platform.display_name} runs in lazy mode, where torch.compile "
                       f"is refused (G2; {platform.lazy_mode_variable}=0 for eager mode)")
     return plan.compile.backend, ""
+
+
+# ---- whether compiling the step pays (compile="auto") ----------------------------------------------------
+
+
+
+@dataclass(frozen=True)
+class CompileCost:
+    """One measured pair on one device: hwrun's eager step captured as one graph against the same step compiled by
+    Inductor (total tokens/s at `batch` prompts), the compile's cost (cold cache; warm where measured), and where."""
+
+    device: str  # matched against the accelerator's names ("H100" in "NVIDIA H100 80GB HBM3")
+    dtype: str
+    weight_bytes: int  # the model measured; a plan within a factor of 2 of it uses the row
+    batch: int
+    eager_tps: float
+    compiled_tps: float
+    compile_s: float
+    warm_compile_s: float | None
+    source: str
+
+
+#: Measured figures only (the random 1.24B Llama of tools/bench: bf16, 2.47 GB, 128-token prompts, 256 new tokens).
+#: H100: quantization.md's eager-step run (2026-12-06 14:00, fd0983a) and compiled run (17:15, c08e3bd); compile =
+#: the compiled row's elapsed_s (warm-up and repeats, load excluded: 123.6 s at batch 1, 115.4 s at 64) less the
+#: eager row's (2.2 s, 3.6 s). At 64 prompts the compiled engine was slower, across a change of the engine (paged
+#: KV between the runs): the rule reads it as "does not pay". H200: decode.md's batch-1 table of 2026-12-03 (fused
+#: step, CUDA graph 452.3 tok/s with 0.2 s warm-up; + inductor 827.5 with 26.1 s). No warm-cache compile was timed.
+COMPILE_COSTS: tuple[CompileCost, ...] = (
+    CompileCost("H100", "bfloat16", 2_471_629_056, 1, 410.2, 767.5, 121.4, None,
+                "docs/benchmarks/quantization.md 2026-12-06"),
+    CompileCost("H100", "bfloat16", 2_471_629_056, 64, 14_287.1, 8_282.5, 111.8, None,
+                "docs/benchmarks/quantization.md 2026-12-06"),
+    CompileCost("H200", "bfloat16", 2_471_629_056, 1, 452.3, 827.5, 25.9, None,
+                "docs/benchmarks/decode.md 2026-12-03"),
+)
+
+
+def _cost_row(plan: RunPlan, batch: int, costs: tuple[CompileCost, ...]) -> CompileCost | None:
+    """The measured row for the plan's device, dtype and model size (within 2x) nearest to `batch` (within 2x)."""
+    names = " ".join(plan.accelerator.names).lower()
+    size = getattr(plan, "weight_bytes", 0) or 0
+    rows = [row for row in costs if row.device.lower() in names and row.dtype == plan.dtype and not plan.quantization
+            and row.weight_bytes / 2 <= size <= row.weight_bytes * 2 and row.batch / 2 <= batch <= row.batch * 2]
+    return min(rows, key=lambda row: max(row.batch, batch) / min(row.batch, batch), default=None)
+
+
+def _bytes_text(size: int) -> str:
+    return f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
+
+
+def _table_text(costs: tuple[CompileCost, ...]) -> str:
+    """The measured rows, grouped by device, dtype and model size, for a reason."""
+    held: dict[tuple[str, str, int], list[str]] = {}
+    for row in costs:
+        held.setdefault((row.device, row.dtype, row.weight_bytes), []).append(str(row.batch))
+    return "; ".join(f"{device} {dtype}, {_bytes_text(size)} of weights, batch {', '.join(batches)}"
+                     for (device, dtype, size), batches in held.items())
+
+
+def compile_pays(plan: RunPlan, tokens: int, batch: int, *, cache_warm: bool | None = None,
+                 costs: tuple[CompileCost, ...] | None = None) -> tuple[bool | None, str]:
+    """(whether compiling hwrun's step pays for `tokens` new tokens at `batch` prompts, why): it pays where the
+    measured saving, tokens x (eager step - compiled step), exceeds the compile's measured cost (the warm-cache
+    cost where measured and `cache_warm`; `None`: looked up when needed). None where nothing measured applies."""
+    costs = COMPILE_COSTS if costs is None else costs
+    row = _cost_row(plan, batch, costs)
+    if row is None:
+        device = plan.accelerator.names[0] if plan.accelerator.names else plan.accelerator.name
+        what = (f"{device}, {plan.dtype}{f', {plan.quantization} weights' if plan.quantization else ''}, "
+                f"{_bytes_text(getattr(plan, 'weight_bytes', 0) or 0)} of weights, batch {batch}")
+        return None, (f"no measured compile costs for {what} (measured: {_table_text(costs)}): compile stays off "
+                      "unless asked (compile=True, --compile)")
+    saved = tokens * (1 / row.eager_tps - 1 / row.compiled_tps)
+    cost, cache = row.compile_s, "cold cache"
+    if row.warm_compile_s is not None:
+        if cache_warm is None:
+            from hwcompile.cache import persistent_cache_warm
+
+            cache_warm = persistent_cache_warm()
+        if cache_warm:
+            cost, cache = row.warm_compile_s, "warm cache"
+    else:
+        cache = "cold cache; no warm-cache compile measured"
+    pays = saved > cost
+    if saved <= 0:
+        gain = f"the compiled step measured slower ({row.compiled_tps:,.0f} vs {row.eager_tps:,.0f} tokens/s)"
+    else:
+        gain = f"{tokens:,} tokens save ~{saved:.2g} s"
+    return pays, (f"{'compiled step' if pays else 'captured eager step'}: {gain} against ~{cost:.0f} s of compile "
+                  f"({row.device}, batch {row.batch}: eager step {row.eager_tps:,.0f}, compiled {row.compiled_tps:,.0f} "
+                  f"tokens/s, {cache}; {row.source})")
+
+
+def _step_compile(plan: RunPlan, compile: Any, tokens: int, batch: int) -> tuple[Any, str, str]:
+    """(backend or None, reason, lazy-mode note) for hwrun's graph step: `compile` (one of `COMPILE`) against the
+    plan's compile and, for "auto" without one, `compile_pays` (logged)."""
+    if compile not in COMPILE or isinstance(compile, int) and not isinstance(compile, bool):
+        raise GenerateError(f"compile={compile!r} is not a compile choice; use 'auto' (compile where the measured "
+                            "costs say it pays), True or False.")
+    if compile is False:
+        if plan.compile is not None:
+            logger.info("compile=False: the plan's %s backend is not used for the decode step", plan.compile.backend)
+        return None, "given: compile=False" + (" (the plan's backend not used)" if plan.compile is not None else ""), ""
+    if plan.compile is not None:
+        backend, note = graph_compile_backend(plan)
+        return backend, f"{'given' if compile is True else 'the plan compiles'} ({backend or 'not compiled'})", note
+    import hwcompile
+
+    default = hwcompile.route_backend(plan.accelerator, None).backend
+    if compile is True:
+        return default, f"given: compile=True ({default})", ""
+    pays, why = compile_pays(plan, tokens, batch)
+    logger.info("compile='auto': %s", why)
+    return (default if pays else None), why, ""
 
 
 # ---- what hwrun's loops are built with -------------------------------------------------------------------
@@ -639,7 +781,22 @@ def decide_serving(plan: RunPlan, model: Any, engine: str = "auto", *, adapters:
 
     decision = _serving_rule(plan, engine, bits=_bnb_bits(plan, model), adapters=adapters, support=support,
                              theirs=transformers_blockers(plan, model))
-    return _engine_setup(plan, decision, slots, model, adapters)
+    return _engine_setup(plan, _serving_compile(plan, decision), slots, model, adapters)
+
+
+def _serving_compile(plan: RunPlan, decision: DecodeDecision) -> DecodeDecision:
+    """`decision` with why a server's step is compiled or not: only where --compile is given (compile='auto''s
+    break-even weighs a run's tokens, which a server does not know before it runs)."""
+    if decision.decode != "graphs":
+        return decision
+    if decision.compile_backend is not None:
+        why = f"given: --compile ({decision.compile_backend})"
+    elif plan.compile is not None:
+        why = f"--compile given, but the step is not compiled: {graph_compile_backend(plan)[1] or decision.reason}"
+    else:
+        why = ("off: a server compiles its step where --compile is given (compile='auto' weighs a run's tokens "
+               "against the compile's cost; a server's tokens are not known before it runs)")
+    return replace(decision, compile_reason=why)
 
 
 def planned_serving(plan: RunPlan, engine: str = "auto", *, adapters: int = 0,
@@ -648,4 +805,4 @@ def planned_serving(plan: RunPlan, engine: str = "auto", *, adapters: int = 0,
     the model's steps assumed to run it: `hwrun plan` shows it; the loaded model is checked at start)."""
     decision = _serving_rule(plan, engine, bits=_bnb_bits(plan, None), adapters=adapters,
                              support=lambda step: (step, AFTER_LOAD), theirs=continuous_plan_blockers(plan))
-    return _engine_setup(plan, decision, slots, None, adapters)
+    return _engine_setup(plan, _serving_compile(plan, decision), slots, None, adapters)

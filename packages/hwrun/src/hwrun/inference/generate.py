@@ -41,6 +41,7 @@ class GenerationResult:
     decode: str = "generate"
     decode_reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    compile_reason: str = ""  # whether hwrun's step was compiled, and why ("" where Transformers' loop ran)
 
     @property
     def total_new_tokens(self) -> int:
@@ -156,6 +157,7 @@ def generate(
     progress: bool = False,
     model: Any = None,
     tokenizer: Any = None,
+    compile: bool | str = "auto",
 ) -> GenerationResult:
     """Generate up to `max_new_tokens` for each prompt; `plan=None` plans the shipped model here.
 
@@ -170,6 +172,9 @@ def generate(
     Both stream one prompt, through `model.generate` or the static graph decoder.
     On a tensor-parallel plan (`plan.tp` > 1, in each torchrun rank) every rank makes the same call: hwrun's engine
     runs on every rank (`hwrun.parallel.generate`: arguments and seed agreed, tokens compared at the end).
+    `compile` (hwrun's graph loops): "auto" compiles the step where the plan does (`plan(compile=True)`), else only
+    where the measured costs say it pays for this run's tokens (`decision.compile_pays`; the reason says which and
+    why); True compiles with the device's default backend, False never.
     """
     prompts = _check_inputs(prompts, max_new_tokens, max_new_tokens_limit)
     sampling = _sampling_kwargs(do_sample, temperature, top_p, top_k, seed)
@@ -181,7 +186,8 @@ def generate(
         raise GenerateError(f"streamer={streamer!r} has no put()/end(); pass a Transformers streamer "
                             "(TextStreamer, TextIteratorStreamer) or an object with both methods.")
     stream = stream or streamer is not None
-    before = planned(plan, len(prompts), decode=decode, batching=batching, stream=stream)  # refused before load
+    before = planned(plan, len(prompts), decode=decode, batching=batching, stream=stream, compile=compile,
+                     max_new_tokens=max_new_tokens)  # refused before load
     if stream and len(prompts) > 1:
         raise GenerateError(f"stream=True (or a streamer) streams one prompt; got {len(prompts)} prompts. "
                             "Stream them one at a time.")
@@ -200,7 +206,7 @@ def generate(
 
         torch_seed = agree_inputs(prompts, max_new_tokens, sampling, seed, decode=decode, batching=batching)
     decision = decide(plan, model, n_prompts=len(prompts), needed=max(lengths) + max_new_tokens, decode=decode,
-                      batching=batching, stream=stream, before=before)
+                      batching=batching, stream=stream, before=before, compile=compile, max_new_tokens=max_new_tokens)
     compile_cache(decision)  # a compiled step reads and writes hwcompile's persistent cache (HWSTACK_COMPILE_CACHE=0: off)
     import torch
 
@@ -246,7 +252,7 @@ def generate(
     return GenerationResult(
         texts=texts, token_ids=ids, prompt_tokens=prompt_lens, new_tokens=[len(r) for r in ids], seconds=seconds,
         batching=decision.batching, batching_reason=decision.batching_reason, decode=decision.decode,
-        decode_reason=decision.reason,
+        decode_reason=decision.reason, compile_reason=decision.compile_reason,
     )
 
 
