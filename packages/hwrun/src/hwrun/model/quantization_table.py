@@ -282,7 +282,9 @@ QUANTIZATION_TABLE: dict[str, dict[str, Cell]] = {
                          "uses its own kernel)", "overview", "bnb", "bnb-cpu", tested=True),
         "bnb-8bit": _yes("bitsandbytes' CPU backend (slow)", "overview", "bnb", tested=True),
         "awq": _yes("gptqmodel's torch CPU kernels", "overview", "gptqmodel"),
-        "gptq": _yes("gptqmodel's torch CPU kernels, all bits (IPEX: 4-bit)", "overview", "gptqmodel"),
+        "gptq": _yes("gptqmodel's torch CPU kernels, all bits (IPEX: 4-bit); gptqmodel 7.7 picked TorchCpuAvx512Linear "
+                     "on an AVX512 CPU and compiles its CPU extension at the first load (about a minute on 2 cores, "
+                     "cached after)", "overview", "gptqmodel", tested=True),
         "auto-round": _yes("auto-round's CPU backends: its torch QuantLinear (packed int4) without auto-round-lib; "
                            "auto-round 0.16 casts the model to float16 on load whatever the planned dtype "
                            "(convert_model.py: 'Forced model to torch.float16'; hwrun warns)", "overview", "tf",
