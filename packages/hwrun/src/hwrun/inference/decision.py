@@ -7,7 +7,11 @@ prompts of one length) and hwrun's engine (continuous batching over cache slots,
 compile, quantization, device_map), the model (its attention, its family's step), the workload (prompts,
 streaming, the cache length it needs) and what the caller asked (`decode`, `batching`, serve's `--engine`),
 and returns a `DecodeDecision` holding the choice and every reason. `planned()` is the same rule before load,
-for `hwrun plan`. Nothing else in hwrun chooses a loop: the runners only run what they are handed.
+for `hwrun plan` (`planned_serving()` for `hwrun serve`). Nothing else in hwrun chooses a loop: the runners only run
+what they are handed. The decision also says what hwrun's loops are built with (`_engine_setup`: the step, graph
+capture, slots and row buckets; `engine_options()`), and whether the step is compiled: the plan's compile, or for
+`compile="auto"` without one, `compile_pays` over the measured costs in `COMPILE_COSTS` (break-even: tokens x
+(eager step - compiled step) against the compile's cost).
 
 The rule, per caller:
 - `generate()`, `decode="auto"`: hwrun's graph loops where the platform has CUDA or XPU graphs
