@@ -281,7 +281,8 @@ QUANTIZATION_TABLE: dict[str, dict[str, Cell]] = {
                          "kernels-community/quantization-bitsandbytes from the Hub and, offline, logs that it "
                          "uses its own kernel)", "overview", "bnb", "bnb-cpu", tested=True),
         "bnb-8bit": _yes("bitsandbytes' CPU backend (slow)", "overview", "bnb", tested=True),
-        "awq": _yes("gptqmodel's torch CPU kernels", "overview", "gptqmodel"),
+        "awq": _yes("gptqmodel's torch CPU kernels (gptqmodel 7.7 picked TorchCpuAvx512AwqLinear on an AVX512 CPU)",
+                    "overview", "gptqmodel", tested=True),
         "gptq": _yes("gptqmodel's torch CPU kernels, all bits (IPEX: 4-bit); gptqmodel 7.7 picked TorchCpuAvx512Linear "
                      "on an AVX512 CPU and compiles its CPU extension at the first load (about a minute on 2 cores, "
                      "cached after)", "overview", "gptqmodel", tested=True),
