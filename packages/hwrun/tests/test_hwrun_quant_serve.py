@@ -186,3 +186,14 @@ def test_hwrun_serve_quantize_int8_weight_only_answers_the_quantized_models_toke
 @needs_ct
 def test_hwrun_serve_answers_a_compressed_tensors_checkpoint(ct_folder):
     _serve_and_compare(hwrun.plan(ct_folder, device="cpu"), "hwrun's engine, eager steps")
+
+
+def test_eager_reason_names_the_pre_quantized_methods_only():
+    """What `inference.decision` can ask before load (the plan's value) or after (the model's quantizer)."""
+    from hwrun.inference.engine.quantized import eager_reason
+
+    for method in ("awq", "gptq", "auto-round", "compressed-tensors", "fp8"):
+        assert eager_reason(quantization=method).startswith(f"{method} weights run the model's own forward, eagerly")
+    for value in (None, "int8-weight-only", "int4-weight-only", "4bit", "8bit"):
+        assert eager_reason(quantization=value) is None
+    assert eager_reason(torch.nn.Linear(2, 2)) is None  # no quantizer: nothing to say

@@ -68,6 +68,15 @@ def eager_method(model: Any) -> str | None:
     return method if method in EAGER_METHODS else None
 
 
+def eager_reason(model: Any = None, quantization: str | None = None) -> str | None:
+    """Why hwrun's loops must step eagerly over the model's own forward for another library's pre-quantized layers
+    (`EAGER_REASON`), or None: asked of the loaded `model` (`eager_method`), else before load of the plan's
+    `quantization` value ("compressed-tensors", "gptq", ...). For `inference.decision`, which builds the engine
+    and the static decoder from its own reasons (bitsandbytes 4-bit: `BNB_EAGER_REASON`, asked apart)."""
+    method = eager_method(model) if model is not None else (quantization if quantization in EAGER_METHODS else None)
+    return None if method is None else EAGER_REASON.format(method=method)
+
+
 def _refuse_asked(step: str, use_graphs: bool | None, compile_backend: Any, reason: str) -> None:
     asked = [what for what, bad in (("step='fused'", step == "fused"), ("use_graphs=True", use_graphs is True),
                                     (f"compile_backend={compile_backend!r}", compile_backend is not None)) if bad]
