@@ -72,7 +72,7 @@ def _make_load_generate(work: Path, method: str) -> dict:
 def test_a_gptqmodel_checkpoint_made_here_loads_packed_and_generates(tmp_path, method):
     env = {**os.environ, "GPTQMODEL_CPU_WORKERS": "2"}
     done = subprocess.run([sys.executable, __file__, str(tmp_path), method], capture_output=True, text=True,
-                          timeout=900, env=env)
+                          timeout=900, env=env, cwd=tmp_path)  # gptqmodel writes logs/ into the working directory
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["quantization_config"]["quant_method"] == method and result["quantization_config"]["bits"] == 4
