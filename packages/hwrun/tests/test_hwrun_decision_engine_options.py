@@ -103,3 +103,16 @@ def test_only_the_engine_has_slots_and_buckets():
     theirs = planned(hwrun.plan(device="cpu"), 64)  # Transformers' generate_batch
     assert theirs.decode == "generate" and theirs.use_graphs is False and theirs.slots is None
     assert "Transformers' loop" in theirs.graphs_reason
+
+
+@pytest.mark.parametrize("method", ["awq", "compressed-tensors"])
+def test_pre_quantized_weights_run_the_model_step_eagerly_uncompiled(method):
+    """Another library's pre-quantized layers (`engine.quantized.eager_reason`): the model step, no graphs and no
+    compile, for generate and serve alike, with the reason (the static decoder would otherwise capture them)."""
+    plan = dataclasses.replace(hwrun.plan(device=H100, compile=True), quantization=method)
+    for decision in (planned(plan, 1), planned(plan, 64), planned_serving(plan, slots=8)):
+        assert decision.decode == "graphs", decision.reason
+        assert (decision.step, decision.use_graphs, decision.compile_backend) == ("model", False, None)
+        assert decision.step_reason.startswith(f"{method} weights run the model's own forward, eagerly")
+        assert decision.compile_reason.startswith(f"not compiled: {method} weights")
+    assert planned(plan, 64).buckets is None  # not compiled: every power of two

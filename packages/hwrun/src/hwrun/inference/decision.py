@@ -567,16 +567,16 @@ def compile_cache(decision: DecodeDecision) -> Any:
 
 def _eager_only(plan: RunPlan, model: Any, adapters: int) -> str | None:
     """Why hwrun's loops must run the model's own forward eagerly (per-request LoRA adapters, bitsandbytes 4-bit
-    weights: of the loaded model, else of the plan's quantization), or None."""
+    weights, another library's pre-quantized layers: of the loaded model, else of the plan's quantization), or None."""
     if adapters:
         from .engine.adapters import EAGER_REASON
 
         return f"{adapters} LoRA adapter(s) per request: {EAGER_REASON}"
-    if _bnb_bits(plan, model) == 4:
-        from .engine.quantized import BNB_EAGER_REASON
+    from .engine.quantized import BNB_EAGER_REASON, eager_reason
 
+    if _bnb_bits(plan, model) == 4:
         return BNB_EAGER_REASON
-    return None
+    return eager_reason(model) if model is not None else eager_reason(quantization=plan.quantization or None)
 
 
 def _bnb_bits(plan: RunPlan, model: Any) -> int | None:
@@ -616,6 +616,9 @@ def _engine_setup(plan: RunPlan, decision: DecodeDecision, slots: int | None, mo
     graphs = graph_api_of(plan)
     if eager is not None:
         use_graphs, graphs_reason = False, f"eager steps: {eager}"
+        if decision.compile_backend is not None:  # the engine refuses a compile over these weights (plan_quantized)
+            logger.info("the step is not compiled: %s", eager)
+            decision = replace(decision, compile_backend=None, compile_reason=f"not compiled: {eager}")
     elif graphs is None:
         use_graphs, graphs_reason = False, (f"eager steps: {plan.accelerator.kind} has no CUDA, XPU or HPU graphs "
                                             f"(graph API: {plan.accelerator.platform.graph_api})")
