@@ -101,7 +101,7 @@ def test_given_compile_wins_over_the_rule():
     assert on.compile_reason == "given: compile=True (inductor)"
 
 
-@pytest.mark.parametrize("value", ["maybe", 1, None])
+@pytest.mark.parametrize("value", ["maybe", 1, 0.0, None])
 def test_a_compile_value_that_is_no_choice_is_refused_before_load(value, monkeypatch):
     monkeypatch.setattr("hwrun.model.load.load", lambda plan: pytest.fail("the model loaded"))
     with pytest.raises(GenerateError, match=rf"compile={value!r} is not a compile choice; use 'auto'"):

@@ -529,7 +529,7 @@ def compile_pays(plan: RunPlan, tokens: int, batch: int, *, cache_warm: bool | N
 def _step_compile(plan: RunPlan, compile: Any, tokens: int, batch: int) -> tuple[Any, str, str]:
     """(backend or None, reason, lazy-mode note) for hwrun's graph step: `compile` (one of `COMPILE`) against the
     plan's compile and, for "auto" without one, `compile_pays` (logged)."""
-    if compile not in COMPILE or isinstance(compile, int) and not isinstance(compile, bool):
+    if not (isinstance(compile, bool) or (isinstance(compile, str) and compile == "auto")):
         raise GenerateError(f"compile={compile!r} is not a compile choice; use 'auto' (compile where the measured "
                             "costs say it pays), True or False.")
     if compile is False:
