@@ -141,6 +141,22 @@ def test_compile_cache_is_announced_cold_then_warm(tmp_path, monkeypatch, capsys
     assert "(warm: reusing compiled graphs)" in capsys.readouterr().err
 
 
+def test_compile_cache_opted_out_is_announced_as_off(tmp_path, monkeypatch, capsys):
+    """HWSTACK_COMPILE_CACHE=0: stderr says the persistent cache is off, not "cold", and torch's folders stay unset."""
+    import os
+
+    import hwenv
+    from hwrun.cli.main import announce_compile_cache
+
+    monkeypatch.setenv("HWSTACK_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("HWSTACK_COMPILE_CACHE", "0")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    announce_compile_cache(hwrun.plan(device=hwenv.Accelerator("cuda", 1, memory=(80 * 2**30,)), compile=True))
+    err = capsys.readouterr().err
+    assert "persistent compile cache off: HWSTACK_COMPILE_CACHE=0" in err and "cold" not in err
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+
+
 def test_compile_on_a_device_without_graphs_announces_nothing(monkeypatch, capsys):
     monkeypatch.setattr("hwrun.cli.main.announce_compile_cache", lambda plan: pytest.fail("nothing compiles on CPU"))
     assert main(["generate", "The king said", "--compile", "--max-new-tokens", "2"]) == 0

@@ -263,6 +263,10 @@ def announce_compile_cache(run_plan) -> None:
     import hwcompile
 
     cache = hwcompile.enable_persistent_cache()
+    if not cache.on:
+        print(f"hwrun: compile on ({run_plan.compile.backend}); persistent compile cache {cache.reason}",
+              file=sys.stderr)
+        return
     state = "warm: reusing compiled graphs" if cache.warm else "cold: the first call compiles the decode step"
     print(f"hwrun: compile on ({run_plan.compile.backend}); compile cache {cache.folder} ({state})", file=sys.stderr)
 

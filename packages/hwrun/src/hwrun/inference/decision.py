@@ -20,9 +20,10 @@ The rule, per caller:
   reproduce), compiled or not: without compile the eager step is captured as one graph, which needs no compile
   before the first token (fast by default: Transformers' eager loop decoded 19.1 tok/s on an H100 on 2026-12-06,
   where the compiled graph loop did 813); Transformers' loop otherwise, with the reason.
-- `hwrun serve`, `--engine auto`: hwrun's engine wherever the platform has CUDA or XPU graphs (a server runs long
-  enough for the capture to pay, compile or not); Transformers' continuous batching where it runs and hwrun's
-  engine does not (or the platform has no graphs); hwrun's engine eagerly where only it runs (Gaudi, MPS).
+- `hwrun serve`, `--engine auto`: hwrun's engine wherever the platform has graphs, Gaudi's HPU graphs included (a
+  server runs long enough for the capture to pay, compile or not; on Gaudi the start-up warms one graph set per
+  bucket, with progress); Transformers' continuous batching where it runs and hwrun's engine does not (or the
+  platform has no graphs); hwrun's engine eagerly where only it runs (MPS).
 - tensor parallel (`plan.tp` > 1), both callers: hwrun's engine on every rank, the model's own forward (the fused
   step reads whole weights), graph replay where the platform has graphs (`_tp_planned`, `decide_serving`); for
   `generate()`, Transformers' `model.generate` on one static batch where `decode="generate"` or `batching="static"`
@@ -57,8 +58,9 @@ ENGINES = ("auto", "slots", "transformers")
 #: The platform graph APIs hwrun's loops capture with (`hwenv.platforms.runtime.graph_tools`), and how reasons name them.
 GRAPH_DECODE_APIS = {"cuda_graphs": ("CUDA", "CUDA graph"), "xpu_graphs": ("XPU", "XPU graph"),
                      "hpu_graphs": ("Gaudi", "HPU graph")}
-#: The graph APIs `decode="auto"` and `--engine auto` pick. Not Gaudi's: the bridge records HPU graphs in lazy
-#: mode only, where torch.compile is refused (G2), and hwrun's HPU-graph loops are tested against the fake only.
+#: The graph APIs `generate(decode="auto")` picks. Not Gaudi's: the bridge records HPU graphs in lazy mode only,
+#: where torch.compile is refused (G2), and a short run does not pay their capture. (`hwrun serve --engine auto`
+#: asks `graph_api_of` instead and does capture HPU graphs: a server runs long enough.)
 AUTO_GRAPH_APIS = frozenset({"cuda_graphs", "xpu_graphs"})
 #: Cache lengths are rounded up to a multiple of this, so nearby workloads share one captured decoder.
 CACHE_BUCKET = 256
