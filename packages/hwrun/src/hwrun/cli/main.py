@@ -399,14 +399,15 @@ def _device_words(run_plan) -> str:
 
 def _generate_with_progress(run_plan, prompts, args, options, generate, result_type, show=True):
     """Many prompts: continuous batching shows its own per-request bar; static batching runs in chunks under a bar."""
-    from ..inference.batching import choose_batching
+    from ..inference.decision import planned
 
     show = show and bool(args.batch_file) and not args.json
     if run_plan.tp > 1:  # one call: every rank the same steps, as the decision's tp rule says (no chunks)
         return generate(run_plan, prompts, args.max_new_tokens, batching=args.batching, progress=show, **options)
     batching = "static" if args.decode == "graphs" and args.batching == "auto" else args.batching
-    choice = choose_batching(run_plan, len(prompts), batching)
-    if choice.mode == "continuous" or len(prompts) <= STATIC_CHUNK:
+    # the one decision generate() takes (not a second batching rule): continuous runs in one call
+    if planned(run_plan, len(prompts), decode=args.decode, batching=batching).batching == "continuous" \
+            or len(prompts) <= STATIC_CHUNK:
         return generate(run_plan, prompts, args.max_new_tokens, batching=batching, progress=show, **options)
     from tqdm.auto import tqdm
 

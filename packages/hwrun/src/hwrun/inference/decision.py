@@ -43,6 +43,7 @@ from .batching import (
     choose_batching,
     continuous_model_blocker,
     continuous_plan_blockers,
+    engine_plan_blockers,
     model_batching,
 )
 
@@ -292,6 +293,8 @@ def planned(plan: RunPlan, n_prompts: int, *, decode: str = "auto", batching: st
     before load (`hwrun plan` shows it; `decide()` then checks it against the loaded model)."""
     if getattr(plan, "tp", 1) > 1:
         decision = _tp_planned(plan, n_prompts, decode, batching, stream)
+    elif (engine := _eager_engine_instead(plan, decode, batching, stream)) is not None:
+        decision = engine
     else:
         choice = choose_batching(plan, n_prompts, batching, stream=stream, engine=_runs_hwrun_loops(plan, decode))
         compiled = _compile_for(plan, decode, choice.mode, n_prompts, max_new_tokens, compile)
@@ -299,6 +302,22 @@ def planned(plan: RunPlan, n_prompts: int, *, decode: str = "auto", batching: st
         backend, compile_reason = compiled[:2] if mode == "graphs" and compiled else (None, "")
         decision = DecodeDecision(choice.mode, choice.reason, mode, reason, backend, compile_reason=compile_reason)
     return _engine_setup(plan, decision, min(n_prompts, MAX_SLOTS))
+
+
+def _eager_engine_instead(plan: RunPlan, decode: str, batching: str, stream: bool) -> DecodeDecision | None:
+    """`batching="continuous"` asked with `decode="auto"` on a platform without graphs (CPU, MPS), where
+    Transformers' `generate_batch` cannot run the plan (quantized weights) but hwrun's engine can: the engine with
+    eager steps, as `hwrun serve --engine auto` picks there. None where the usual rule applies."""
+    if batching != "continuous" or decode != "auto" or stream or _decode_case(plan, decode) != "auto_no_graphs":
+        return None
+    theirs = continuous_plan_blockers(plan)
+    if not theirs or _plan_blockers(plan) or engine_plan_blockers(plan):
+        return None
+    logger.info("batching='continuous': Transformers' generate_batch cannot run here (%s); hwrun's engine runs it "
+                "with eager steps", "; ".join(theirs))
+    return DecodeDecision("continuous", "given: hwrun's engine (continuous batching over cache slots)", "graphs",
+                          f"hwrun's engine, eager steps ({plan.accelerator.kind} has no CUDA, XPU or HPU graphs): "
+                          f"Transformers' generate_batch cannot run here ({'; '.join(theirs)})")
 
 
 def _compile_for(plan: RunPlan, decode: str, batching: str, n_prompts: int, max_new_tokens: int,
