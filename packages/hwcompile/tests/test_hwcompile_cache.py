@@ -86,3 +86,25 @@ def test_a_second_process_reads_the_compiled_graph_back(tmp_path):
     assert runs[0]["warm"] is False and runs[0]["hits"] == 0
     assert runs[1]["warm"] is True and runs[1]["hits"] >= 1
     assert runs[0]["folder"].startswith(str(tmp_path))
+
+
+def test_torchs_default_in_the_variable_warm_looks_where_enable_points(tmp_path, monkeypatch):
+    """torch wrote its /tmp default into the variable: `persistent_cache_warm` and `enable_persistent_cache` both
+    take it as unset and look at hwstack's folder (a warm /tmp is not what the compile will read)."""
+    from hwcompile import cache as cache_module
+
+    torchs = tmp_path / "torchinductor_me"
+    (torchs / "fxgraph" / "ab").mkdir(parents=True)  # torch's /tmp default is warm
+    monkeypatch.setattr(cache_module, "torch_default_dir", lambda: torchs)
+    env = {INDUCTOR_VARIABLE: str(torchs), "HWSTACK_CACHE_DIR": str(tmp_path / "hw")}
+    ours = tmp_path / "hw" / "compile" / "torch-2.15.0"
+    assert cache_module.compile_read_dir("2.15.0", env) == ours
+    assert cache_module.persistent_cache_warm("2.15.0", env) is False
+    cache = enable_persistent_cache("2.15.0", env)
+    assert cache.folder == ours and cache.warm is False and env[INDUCTOR_VARIABLE] == str(ours)
+    cache.undo()
+    (ours / "aotautograd" / "cd").mkdir(parents=True)
+    assert cache_module.persistent_cache_warm("2.15.0", env) is True
+    again = enable_persistent_cache("2.15.0", env)
+    assert again.folder == ours and again.warm is True
+    again.undo()

@@ -43,3 +43,30 @@ def test_a_second_call_is_already_on_and_its_undo_keeps_the_first(tmp_path):
     assert env[INDUCTOR_VARIABLE] == str(first.folder)
     first.undo()
     assert env == {"HWSTACK_CACHE_DIR": str(tmp_path)}
+
+
+def _with_graphs(folder):
+    (folder / "fxgraph" / "ab").mkdir(parents=True)
+    return folder
+
+
+@pytest.mark.parametrize("set_variable", [False, True])
+def test_off_warm_looks_where_a_compile_reads_torchs_folder(tmp_path, monkeypatch, set_variable):
+    """Opted out, `persistent_cache_warm` and `enable_persistent_cache` both look at torch's own folder (the
+    variable as set, else torch's default), not at a warm hwstack folder the compile would never read."""
+    from hwcompile import cache as cache_module
+
+    _with_graphs(tmp_path / "hw" / "compile" / "torch-2.15.0")  # hwstack's folder is warm, but not read
+    torchs = tmp_path / "torchs"
+    monkeypatch.setattr(cache_module, "torch_default_dir", lambda: torchs)
+    env = {SWITCH_VARIABLE: "0", "HWSTACK_CACHE_DIR": str(tmp_path / "hw")}
+    if set_variable:
+        torchs = tmp_path / "set-by-hand"
+        env[INDUCTOR_VARIABLE] = str(torchs)
+    assert cache_module.compile_read_dir("2.15.0", env) == torchs
+    assert cache_module.persistent_cache_warm("2.15.0", env) is False
+    cache = enable_persistent_cache("2.15.0", env)
+    assert cache.on is False and cache.folder == torchs and cache.warm is False
+    _with_graphs(torchs)
+    assert cache_module.persistent_cache_warm("2.15.0", env) is True
+    assert enable_persistent_cache("2.15.0", env).warm is True

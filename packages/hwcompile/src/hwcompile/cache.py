@@ -95,19 +95,38 @@ def _holds_graphs(folder: Path) -> bool:
     return False
 
 
-def persistent_cache_warm(torch_version: str | None = None,
-                          environ: MutableMapping[str, str] | None = None) -> bool:
-    """Whether the folder a compile would read (yours in TORCHINDUCTOR_CACHE_DIR, else `compile_cache_dir()`)
-    already holds compiled graphs; changes nothing."""
-    env = os.environ if environ is None else environ
-    chosen = env.get(INDUCTOR_VARIABLE)
-    if chosen:
-        return _holds_graphs(Path(chosen).expanduser())
+def _compile_folder(torch_version: str | None,
+                    environ: MutableMapping[str, str]) -> tuple[Path, str, Path | None]:
+    """The folder a compile will read, how it was chosen ("off", "yours" or "ours") and hwstack's folder (None
+    when off). The one rule `compile_read_dir`, `persistent_cache_warm` and `enable_persistent_cache` share."""
+    chosen = environ.get(INDUCTOR_VARIABLE)
+    if not cache_switch(environ):  # opted out: torch reads the variable as it is, else its /tmp default
+        return (Path(chosen).expanduser() if chosen else torch_default_dir()), "off", None
     if torch_version is None:
         import torch
 
         torch_version = torch.__version__
-    return _holds_graphs(compile_cache_dir(torch_version, env))
+    ours = compile_cache_dir(torch_version, environ)
+    if chosen and Path(chosen).expanduser() == torch_default_dir():
+        chosen = None  # torch writes its /tmp default into the variable on first use: not the user's choice
+    if chosen:
+        return Path(chosen).expanduser(), "yours", ours
+    return ours, "ours", ours
+
+
+def compile_read_dir(torch_version: str | None = None, environ: MutableMapping[str, str] | None = None) -> Path:
+    """The inductor folder a compile will read once `enable_persistent_cache()` has run: under
+    `HWSTACK_COMPILE_CACHE=0` torch's own (TORCHINDUCTOR_CACHE_DIR as set, else `<tmp>/torchinductor_<user>`); else
+    yours in TORCHINDUCTOR_CACHE_DIR (torch's /tmp default written there counts as unset), else
+    `compile_cache_dir()`. Changes nothing."""
+    return _compile_folder(torch_version, os.environ if environ is None else environ)[0]
+
+
+def persistent_cache_warm(torch_version: str | None = None,
+                          environ: MutableMapping[str, str] | None = None) -> bool:
+    """Whether the folder a compile would read (`compile_read_dir()`, the one `enable_persistent_cache()` picks)
+    already holds compiled graphs; changes nothing."""
+    return _holds_graphs(compile_read_dir(torch_version, environ))
 
 
 def enable_persistent_cache(torch_version: str | None = None,
@@ -117,30 +136,22 @@ def enable_persistent_cache(torch_version: str | None = None,
     Call it before the first `torch.compile` of the process; `warm` says whether compiled graphs from an
     earlier run are there (then compiling mostly reads them back). The folder is created (mode 0700). A second call
     changes nothing (its `undo` neither); `HWSTACK_COMPILE_CACHE=0` opts out (`on` False, nothing changed, logged).
+    The folder is `compile_read_dir()`'s, so `persistent_cache_warm()` looks where this call points.
     """
     env = os.environ if environ is None else environ
-    if not cache_switch(env):
-        folder = Path(env[INDUCTOR_VARIABLE]) if env.get(INDUCTOR_VARIABLE) else torch_default_dir()
+    folder, how, ours = _compile_folder(torch_version, env)
+    if how == "off":
         reason = f"off: {SWITCH_VARIABLE}={env[SWITCH_VARIABLE]} (torch's folder {folder} kept)"
         logger.info("compile cache %s", reason)
         return PersistentCache(folder, _holds_graphs(folder), reason, on=False, _environ=environ)
-    if torch_version is None:
-        import torch
-
-        torch_version = torch.__version__
-    chosen = env.get(INDUCTOR_VARIABLE)
-    if chosen and Path(chosen) == torch_default_dir():
-        chosen = None  # torch writes its /tmp default into the variable on first use: not the user's choice
-    ours = compile_cache_dir(torch_version, env)
-    if chosen and Path(chosen) == ours:  # an earlier call of this process set it: already on
+    chosen = env.get(INDUCTOR_VARIABLE) if how == "yours" else None
+    if how == "yours" and folder == ours:  # an earlier call of this process set it: already on
         warm = _holds_graphs(ours)
         return PersistentCache(ours, warm, f"{ours} (already on in this process; "
                                f"{'warm' if warm else 'cold'})", _environ=environ)
-    if chosen:
-        folder = Path(chosen).expanduser()
+    if how == "yours":
         return PersistentCache(folder, _holds_graphs(folder), f"{INDUCTOR_VARIABLE}={chosen} (yours, kept)",
                                _environ=environ)
-    folder = ours
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
@@ -158,4 +169,5 @@ def enable_persistent_cache(torch_version: str | None = None,
 
 
 __all__ = ["INDUCTOR_VARIABLE", "PersistentCache", "ROOT_VARIABLE", "SWITCH_VARIABLE", "TRITON_VARIABLE",
-           "cache_root", "cache_switch", "compile_cache_dir", "enable_persistent_cache", "persistent_cache_warm"]
+           "cache_root", "cache_switch", "compile_cache_dir", "compile_read_dir", "enable_persistent_cache",
+           "persistent_cache_warm"]
