@@ -124,3 +124,45 @@ def test_hwrun_plan_rows_carry_the_compile_reason(capsys, fake_cuda):
     one = decode["decode (1 prompt)"]["reason"]
     assert "compile off: the eager step captured as one graph" in one
     assert "no measured compile costs for NVIDIA H100 80GB HBM3, bfloat16" in one  # the shipped tiny model
+
+
+def test_compile_true_on_gaudi_lazy_mode_is_dropped_with_the_reason_as_a_plan_compile_is():
+    """compile=True without a plan compile goes through the same lazy-mode check as the plan's compile (G2): in
+    lazy mode torch.compile is refused, so the step is not compiled and the reason says so; eager mode compiles."""
+    from hwenv.testing import fake_gaudi
+
+    accel = hwenv.Accelerator("hpu", 1, names=("GAUDI2",))
+    with fake_gaudi(1, lazy_mode="1"):
+        lazy = planned(hwrun.plan(device=accel), 4, decode="graphs", compile=True)
+        assert lazy.compile_backend is None
+        assert "not compiled (lazy mode)" in lazy.compile_reason
+    with fake_gaudi(1, lazy_mode="0"):
+        eager = planned(hwrun.plan(device=accel), 4, decode="graphs", compile=True)
+        assert eager.compile_backend == "hpu_backend"
+
+
+@pytest.mark.parametrize("value", ["bogus", 0.0, 1])
+def test_a_bad_compile_value_is_refused_on_every_path_before_load(value):
+    """Checked once at the top of planned(): Transformers' loop (CPU) and tensor-parallel plans refuse it too."""
+    with pytest.raises(GenerateError, match=r"compile=.* is not a compile choice"):
+        planned(hwrun.plan(device="cpu"), 1, compile=value)
+    tp = dataclasses.replace(_plan("NVIDIA H100 80GB HBM3", compile=True), tp=2)
+    with pytest.raises(GenerateError, match=r"compile=.* is not a compile choice"):
+        planned(tp, 4, compile=value)
+
+
+def test_tensor_parallel_honours_compile_false_and_true():
+    tp = dataclasses.replace(_plan("NVIDIA H100 80GB HBM3", compile=True), tp=2)
+    assert planned(tp, 4).compile_backend == "inductor"  # the plan's compile
+    assert planned(tp, 4, compile=False).compile_backend is None
+    plain = dataclasses.replace(_plan("NVIDIA H100 80GB HBM3"), tp=2)
+    assert planned(plain, 4).compile_backend is None and planned(plain, 4, compile=True).compile_backend == "inductor"
+
+
+def test_a_bad_compile_cache_switch_is_refused_before_load_where_the_step_compiles(monkeypatch):
+    import hwcompile
+
+    monkeypatch.setenv("HWSTACK_COMPILE_CACHE", "maybe")
+    with pytest.raises(hwcompile.CompileArgumentError, match="HWSTACK_COMPILE_CACHE='maybe' is neither on nor off"):
+        planned(_plan("NVIDIA H100 80GB HBM3", compile=True), 1)
+    assert planned(hwrun.plan(device="cpu"), 1).compile_backend is None  # nothing compiles: not asked

@@ -110,9 +110,27 @@ def test_pre_quantized_weights_run_the_model_step_eagerly_uncompiled(method):
     """Another library's pre-quantized layers (`engine.quantized.eager_reason`): the model step, no graphs and no
     compile, for generate and serve alike, with the reason (the static decoder would otherwise capture them)."""
     plan = dataclasses.replace(hwrun.plan(device=H100, compile=True), quantization=method)
-    for decision in (planned(plan, 1), planned(plan, 64), planned_serving(plan, slots=8)):
+    asked = (planned(plan, 1, decode="graphs"), planned(plan, 64, decode="graphs"), planned_serving(plan, slots=8))
+    for decision in asked:
         assert decision.decode == "graphs", decision.reason
         assert (decision.step, decision.use_graphs, decision.compile_backend) == ("model", False, None)
         assert decision.step_reason.startswith(f"{method} weights run the model's own forward, eagerly")
         assert decision.compile_reason.startswith(f"not compiled: {method} weights")
-    assert planned(plan, 64).buckets is None  # not compiled: every power of two
+        # the reason never claims a graph replay these steps do not make
+        assert "replay" not in decision.reason or "no graph is captured: eager steps" in decision.reason
+    assert planned(plan, 64, decode="graphs").buckets is None  # not compiled: every power of two
+
+
+@pytest.mark.parametrize("method", ["awq", "compressed-tensors"])
+def test_decode_auto_leaves_pre_quantized_weights_to_transformers_where_graphs_gain_nothing(method):
+    """On a platform with graphs, hwrun's loops would step eagerly over these layers: decode='auto' keeps
+    Transformers' loop (an untried eager engine path on a GPU buys nothing), saying why; decode='graphs' still runs
+    them; an explicit continuous batch Transformers' generate_batch refuses goes to hwrun's engine, eagerly."""
+    plan = dataclasses.replace(hwrun.plan(device=H100), quantization=method)
+    for n in (1, 64):
+        decision = planned(plan, n)
+        assert decision.decode == "generate" and decision.use_graphs is False
+        assert "would run eager steps over these weights" in decision.reason and "decode='graphs'" in decision.reason
+    continuous = planned(plan, 64, batching="continuous")
+    assert (continuous.batching, continuous.decode, continuous.use_graphs) == ("continuous", "graphs", False)
+    assert "eager over these weights" in continuous.reason and "generate_batch cannot run here" in continuous.reason

@@ -164,8 +164,21 @@ def _decode_case(plan: RunPlan, requested: str) -> str:
     if graphs is not None and api not in AUTO_GRAPH_APIS:
         return "auto_lazy_graphs"
     if graphs is not None:
-        return "auto_blocked" if _plan_blockers(plan) else "auto_graphs"
+        return "auto_blocked" if _plan_blockers(plan) or _auto_eager(plan) else "auto_graphs"
     return "auto_no_graphs"
+
+
+def _auto_eager(plan: RunPlan) -> str | None:
+    """Why `decode="auto"` leaves a plan to Transformers' loop on a platform with graphs although hwrun's loops run
+    it: they would step eagerly over its weights (another library's pre-quantized layers), so no graph is gained."""
+    eager = _eager_only(plan, None, 0)
+    return (f"hwrun's loops would run eager steps over these weights ({eager}), so graphs gain nothing; "
+            "decode='graphs' runs them anyway") if eager else None
+
+
+def _auto_blockers(plan: RunPlan) -> list[str]:
+    """What keeps `decode="auto"` off hwrun's loops on a platform with graphs: `_plan_blockers`, else `_auto_eager`."""
+    return _plan_blockers(plan) or [why for why in (_auto_eager(plan),) if why]
 
 
 def _runs_hwrun_loops(plan: RunPlan, requested: str) -> bool:
@@ -216,7 +229,7 @@ def _decode_mode(plan: RunPlan, requested: str, batching: str,
                    f"{f'; {why}' if why else ''}")
         return "graphs", f"{label} ({how}): {loop}, no host work per token"
     if case == "auto_blocked":
-        blockers = "; ".join(_plan_blockers(plan))
+        blockers = "; ".join(_auto_blockers(plan))
         logger.info("graph decode not used: %s; falling back to %s", blockers, theirs)
         return "generate", f"{theirs} ({blockers})"
     return "generate", (f"{theirs} ({plan.accelerator.kind} has no CUDA or XPU graphs for hwrun's loops: graph API "
@@ -231,7 +244,8 @@ TP_GENERATE_REASON = ("tensor parallel (tp={tp}): every rank runs hwrun's engine
                       "the tokens compared at the end)")
 
 
-def _tp_planned(plan: RunPlan, n_prompts: int, decode: str, batching: str, stream: bool) -> DecodeDecision:
+def _tp_planned(plan: RunPlan, n_prompts: int, decode: str, batching: str, stream: bool,
+                compile: Any = "auto") -> DecodeDecision:
     """`planned()` on a tensor-parallel plan: hwrun's engine on every rank (as `hwrun serve --tp` runs it), or
     Transformers' `model.generate` on one static batch where `decode="generate"` or `batching="static"` is asked.
     `stream` never changes the choice (rank 0 alone streams), it is refused where the engine runs."""
@@ -262,7 +276,7 @@ def _tp_planned(plan: RunPlan, n_prompts: int, decode: str, batching: str, strea
            f"eager steps ({plan.accelerator.kind} has no CUDA, XPU or HPU graphs)")
     return DecodeDecision("continuous", f"tensor parallel (tp={tp}): {n_prompts} prompt(s) through hwrun's engine over "
                           "cache slots on every rank", "graphs", TP_GENERATE_REASON.format(tp=tp, how=how),
-                          graph_compile_backend(plan)[0])
+                          _tp_compile(plan, compile))
 
 
 def _tp_decide(plan: RunPlan, model: Any, before: DecodeDecision, decode: str, needed: int) -> DecodeDecision:
@@ -291,8 +305,9 @@ def planned(plan: RunPlan, n_prompts: int, *, decode: str = "auto", batching: st
             max_new_tokens: int = DEFAULT_NEW_TOKENS) -> DecodeDecision:
     """The decision `generate()` will take for `n_prompts` prompts of `max_new_tokens` each, as far as it is known
     before load (`hwrun plan` shows it; `decide()` then checks it against the loaded model)."""
+    _check_compile(compile)
     if getattr(plan, "tp", 1) > 1:
-        decision = _tp_planned(plan, n_prompts, decode, batching, stream)
+        decision = _tp_planned(plan, n_prompts, decode, batching, stream, compile)
     elif (engine := _eager_engine_instead(plan, decode, batching, stream)) is not None:
         decision = engine
     else:
@@ -301,23 +316,37 @@ def planned(plan: RunPlan, n_prompts: int, *, decode: str = "auto", batching: st
         mode, reason = _decode_mode(plan, decode, choice.mode, compiled)
         backend, compile_reason = compiled[:2] if mode == "graphs" and compiled else (None, "")
         decision = DecodeDecision(choice.mode, choice.reason, mode, reason, backend, compile_reason=compile_reason)
-    return _engine_setup(plan, decision, min(n_prompts, MAX_SLOTS))
+    decision = _engine_setup(plan, decision, min(n_prompts, MAX_SLOTS))
+    if compile is True and decision.decode != "graphs":
+        logger.info("compile=True not used: %s decodes (hwrun compiles only its own loops' step)", decision.reason)
+    if decision.compile_backend is not None:
+        from hwcompile.cache import cache_switch
+
+        cache_switch()  # a bad HWSTACK_COMPILE_CACHE is refused here, before load, not at the first compile
+    return decision
 
 
 def _eager_engine_instead(plan: RunPlan, decode: str, batching: str, stream: bool) -> DecodeDecision | None:
-    """`batching="continuous"` asked with `decode="auto"` on a platform without graphs (CPU, MPS), where
-    Transformers' `generate_batch` cannot run the plan (quantized weights) but hwrun's engine can: the engine with
-    eager steps, as `hwrun serve --engine auto` picks there. None where the usual rule applies."""
-    if batching != "continuous" or decode != "auto" or stream or _decode_case(plan, decode) != "auto_no_graphs":
+    """`batching="continuous"` asked with `decode="auto"` on a platform without graphs (CPU, MPS), or with graphs
+    where hwrun's loops would step eagerly over the plan's weights (pre-quantized layers), where Transformers'
+    `generate_batch` cannot run the plan (quantized weights) but hwrun's engine can: the engine with eager steps, as
+    `hwrun serve --engine auto` picks there. None where the usual rule applies."""
+    if batching != "continuous" or decode != "auto" or stream:
+        return None
+    case = _decode_case(plan, decode)
+    if case not in ("auto_no_graphs", "auto_blocked"):
         return None
     theirs = continuous_plan_blockers(plan)
     if not theirs or _plan_blockers(plan) or engine_plan_blockers(plan):
         return None
+    eager = _eager_only(plan, None, 0)
+    why = f"eager over these weights: {eager}" if case == "auto_blocked" else \
+        f"{plan.accelerator.kind} has no CUDA, XPU or HPU graphs"
     logger.info("batching='continuous': Transformers' generate_batch cannot run here (%s); hwrun's engine runs it "
                 "with eager steps", "; ".join(theirs))
     return DecodeDecision("continuous", "given: hwrun's engine (continuous batching over cache slots)", "graphs",
-                          f"hwrun's engine, eager steps ({plan.accelerator.kind} has no CUDA, XPU or HPU graphs): "
-                          f"Transformers' generate_batch cannot run here ({'; '.join(theirs)})")
+                          f"hwrun's engine, eager steps ({why}): Transformers' generate_batch cannot run here "
+                          f"({'; '.join(theirs)})")
 
 
 def _compile_for(plan: RunPlan, decode: str, batching: str, n_prompts: int, max_new_tokens: int,
@@ -442,17 +471,24 @@ def graph_compile_backend(plan: RunPlan) -> tuple[Any, str]:
     (HPU graphs capture it) and the note says why."""
     if plan.compile is None:
         return None, ""
+    note = _lazy_mode_note(plan)
+    return (None, note) if note else (plan.compile.backend, "")
+
+
+def _lazy_mode_note(plan: RunPlan) -> str:
+    """Why the step cannot be compiled on the plan's platform right now (a lazy mode that refuses torch.compile:
+    Gaudi lazy, G2, hwcompile decides), or "" where it can."""
     platform = plan.accelerator.platform
     if platform.lazy_mode_variable is None:
-        return plan.compile.backend, ""
+        return ""
     import hwcompile
 
     try:
         hwcompile.check_compile_mode(platform)
     except hwcompile.LazyModeError:
-        return None, (f"the step is not compiled: {platform.display_name} runs in lazy mode, where torch.compile "
-                      f"is refused (G2; {platform.lazy_mode_variable}=0 for eager mode)")
-    return plan.compile.backend, ""
+        return (f"the step is not compiled: {platform.display_name} runs in lazy mode, where torch.compile "
+                f"is refused (G2; {platform.lazy_mode_variable}=0 for eager mode)")
+    return ""
 
 
 # ---- whether compiling the step pays (compile="auto") ----------------------------------------------------
@@ -547,12 +583,30 @@ def compile_pays(plan: RunPlan, tokens: int, batch: int, *, cache_warm: bool | N
                   f"tokens/s, {cache}; {row.source})")
 
 
-def _step_compile(plan: RunPlan, compile: Any, tokens: int, batch: int) -> tuple[Any, str, str]:
-    """(backend or None, reason, lazy-mode note) for hwrun's graph step: `compile` (one of `COMPILE`) against the
-    plan's compile and, for "auto" without one, `compile_pays` (logged)."""
+def _check_compile(compile: Any) -> None:
+    """Refuse a `compile` that is not "auto", True or False (0.0 compares equal to False and must not pass as one)."""
     if not (isinstance(compile, bool) or (isinstance(compile, str) and compile == "auto")):
         raise GenerateError(f"compile={compile!r} is not a compile choice; use 'auto' (compile where the measured "
                             "costs say it pays), True or False.")
+
+
+def _tp_compile(plan: RunPlan, compile: Any) -> Any:
+    """The step's backend on tensor-parallel ranks: none on compile=False, the platform's default on compile=True
+    without a plan compile (lazy mode checked), else the plan's (no measured costs weigh "auto" across ranks)."""
+    if compile is False:
+        return None
+    if compile is True and plan.compile is None:
+        backend, _, note = _step_compile(plan, True, 0, 1)
+        if note:
+            logger.info("tensor parallel: %s", note)
+        return backend
+    return graph_compile_backend(plan)[0]
+
+
+def _step_compile(plan: RunPlan, compile: Any, tokens: int, batch: int) -> tuple[Any, str, str]:
+    """(backend or None, reason, lazy-mode note) for hwrun's graph step: `compile` (one of `COMPILE`) against the
+    plan's compile and, for "auto" without one, `compile_pays` (logged)."""
+    _check_compile(compile)
     if compile is False:
         if plan.compile is not None:
             logger.info("compile=False: the plan's %s backend is not used for the decode step", plan.compile.backend)
@@ -563,6 +617,9 @@ def _step_compile(plan: RunPlan, compile: Any, tokens: int, batch: int) -> tuple
     import hwcompile
 
     default = hwcompile.route_backend(plan.accelerator, None).backend
+    lazy = _lazy_mode_note(plan)
+    if lazy:  # compile=True or "auto" alike: torch.compile is refused in this mode (the note is logged)
+        return None, f"{'given: compile=True' if compile is True else 'compile=auto'}, but not compiled (lazy mode)", lazy
     if compile is True:
         return default, f"given: compile=True ({default})", ""
     pays, why = compile_pays(plan, tokens, batch)
@@ -637,6 +694,8 @@ def _engine_setup(plan: RunPlan, decision: DecodeDecision, slots: int | None, mo
     graphs = graph_api_of(plan)
     if eager is not None:
         use_graphs, graphs_reason = False, f"eager steps: {eager}"
+        if "replay" in decision.reason:  # the rule worded the platform's graphs; these weights step eagerly
+            decision = replace(decision, reason=f"{decision.reason}; but no graph is captured: eager steps ({eager})")
         if decision.compile_backend is not None:  # the engine refuses a compile over these weights (plan_quantized)
             logger.info("the step is not compiled: %s", eager)
             decision = replace(decision, compile_backend=None, compile_reason=f"not compiled: {eager}")
