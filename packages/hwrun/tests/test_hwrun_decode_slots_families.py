@@ -222,23 +222,23 @@ def test_generate_continuous_graphs_runs_the_slot_decoder_for_another_family(fam
 
 
 def test_the_server_picks_slots_for_another_family(family_dirs):
-    from hwrun.inference.decision import engine_blockers
-    from hwrun.serve.startup import choose_engine
+    from hwrun.inference.decision import decide_serving, engine_blockers
 
     cuda = hwrun.plan(device=hwenv.Accelerator("cuda", 1, memory=(80 * 2**30,)))
     gaudi = hwrun.plan(device=hwenv.Accelerator("hpu", 1, memory=(96 * 2**30,)))
     gpt2 = _load(family_dirs, "gpt2")
     assert engine_blockers(cuda, gpt2) == []
-    choice = choose_engine(cuda, "auto", gpt2)
-    assert choice.name == "slots" and "CUDA graph" in choice.reason
+    choice = decide_serving(cuda, gpt2, "auto")
+    assert choice.engine == "slots" and "CUDA graph" in choice.reason
     assert "step: the model's own forward over a per-row slot cache" in choice.reason
-    assert choose_engine(gaudi, "auto", gpt2).name == "slots"  # Transformers' batching does not run on Gaudi
+    choice = decide_serving(gaudi, gpt2, "auto")  # HPU graphs; Transformers' batching does not run on Gaudi
+    assert choice.engine == "slots" and "one HPU graph replay per step" in choice.reason
     stablelm = _load(family_dirs, "stablelm")  # computes attention itself: neither engine runs it
     assert "is_backend_compatible() is False" in engine_blockers(cuda, stablelm)[0]
     with pytest.raises(EngineStartError, match="--engine slots cannot serve this model.*is_backend_compatible"):
-        choose_engine(cuda, "slots", stablelm)
+        decide_serving(cuda, stablelm, "slots")
     with pytest.raises(EngineStartError, match="no engine can serve this model on hpu"):
-        choose_engine(gaudi, "auto", stablelm)
+        decide_serving(gaudi, stablelm, "auto")
 
 
 def test_what_no_step_runs_is_refused_with_the_reason(family_dirs, monkeypatch):

@@ -58,26 +58,26 @@ def test_what_cannot_run_4bit_weights_is_refused_naming_it(four_bit, asked):
 
 
 def test_hwrun_serve_picks_the_engine_for_4bit_weights(four_bit):
-    from hwrun.serve.startup import choose_engine
+    from hwrun.inference.decision import decide_serving
 
     plan, model, _ = four_bit
-    choice = choose_engine(plan, "auto", model, max_len=64)
-    assert choice.name == "slots" and "bitsandbytes 4-bit weights (Linear4bit)" in choice.reason
+    choice = decide_serving(plan, model, "auto", max_cache_len=64)
+    assert choice.engine == "slots" and "bitsandbytes 4-bit weights (Linear4bit)" in choice.reason
     assert "Transformers' continuous batching: 4bit bitsandbytes weights are not supported" in choice.reason
-    assert choose_engine(plan, "slots", model, max_len=64).name == "slots"
+    assert decide_serving(plan, model, "slots", max_cache_len=64).engine == "slots"
     with pytest.raises(EngineStartError, match="--engine transformers cannot serve this model here"):
-        choose_engine(plan, "transformers", model, max_len=64)
+        decide_serving(plan, model, "transformers", max_cache_len=64)
     compiled = hwrun.plan(plan.model, device="cpu", quantization="4bit", compile=True)
     with pytest.raises(EngineStartError, match="--compile with bitsandbytes 4-bit weights"):
-        choose_engine(compiled, "auto", model, max_len=64)
+        decide_serving(compiled, model, "auto", max_cache_len=64)
 
 
 def test_8bit_weights_are_refused_by_the_engine_and_the_server(tiny):
-    from hwrun.serve.startup import choose_engine
+    from hwrun.inference.decision import decide_serving
 
     plan = hwrun.plan(tiny, device="cpu", quantization="8bit")
     model, _ = hwrun.load(plan)
     with pytest.raises(FastDecodeError, match="LLM.int8.*beside it. Use 4-bit weights"):
         EngineCore(model, slots=2, max_cache_len=32)
     with pytest.raises(EngineStartError, match="no engine can serve this model: hwrun's engine: bitsandbytes 8-bit"):
-        choose_engine(plan, "auto", model, max_len=64)
+        decide_serving(plan, model, "auto", max_cache_len=64)

@@ -134,12 +134,12 @@ def test_what_cannot_run_compressed_tensors_weights_is_refused_naming_it(ct_fold
 
 @needs_ct
 def test_hwrun_serve_picks_the_engine_for_compressed_tensors_weights(ct_folder):
-    from hwrun.serve.startup import choose_engine
+    from hwrun.inference.decision import decide_serving
 
     plan = hwrun.plan(ct_folder, device="cpu")
     model, _ = hwrun.load(plan)
-    choice = choose_engine(plan, "auto", model, max_len=64)
-    assert choice.name == "slots" and "hwrun's engine, eager steps" in choice.reason, choice.reason
+    choice = decide_serving(plan, model, "auto", max_cache_len=64)
+    assert choice.engine == "slots" and "hwrun's engine, eager steps" in choice.reason, choice.reason
     assert "compressed-tensors weights are not supported by the paged-cache runner" in choice.reason
 
 

@@ -593,39 +593,46 @@ def test_slots_backend_over_the_real_slot_decoder_equals_generate_greedy():
 # ------------------------------------------------------------------------------------------ engine choice
 
 
-def test_choose_engine_on_cpu_is_transformers_and_says_why():
-    from hwrun.serve.startup import choose_engine
+def test_decide_engine_on_cpu_is_transformers_and_says_why():
+    from hwrun.serve.config import ServeConfig
+    from hwrun.serve.startup import decide_engine
 
     plan = hwrun.plan()
     model, _ = hwrun.load(plan)
-    choice = choose_engine(plan, "auto", model)
-    assert choice.name == "transformers" and "no CUDA or XPU graphs" in choice.reason
-    assert choose_engine(plan, "transformers", model).reason.startswith("given")
+    choice = decide_engine(plan, ServeConfig(), model, 512)
+    assert choice.engine == "transformers" and "no CUDA or XPU graphs" in choice.reason
+    assert decide_engine(plan, ServeConfig(engine="transformers"), model, 512).reason.startswith("given")
 
 
-def test_choose_engine_prefers_slots_where_graphs_exist_and_refuses_what_cannot_run():
+def test_decide_serving_prefers_slots_where_graphs_exist_and_refuses_what_cannot_run():
     import hwenv
-    from hwrun.serve.startup import choose_engine
+    from hwrun.inference.decision import decide_serving
+    from hwrun.serve.config import ServeConfig
+    from hwrun.serve.startup import decide_engine
     from transformers import GPT2Config, GPT2LMHeadModel, StableLmConfig, StableLmForCausalLM
 
     plan = hwrun.plan(device=hwenv.Accelerator("cuda", 1, memory=(80 * 2**30,)))
     model, _ = hwrun.load(hwrun.plan())
     if _step_api_ready():
-        choice = choose_engine(plan, "auto", model)
-        assert choice.name == "slots" and "CUDA graph" in choice.reason
+        choice = decide_serving(plan, model, "auto")
+        assert choice.engine == "slots" and "CUDA graph" in choice.reason
     # any family: the slot decoder runs GPT-2 through the model's own forward (issue 26 point 3)
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64))
-    choice = choose_engine(plan, "auto", gpt2)
-    assert choice.name == "slots" and "the model's own forward over a per-row slot cache" in choice.reason
+    choice = decide_serving(plan, gpt2, "auto")
+    assert choice.engine == "slots" and "the model's own forward over a per-row slot cache" in choice.reason
     # a class that computes attention itself: neither the slot decoder nor Transformers' batching runs it
     stablelm = StableLmForCausalLM(StableLmConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
                                                   intermediate_size=64, vocab_size=64))
     with pytest.raises(EngineStartError, match="--engine slots cannot serve this model.*is_backend_compatible"):
-        choose_engine(plan, "slots", stablelm)
+        decide_serving(plan, stablelm, "slots")
     gaudi = hwrun.plan(device=hwenv.Accelerator("hpu", 1, memory=(96 * 2**30,)))
-    assert choose_engine(gaudi, "auto", gpt2).name == "slots"  # eager steps: Transformers' batching has no Gaudi
+    # serve's start-up asks the same rule: on Gaudi hwrun's engine replays HPU graphs (Transformers' batching has no
+    # Gaudi); the bridge records them in lazy mode (tests/test_hwrun_serve_gaudi_warmup.py)
+    choice = decide_engine(gaudi, ServeConfig(), gpt2, 64)
+    assert choice.engine == "slots" and "Gaudi: hwrun's engine, one HPU graph replay per step" in choice.reason
+    assert choice.reason == decide_serving(gaudi, gpt2, "auto", max_cache_len=64).reason
     with pytest.raises(EngineStartError, match="no engine can serve this model on hpu"):
-        choose_engine(gaudi, "auto", stablelm)
+        decide_serving(gaudi, stablelm, "auto")
 
 
 # ------------------------------------------------------------------------------------------------ CLIs
@@ -675,13 +682,13 @@ def test_serve_parser_has_the_plan_options_and_safe_defaults():
                                                                                    "auto")
 
 
-def test_choose_engine_refuses_quantized_plans_with_both_reasons():
-    from hwrun.serve.startup import choose_engine
+def test_decide_serving_refuses_quantized_plans_with_both_reasons():
+    from hwrun.inference.decision import decide_serving
 
     model, _ = hwrun.load(hwrun.plan())
     quantized = hwrun.plan(quantization="8bit")
     with pytest.raises(EngineStartError) as info:
-        choose_engine(quantized, "auto", model)
+        decide_serving(quantized, model, "auto")
     message = str(info.value)
     assert "hwrun's engine: bitsandbytes weights (8bit: Linear4bit/Linear8bitLt layers)" in message
     assert "Transformers' continuous batching: 8bit bitsandbytes weights are not supported" in message

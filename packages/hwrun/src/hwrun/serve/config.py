@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from ..devices import torch_threads_for  # noqa: F401  (the rule is shared with `hwrun generate`: hwrun.devices)
 from ..errors import ServeConfigError
 
-#: Engines `hwrun serve --engine` accepts: `auto` picks (`hwrun.serve.startup.choose_engine`, which asks
-#: `hwrun.inference.decision.decide_serving`: the one place that decides how hwrun decodes).
+#: Engines `hwrun serve --engine` accepts: `auto` picks (`hwrun.inference.decision.decide_serving`, the one place
+#: that decides how hwrun decodes, asked at start-up through `hwrun.serve.startup.decide_engine`).
 ENGINES = ("auto", "slots", "transformers")
 #: Model id served when no MODEL is given (the shipped tiny model).
 DEFAULT_MODEL_ID = "hwrun/tiny-llama"

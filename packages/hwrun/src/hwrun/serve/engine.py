@@ -11,8 +11,8 @@ loop, and the engine never waits for the front. The front keeps the admission li
 at once), learns the core's counters from its batches, and watches it: a core that dies (or stops on an
 error) fails every request in flight with an error event, and `/health` answers 503.
 
-Backends (`hwrun.serve.startup.choose_engine` picks one and says why, asking
-`hwrun.inference.decision.decide_serving`):
+Backends (`hwrun.inference.decision.decide_serving` picks one and says why, asked at start-up through
+`hwrun.serve.startup.decide_engine`):
 - `slots` (`hwrun.serve.backend_slots`): hwrun's engine (`hwrun.inference.engine.EngineCore`) over KV blocks,
   one graph replay per step where the platform has CUDA, XPU or HPU graphs (its step API: add / step / cancel).
 - `transformers` (`hwrun.serve.backend_transformers`): Transformers' continuous-batching manager

@@ -1,13 +1,15 @@
 """Load the plan's model once, choose the engine (and say why), build and warm its backend.
 
 Runs in the engine's worker thread, so the server answers `/health` (503) while the model loads.
-`choose_engine` asks the decision (`hwrun.inference.decision.decide_serving`, with the context served): hwrun's
-slot decoder where the platform has CUDA or XPU graphs and one of its steps runs the model at that context (the
-fused Llama-family step where it applies, else the model's own forward over a per-row slot cache: any family with
-sdpa or eager attention through Transformers' attention interface); Transformers' continuous batching everywhere
-else it runs; the slot decoder eagerly where only it runs (Gaudi, MPS); otherwise an `EngineStartError` with every
-reason. A slot engine that still refuses to build (e.g. `--kv-cache-memory` too small) is an `EngineStartError`,
-not a silent switch of engine.
+`decide_engine` asks the decision (`hwrun.inference.decision.decide_serving`, the one place that decides how hwrun
+decodes, with the context served and the `--max-concurrency` slots): for `--engine auto`, hwrun's slot engine where
+the platform has graphs (CUDA, XPU or Gaudi's HPU graphs: on Gaudi the start-up captures one graph set per bucket,
+with progress; a bridge in eager mode records none, so its steps run eagerly, logged) and one of its steps runs the
+model at that context (the fused Llama-family step where it applies, else the model's own forward over a per-row
+slot cache: any family with sdpa or eager attention through Transformers' attention interface); Transformers'
+continuous batching where it runs and the slot engine does not, or the platform has no graphs (CPU); the slot engine
+eagerly where only it runs (MPS); otherwise an `EngineStartError` with every reason. A slot engine that still
+refuses to build (e.g. `--kv-cache-memory` too small) is an `EngineStartError`, not a silent switch of engine.
 """
 
 from __future__ import annotations
@@ -50,17 +52,6 @@ class Loaded:
     threads_reason: str = ""
     previous_threads: int | None = None  # what to restore when the server stops
     kv: dict | None = None  # the slot engine's KV blocks (`KVReport.as_dict`); None for Transformers' engine
-
-
-def choose_engine(plan: RunPlan, requested: str, model: Any, adapters: int = 0,
-                  max_len: int | None = None) -> EngineChoice:
-    """The backend for `model` ("slots" | "transformers") and why, as `hwrun.inference.decision.decide_serving`
-    decides (the one place that decides how hwrun decodes); `requested` is auto, slots or transformers; `adapters`
-    how many `--lora` adapters are served per request; `max_len` the context served."""
-    from ..inference.decision import decide_serving
-
-    decision = decide_serving(plan, model, requested, adapters=adapters, max_cache_len=max_len)
-    return EngineChoice(decision.engine, decision.reason)
 
 
 def decide_engine(plan: RunPlan, config: ServeConfig, model: Any, max_len: int) -> DecodeDecision:
