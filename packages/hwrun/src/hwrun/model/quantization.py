@@ -618,10 +618,6 @@ class _HeadForTraining:
                     name, str(plain.dtype).removeprefix("torch."))
 
 
-#: Libraries whose quantized layers hwrun's engine runs through the model's own forward, eagerly
-#: (`inference/engine/quantized.py`): the layers are modules with their own kernels (or, for compressed-tensors, plain
-#: Linears that its hook decompresses in place at the first forward), none captured in hwrun's graphs or compiled.
-MODEL_FORWARD_LIBRARIES = ("gptqmodel", "auto-round", "compressed-tensors", "transformers")
 
 
 def decode_blocker(value: str) -> str | None:
@@ -630,17 +626,17 @@ def decode_blocker(value: str) -> str | None:
     model's own forward runs as they are (torchao builds them for `torch.compile` and graphs), so both loops run them:
     through the fused Llama step, unfused (`decode/fused_step.py`'s `torchao_weights`: separate products, no
     dequantized copies), or the model's own forward for other families. The pre-quantized checkpoints of
-    `MODEL_FORWARD_LIBRARIES` (AWQ/GPTQ through gptqmodel, AutoRound, compressed-tensors, Transformers' fine-grained
-    FP8) run the model's own forward: the engine picks its model step, eagerly, and logs why
+    quantization table's `EAGER_METHODS` (AWQ/GPTQ through gptqmodel, AutoRound, compressed-tensors, Transformers'
+    fine-grained FP8) run the model's own forward: the engine picks its model step, eagerly, and logs why
     (`inference/engine/quantized.py`, `plan_quantized`), as it does for bitsandbytes 4-bit. bitsandbytes stays
     blocked here: its 4-bit layers reach the engine through `decide_serving`'s own path (`hwrun serve`), its 8-bit
     layers (LLM.int8) through none."""
-    from .quantization_table import METHODS, method_name
+    from .quantization_table import EAGER_METHODS, METHODS, method_name
 
     name = method_name(value)
     method = METHODS.get(name)
     library = method.library if method else "an unknown library"
-    if library == "torchao" or library in MODEL_FORWARD_LIBRARIES:
+    if library == "torchao" or name in EAGER_METHODS:
         return None
     kind = "Linear4bit/Linear8bitLt layers" if library == "bitsandbytes" else "quantized layers"
     return (f"{library} weights ({value}: {kind}): hwrun's graph loops run plain Linear weights and torchao's "

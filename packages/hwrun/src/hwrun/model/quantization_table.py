@@ -109,6 +109,11 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "FP8 on Gaudi through Intel Neural Compressor (measure, then quantize)"),
 )}
 
+#: Pre-quantized methods whose layers hwrun's loops run through the model's own forward, eagerly (their kernels are
+#: not captured in hwrun's graphs or compiled steps): the one list `model.quantization.decode_blocker` and
+#: `inference/engine/quantized.py` both read.
+EAGER_METHODS = ("awq", "gptq", "auto-round", "compressed-tensors", "fp8")
+
 #: `--quantization 4bit|8bit` are bitsandbytes; the plan keeps these values (training and the engines read them).
 PLAN_VALUE = {"bnb-4bit": "4bit", "bnb-8bit": "8bit"}
 ALIASES = {value: name for name, value in PLAN_VALUE.items()}

@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 from ...errors import FastDecodeError
+from ...model import quantization_table as _table
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +37,9 @@ CT_DECOMPRESS_REASON = ("compressed-tensors decompresses the checkpoint's weight
                         "first forward (its own forward pre-hook, ModelCompressor.add_decompress_hook; Transformers "
                         "5.25 has no compressed int kernels), so decoding runs dense weights and memory grows to the "
                         "unquantized size; Transformers' own loop does the same")
-#: `quant_method` values whose layers run the engine's eager model step (bitsandbytes and torchao are handled apart).
-EAGER_METHODS = ("awq", "gptq", "auto-round", "compressed-tensors", "fp8")
+#: `quant_method` values whose layers run the engine's eager model step (bitsandbytes and torchao are handled apart):
+#: the quantization table's one list.
+EAGER_METHODS = _table.EAGER_METHODS
 
 
 def bnb_bits(model: Any) -> int | None:
