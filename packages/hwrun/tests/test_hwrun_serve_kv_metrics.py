@@ -37,6 +37,15 @@ def _greedy(model, ids, n):
     return out[0, len(ids):].tolist()
 
 
+async def _started(engine) -> None:
+    """Start the front's engine on the running loop and wait (up to 5 s) until it is ready or failed."""
+    engine.start(asyncio.get_running_loop())
+    for _ in range(500):
+        if engine.state in ("ready", "failed"):
+            break
+        await asyncio.sleep(0.01)
+
+
 def _serve(backend, waves):
     """Each wave of requests served through a front over a thread core, one wave after the other; (tokens by
     request id, the front's Engine, the /metrics text after the last wave)."""
@@ -44,11 +53,7 @@ def _serve(backend, waves):
     tokens: dict[str, list[int]] = {}
 
     async def main():
-        engine.start(asyncio.get_running_loop())
-        for _ in range(500):
-            if engine.state in ("ready", "failed"):
-                break
-            await asyncio.sleep(0.01)
+        await _started(engine)
         for wave in waves:
             done = {r.request_id: asyncio.Event() for r in wave}
             for request in wave:
@@ -77,11 +82,7 @@ def _serve_joining(backend, running, joining, after: int):
     tokens: dict[str, list[int]] = {}
 
     async def main():
-        engine.start(asyncio.get_running_loop())
-        for _ in range(500):
-            if engine.state in ("ready", "failed"):
-                break
-            await asyncio.sleep(0.01)
+        await _started(engine)
         assert engine.state == "ready"
         done = {r.request_id: asyncio.Event() for r in [*running, joining]}
 
