@@ -118,3 +118,32 @@ def test_decoders_through_xpu_graphs_on_the_xpu_fake(loaded, eager):
         assert fake.graph_events.count("capture_begin") == 3
     assert torch.equal(greedy, eager[False]) and torch.equal(sampled, eager[True])
     assert rows[0] == eager[False][0].tolist()
+
+
+def test_generate_reports_the_seconds_its_graphs_took_to_capture_and_only_when_they_were_captured(loaded):
+    """`GenerationResult.warmup_seconds`: the part of `seconds` spent capturing hwrun's step graphs in this call
+    (issue 38.1: `--timings` says where the first text's time goes); a second call replays them (0), an eager run
+    captures nothing (0)."""
+    model, tokenizer = loaded
+    accel = hwenv.Accelerator("xpu", 1, names=("Intel(R) Data Center GPU Max 1550",))
+    with fake_xpu(1) as fake:
+        plan = hwrun.plan(hwrun.DEFAULT_MODEL, device=accel)
+        first = hwrun.generate(plan, "The king said", 8, decode="graphs", model=model, tokenizer=tokenizer)
+        assert fake.graph_events.count("capture_begin") >= 1
+        assert 0 < first.warmup_seconds <= first.seconds
+        captures = fake.graph_events.count("capture_begin")
+        again = hwrun.generate(plan, "The king said", 8, decode="graphs", model=model, tokenizer=tokenizer)
+        assert fake.graph_events.count("capture_begin") == captures and again.warmup_seconds == 0
+    eager = hwrun.generate(hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu"), "The king said", 8, model=model,
+                           tokenizer=tokenizer)
+    assert eager.warmup_seconds == 0
+
+
+def test_the_timings_line_names_the_capture_share_of_the_generate_phase():
+    from hwrun.cli.timings import PhaseClock
+
+    clock = PhaseClock()
+    clock.mark("generate")
+    assert "graph capture and compile 1.25s" in clock.summary(0.5, 1.25)
+    assert "first token after 0.50s; graph capture" in clock.summary(0.5, 1.25)
+    assert "graph capture" not in clock.summary(0.5, 0.0) and "graph capture" not in clock.summary(None)

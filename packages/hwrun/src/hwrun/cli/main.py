@@ -383,12 +383,13 @@ def _run_generate_here(args: argparse.Namespace, run_plan, prompts: list[str], s
                           "seconds": result.seconds, "tokens_per_second": result.tokens_per_second,
                           "batching": result.batching, "batching_reason": result.batching_reason,
                           "decode": result.decode, "decode_reason": result.decode_reason,
+                          "warmup_seconds": result.warmup_seconds,
                           **({"timings": clock.as_dict()} if args.timings else {})}, indent=2))
     print(f"[{result.total_new_tokens} new tokens in {result.seconds:.2f}s: {result.tokens_per_second:.1f} tokens/s{timing}; "
           f"{_device_words(run_plan)} {run_plan.dtype} {run_plan.attention.implementation}; batching: {result.batching} "
           f"({result.batching_reason}); decode: {result.decode}]", file=sys.stderr)
     if args.timings:
-        print(f"[{clock.summary(first_token)}]", file=sys.stderr)
+        print(f"[{clock.summary(first_token, result.warmup_seconds)}]", file=sys.stderr)
     return 0
 
 
@@ -422,7 +423,8 @@ def _generate_with_progress(run_plan, prompts, args, options, generate, result_t
         prompt_tokens=[t for p in parts for t in p.prompt_tokens], new_tokens=[t for p in parts for t in p.new_tokens],
         seconds=sum(p.seconds for p in parts), batching="static",
         batching_reason=f"{parts[0].batching_reason}; in chunks of {STATIC_CHUNK} prompts", decode=parts[0].decode,
-        decode_reason=parts[0].decode_reason,
+        decode_reason=parts[0].decode_reason, compile_reason=parts[0].compile_reason,
+        warmup_seconds=sum(p.warmup_seconds for p in parts),
     )
 
 

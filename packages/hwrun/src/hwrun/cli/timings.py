@@ -37,13 +37,19 @@ class PhaseClock:
         total = self.last - self.start + (self.before or 0.0)
         return {"start-up": self.before, **self.phases, "total": total}
 
-    def summary(self, first_token: float | None = None) -> str:
-        """'timings: start-up 2.10s (interpreter and imports), plan 0.41s, ..., total 16.20s'."""
+    def summary(self, first_token: float | None = None, warmup: float | None = None) -> str:
+        """'timings: start-up 2.10s (interpreter and imports), plan 0.41s, ..., total 16.20s'; `warmup`: the seconds
+        of the generate phase spent capturing (and compiling) hwrun's step graphs, said beside it."""
         parts = []
         if self.before is not None:
             parts.append(f"start-up {self.before:.2f}s (interpreter and imports)")
         for name, seconds in self.phases.items():
-            extra = f" (first token after {first_token:.2f}s)" if name == "generate" and first_token is not None else ""
+            notes = []
+            if name == "generate" and first_token is not None:
+                notes.append(f"first token after {first_token:.2f}s")
+            if name == "generate" and warmup:
+                notes.append(f"graph capture and compile {warmup:.2f}s")
+            extra = f" ({'; '.join(notes)})" if notes else ""
             parts.append(f"{name} {seconds:.2f}s{extra}")
         parts.append(f"total {self.as_dict()['total']:.2f}s")
         return "timings: " + ", ".join(parts)

@@ -42,6 +42,7 @@ class GenerationResult:
     decode_reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     compile_reason: str = ""  # whether hwrun's step was compiled, and why ("" where Transformers' loop ran)
+    warmup_seconds: float = 0.0  # of `seconds`: capturing (and compiling) hwrun's step graphs in this call
 
     @property
     def total_new_tokens(self) -> int:
@@ -221,6 +222,7 @@ def generate(
     # tensors its warm-up creates here under inference_mode() are then updated in place there, and CUDA raises
     # "Inplace update to inference tensor outside InferenceMode" (issue 26). no_grad() is enough for it.
     runner = decision.runner
+    captured = capture_seconds_of(model)
     with torch.no_grad() if runner == "generate_batch" else torch.inference_mode():
         if runner == "engine":
             ids, prompt_lens, seconds = _engine(plan, decision, model, tokenizer, prompts, max_new_tokens,
@@ -253,6 +255,7 @@ def generate(
         texts=texts, token_ids=ids, prompt_tokens=prompt_lens, new_tokens=[len(r) for r in ids], seconds=seconds,
         batching=decision.batching, batching_reason=decision.batching_reason, decode=decision.decode,
         decode_reason=decision.reason, compile_reason=decision.compile_reason,
+        warmup_seconds=max(0.0, capture_seconds_of(model) - captured),
     )
 
 
@@ -312,6 +315,11 @@ DECODERS_ATTRIBUTE = "_hwrun_decoders"
 def decoders_of(model: Any) -> dict:
     """The graph decoders `generate()` keeps for `model` (empty until one is built); freed with the model."""
     return model.__dict__.setdefault(DECODERS_ATTRIBUTE, {})
+
+
+def capture_seconds_of(model: Any) -> float:
+    """Seconds the model's graph decoders have spent capturing (and compiling) their steps so far."""
+    return sum(decoder.capture_seconds or 0.0 for decoder in decoders_of(model).values())
 
 
 def _decoder(model: Any, needed: int, decision: DecodeDecision, platform: Any, batch: int | None = None) -> Any:
