@@ -1,5 +1,5 @@
 """compile="auto" (issue 38.1b/1d): hwrun's step is captured without Inductor where compiling does not pay for the
-run, compiled where it does, from measured costs (`decision.COMPILE_COSTS`: tokens x (eager step - compiled step)
+run, compiled where it does, from measured costs (`compile_costs.COMPILE_COSTS`: tokens x (eager step - compiled step)
 against the compile's cost), and the reason gives the figures and their source; devices, models or batches without
 measured figures say so and keep the default (no compile unless asked)."""
 
@@ -13,7 +13,8 @@ import hwenv
 import hwrun
 import pytest
 from hwrun.errors import GenerateError
-from hwrun.inference.decision import COMPILE_COSTS, CompileCost, compile_pays, planned
+from hwrun.inference.compile_costs import COMPILE_COSTS, CompileCost, compile_pays
+from hwrun.inference.decision import planned
 
 LLAMA_1B = 2_471_629_056  # the benchmarks' random 1.24B Llama in bf16
 

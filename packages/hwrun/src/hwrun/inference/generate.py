@@ -174,7 +174,7 @@ def generate(
     On a tensor-parallel plan (`plan.tp` > 1, in each torchrun rank) every rank makes the same call: hwrun's engine
     runs on every rank (`hwrun.parallel.generate`: arguments and seed agreed, tokens compared at the end).
     `compile` (hwrun's graph loops): "auto" compiles the step where the plan does (`plan(compile=True)`), else only
-    where the measured costs say it pays for this run's tokens (`decision.compile_pays`; the reason says which and
+    where the measured costs say it pays for this run's tokens (`compile_costs.compile_pays`; the reason says which and
     why); True compiles with the device's default backend, False never.
     """
     prompts = _check_inputs(prompts, max_new_tokens, max_new_tokens_limit)
