@@ -90,7 +90,7 @@ def test_every_extra_the_refusals_name_is_an_extra_of_hwrun():
 def test_the_on_load_list_follows_the_device(tiny):
     assert on_load_methods("cpu") == ("int4-weight-only", "int8-weight-only", "int8-dynamic", "bnb-4bit", "bnb-8bit")
     assert "float8" in on_load_methods("cuda") and "hqq" not in on_load_methods("cuda")
-    assert on_load_methods("hpu") == ("bnb-4bit", "bnb-8bit")
+    assert on_load_methods("hpu") == ("bnb-4bit", "bnb-8bit", "fp8-inc")  # fp8-inc: INC converts after load
     assert on_load_methods("mps") == ()
     with pytest.raises(QuantizationError) as refused:
         hwrun.plan(tiny, device="cpu", quantization="gptq")
@@ -105,7 +105,7 @@ def test_the_on_load_list_follows_the_device(tiny):
 
 def test_the_readme_table_labels_methods_no_device_runs_as_not_in_hwrun_yet():
     table = qt.markdown()
-    assert "| `hqq` (not in hwrun yet) |" in table and "| `fp8-inc` (not in hwrun yet) |" in table
+    assert "| `hqq` (not in hwrun yet) |" in table and "| `fp8-inc` (on load) |" in table
     assert "| `int8-weight-only` (on load) |" in table and "| `awq` (pre-quantized) |" in table
 
 

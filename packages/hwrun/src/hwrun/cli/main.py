@@ -43,9 +43,12 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize", default=None, metavar="METHOD",
                         help="int4-weight-only, int8-weight-only, int8-dynamic, float8 (torchao), bnb-4bit, bnb-8bit "
                              "(quantize on load), or awq, gptq, auto-round, compressed-tensors, fp8 (pre-quantized "
-                             "checkpoints); hqq and fp8-inc (Gaudi FP8 through Intel Neural Compressor) are in the "
-                             "table, but no device runs them in hwrun yet; refused before load where the device does "
-                             "not run it (hwrun's README has the table)")
+                             "checkpoints), fp8-inc (Gaudi FP8 through Intel Neural Compressor, from a measured "
+                             "config: --inc-config); hqq is in the table, but no device runs it in hwrun yet; refused "
+                             "before load where the device does not run it (hwrun's README has the table)")
+    parser.add_argument("--inc-config", default=None, metavar="PATH",
+                        help="with --quantize fp8-inc: Intel Neural Compressor's FP8 config in QUANTIZE mode, whose "
+                             "measurements (dump_stats_path) exist; default: $QUANT_CONFIG, as INC reads it")
     parser.add_argument("--keep-lm-head", action="store_true",
                         help="with --quantize int8/int4-weight-only: keep the LM head in the model's dtype (by "
                              "default it is quantized too, as an untied copy: half of an int4 token's bytes otherwise)")
@@ -70,7 +73,8 @@ def _plan_from(args: argparse.Namespace, model: str | None):
     run_plan = plan(model, device=args.device, dtype=args.dtype, attention=args.attention,
                     use_kernels=args.use_kernels, compile=args.compile, quantization=_quantization_of(args),
                     trust_remote_code=args.trust_remote_code, tp=getattr(args, "tp", 1),
-                    quantize_lm_head=not getattr(args, "keep_lm_head", False))
+                    quantize_lm_head=not getattr(args, "keep_lm_head", False),
+                    inc_config=getattr(args, "inc_config", None))
     note_plan(run_plan)
     return run_plan
 

@@ -102,6 +102,8 @@ class RunPlan:
     parallel: Any = None
     #: torchao int8/int4 weight-only quantize-on-load also quantizes the LM head (an untied copy); False keeps it
     quantize_lm_head: bool = True
+    #: fp8-inc: the Intel Neural Compressor FP8 config (QUANTIZE mode, measured) `load()` converts the model with
+    inc_config: str | None = None
 
     def model_source(self) -> ModelSource:
         """`model`'s checked source: the one `plan()` resolved, or resolved now for a plan built otherwise (or whose
@@ -147,6 +149,7 @@ class RunPlan:
             },
             "quantization": self.quantization,
             "quantize_lm_head": self.quantize_lm_head,
+            "inc_config": self.inc_config,
             "env": dict(self.env),
             "trust_remote_code": self.trust_remote_code,
             "dist_backend": {
@@ -398,11 +401,14 @@ def plan(
     trust_remote_code: bool = False,
     tp: int = 1,
     quantize_lm_head: bool = True,
+    inc_config: str | os.PathLike | None = None,
 ) -> RunPlan:
     """Decide how to run `model` (default: the shipped tiny model) here; nothing loads. Raises PlanError.
     `tp=N` splits it across N processes, one per device, with Transformers' tensor-parallel plan
     (`hwrun.parallel`; TensorParallelError, a PlanError, when it cannot run here). `quantize_lm_head=False` keeps the
-    LM head in the planned dtype under torchao int8/int4 weight-only quantize-on-load (default: quantized too)."""
+    LM head in the planned dtype under torchao int8/int4 weight-only quantize-on-load (default: quantized too).
+    `inc_config=PATH` (quantization='fp8-inc'): Intel Neural Compressor's QUANTIZE-mode FP8 config of an already
+    measured model (else $QUANT_CONFIG, INC's convention); checked before load, converted with after it."""
     import hwattn
     import hwcompile
     import hwdist
@@ -444,7 +450,7 @@ def plan(
     dtype_name, reasons["dtype"] = choose_dtype(accel, dtype)
     # every method of hwrun's quantization table, and a pre-quantized checkpoint's own config (issue 43)
     quant = plan_quantization(quantization, accel, dtype_name, model_config(source),
-                              quantize_lm_head=quantize_lm_head)
+                              quantize_lm_head=quantize_lm_head, inc_config=inc_config)
     reasons["quantization"] = quant.reason
     nbytes, how = weight_bytes(source, dtype_name, quant.size_key)
     # tp > 1: no device_map (each rank loads its shards; below), so no single-device split or offload is chosen
@@ -520,4 +526,5 @@ def plan(
         tp=tp,
         parallel=parallel,
         quantize_lm_head=quantize_lm_head,
+        inc_config=quant.inc_config,
     )

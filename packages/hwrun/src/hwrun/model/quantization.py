@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import devices
@@ -178,7 +180,8 @@ def after_load(model: Any, plan: Any) -> None:
     """What a quantized model needs once loaded, before its first forward (called by `load()` for every path):
     bitsandbytes' CPU 4-bit layers its repacking cannot take, a warning when the quantization library loaded the model
     in another dtype than the plan's, a warning that compressed-tensors will decompress its
-    weights at the first forward (its own hook: `quantization_table.CT_DECOMPRESSES`), and the LM head of a torchao weight-only plan
+    weights at the first forward (its own hook: `quantization_table.CT_DECOMPRESSES`), INC's FP8 conversion of an fp8-inc
+    plan (`convert_with_inc`), and the LM head of a torchao weight-only plan
     (`quantize_lm_head`; a plan with `quantize_lm_head=False` keeps it in the planned dtype)."""
     if getattr(model, "is_quantized", False) or plan.quantization:
         keep_cpu_4bit_layers_unpacked(model)
@@ -191,6 +194,8 @@ def after_load(model: Any, plan: Any) -> None:
         from .quantization_table import CT_DECOMPRESSES
 
         logger.warning("compressed-tensors checkpoint: %s", CT_DECOMPRESSES)
+    if plan.quantization == "fp8-inc":
+        convert_with_inc(model, plan)
     method = lm_head_method(plan)
     if method is not None and getattr(plan, "quantize_lm_head", True):
         done = quantize_lm_head(model, method)
@@ -220,6 +225,8 @@ class QuantizationChoice:
     bits: int | None
     #: the LM head is quantized too (an untied copy where it is tied to the input embedding; `LM_HEAD_METHODS`)
     quantize_lm_head: bool = False
+    #: fp8-inc: the checked INC FP8 config (QUANTIZE mode, measurements present) `load()` converts with
+    inc_config: str | None = None
 
     @property
     def size_key(self) -> str | None:
@@ -328,12 +335,14 @@ def on_load_methods(kind: str) -> tuple[str, ...]:
 
 
 def plan_quantization(quantization: str | None, accel: hwenv.Accelerator, dtype: str,
-                      config: dict | None = None, *, quantize_lm_head: bool = True) -> QuantizationChoice:
+                      config: dict | None = None, *, quantize_lm_head: bool = True,
+                      inc_config: str | os.PathLike | None = None) -> QuantizationChoice:
     """Decide quantization for the plan, before anything loads: the requested method (`--quantize`, or "4bit"/"8bit")
     and/or the checkpoint's own `quantization_config`, checked against the table row of the accelerator's kind, the
     cell's finer rule (compute capability, Gaudi generation, dtype) and the library being installed. Raises
     QuantizationError naming the value, the rule and the fix. `quantize_lm_head`: for the torchao weight-only methods
-    quantizing on load (`LM_HEAD_METHODS`), quantize the LM head too (the default; False keeps it in `dtype`)."""
+    quantizing on load (`LM_HEAD_METHODS`), quantize the LM head too (the default; False keeps it in `dtype`).
+    `inc_config`: fp8-inc's INC FP8 config path (else $QUANT_CONFIG, INC's convention; `check_inc_config`)."""
     from .quantization_table import (
         METHODS,
         QUANTIZATION_TABLE,
@@ -348,6 +357,10 @@ def plan_quantization(quantization: str | None, accel: hwenv.Accelerator, dtype:
             "('4bit'/'8bit' are bitsandbytes), or None for none.")
     found = checkpoint_quantization(config)
     requested = method_name(quantization) if quantization is not None else None
+    if inc_config is not None and requested != "fp8-inc":
+        raise QuantizationError(f"inc_config={os.fspath(inc_config)!r} is Intel Neural Compressor's FP8 config, "
+                                f"read with quantization='fp8-inc' only (asked: {quantization!r}); drop it or pass "
+                                "quantization='fp8-inc' (--quantize fp8-inc).")
     if found is None and requested is None:
         return QuantizationChoice(None, None, False, "none requested (weights keep the planned dtype)", None)
     if found is not None and requested is not None and found[0] != requested:
@@ -395,8 +408,18 @@ def plan_quantization(quantization: str | None, accel: hwenv.Accelerator, dtype:
     if head_too:
         reason += f"; {lm_head_reason(config, dtype, quantize_lm_head)}"
     _require_library(value, method)
-    return QuantizationChoice(value, name, found is not None, reason, None if found else method.bits,
-                              head_too and quantize_lm_head)
+    inc = None
+    if name == "fp8-inc":  # the device and the library are checked above; now the measured config
+        inc = check_inc_config(inc_config)
+        measured = (f"measurements {inc.measure_file!r}" if inc.measure_file
+                    else "no measurement file (dynamic or fixed-scale config)")
+        reason += (f"; INC config {inc.path!r} ({inc.source}): mode QUANTIZE, observer {inc.observer!r}, {measured}; "
+                   "after load hwrun calls convert(model, FP8Config.from_json_file(path)) and runs the model's own "
+                   "forward, eagerly")
+    # fp8-inc loads in the planned dtype and INC converts after load, so the load needs the unquantized size
+    bits = None if found or inc else method.bits
+    return QuantizationChoice(value, name, found is not None, reason, bits, head_too and quantize_lm_head,
+                              inc.path if inc else None)
 
 
 PLAN_VALUE_BNB = ("bnb-4bit", "bnb-8bit")
@@ -423,6 +446,8 @@ def quantization_config(plan: Any, config: dict | None) -> Any:
     name = method_name(plan.quantization)
     if name in PLAN_VALUE_BNB:
         return bnb_config(plan.quantization, plan.dtype)
+    if name == "fp8-inc":  # loaded unquantized; `after_load` converts it with INC
+        return None
     if name == "hqq":
         from transformers import HqqConfig
 
@@ -642,3 +667,143 @@ def decode_blocker(value: str) -> str | None:
     return (f"{library} weights ({value}: {kind}): hwrun's graph loops run plain Linear weights and torchao's "
             "tensor-subclass weights, and have not been run on these layers' kernels (its fused step would need "
             "dequantized copies); Transformers' loop runs them as they are")
+
+
+# ---- fp8-inc: FP8 on Gaudi through Intel Neural Compressor, from an already-measured config (issue 43) ----
+#
+# INC 3.x (neural-compressor-pt 3.10, read from its wheel): Intel's FP8 flow on Gaudi is two runs of the same script
+# (docs.habana.ai, "Run Inference Using FP8"; INC docs/source/3x/PT_FP8Quant.md). A measurement run loads the model
+# with a config whose `mode` is MEASURE, calls `prepare(model, FP8Config.from_json_file(path))`, runs calibration
+# prompts and calls `finalize_calibration(model)`, which writes the statistics under `dump_stats_path`. The quantized
+# run loads the model with a config whose `mode` is QUANTIZE (the same `dump_stats_path` and `observer`) and calls
+# `convert(model, FP8Config.from_json_file(path))` (`neural_compressor/torch/quantization/quantize.py`), which
+# patches the supported modules (Linear, Matmul, KVCache, ... per `allowlist`/`blocklist`) with FP8 ones. hwrun runs
+# the second step only: the measurement is the user's.
+#
+# Which file the QUANTIZE step reads (`algorithms/fp8_quant/_quant_common/quant_config.py`, `Fp8cfg.parse`, and
+# `_core/quantize.py` -> `_core/measure.py` `load_measurements`): `{dump_stats_path}_hooks_{observer}{worker}.npz`,
+# where `worker` is "" in one process and `_{local_rank}_{world_size}` when a rank is known (torch.distributed, else
+# the LOCAL_RANK / WORLD_SIZE variables; `prepare_quant/prepare_model.py` `get_local_rank`) and `seperate_measure_files`
+# is not false. `dump_stats_path` is used as written, so a relative one is relative to the working directory. INC
+# reads no file when `dynamic_quantization` is on or `scale_method` is one of the fixed-value methods (unit_scale,
+# hw_aligned_single_scale: `_core/scale_methods/scale_method_config.py`); then hwrun asks for none either.
+#
+# The config path: hwrun follows INC's own convention (`prepare_quant/prepare_model.py` `prep_model`): the path given
+# explicitly (`inc_config=` / `--inc-config`, INC's "recommended"), else the QUANT_CONFIG environment variable (INC's
+# "legacy behavior", and what optimum-habana and vLLM's Gaudi plugin read).
+
+#: The environment variable INC (and optimum-habana, vLLM on Gaudi) reads the FP8 config path from.
+INC_CONFIG_ENV = "QUANT_CONFIG"
+#: INC's defaults for the keys hwrun reads (FP8Config.__init__ in neural-compressor-pt 3.10).
+INC_DEFAULT_DUMP_STATS_PATH = "./hqt_output/measure"
+INC_DEFAULT_OBSERVER = "maxabs"
+#: `scale_method` values whose scales are fixed (no measurement read in QUANTIZE mode).
+INC_FIXED_SCALE_METHODS = frozenset({"unit_scale", "hw_aligned_single_scale"})
+#: The attribute hwrun sets on a model it converted with INC (`quant_method` of `inference/engine/quantized.py` reads
+#: it: INC's patched model has no Transformers quantizer).
+INC_MARK = "_hwrun_quant_method"
+
+INC_MEASURE_HOW = ("run INC's measurement first: the same model, a copy of the config with \"mode\": \"MEASURE\" "
+                   "(same dump_stats_path and observer), `model = prepare(model, FP8Config.from_json_file(PATH))`, "
+                   "a few calibration prompts through the model, then `finalize_calibration(model)` (from "
+                   "neural_compressor.torch.quantization; docs.habana.ai 'Run Inference Using FP8')")
+
+
+@dataclass(frozen=True)
+class IncConfig:
+    """An INC FP8 config hwrun checked before load: its `path`, where the path came from (`source`), its `mode`,
+    `observer`, `dump_stats_path` and the measurement file the QUANTIZE step reads (`measure_file`; None when INC
+    reads none: dynamic quantization or a fixed-scale method)."""
+
+    path: str
+    source: str
+    mode: str
+    observer: str
+    dump_stats_path: str
+    measure_file: str | None
+
+
+def inc_config_path(inc_config: str | os.PathLike | None) -> tuple[str | None, str]:
+    """(the INC config path, where it came from): the given one, else `$QUANT_CONFIG` (INC's convention), else None."""
+    if inc_config is not None:
+        return os.fspath(inc_config), "given (inc_config / --inc-config)"
+    env = os.environ.get(INC_CONFIG_ENV)
+    if env:
+        return env, f"from ${INC_CONFIG_ENV}"
+    return None, "none given"
+
+
+def inc_measure_file(config: dict, env: dict | None = None) -> str | None:
+    """The measurement file INC's QUANTIZE step reads for `config` (a parsed INC JSON), or None when it reads none.
+    Mirrors `Fp8cfg.parse` of neural-compressor-pt 3.10 (see the comment above)."""
+    env = os.environ if env is None else env
+    scale_method = config.get("scale_method", "maxabs_hw")
+    if config.get("dynamic_quantization") or (isinstance(scale_method, str)
+                                              and scale_method.lower() in INC_FIXED_SCALE_METHODS):
+        return None
+    rank, world = env.get("LOCAL_RANK"), env.get("WORLD_SIZE")
+    worker = ""
+    if rank is not None and int(rank) >= 0 and config.get("seperate_measure_files", True):
+        worker = f"_{int(rank)}_{int(world) if world is not None and int(world) >= 0 else None}"  # INC's str(None)
+    dump = str(config.get("dump_stats_path", INC_DEFAULT_DUMP_STATS_PATH))
+    return f"{dump}_hooks_{config.get('observer', INC_DEFAULT_OBSERVER)}{worker}.npz"
+
+
+def check_inc_config(inc_config: str | os.PathLike | None) -> IncConfig:
+    """Check the INC FP8 config before load: found (given, or $QUANT_CONFIG), readable JSON, `mode` QUANTIZE, and the
+    measurement file its QUANTIZE step reads present. Raises QuantizationError naming the value and what to do."""
+    import json
+
+    path, source = inc_config_path(inc_config)
+    if path is None:
+        raise QuantizationError(
+            f"quantization='fp8-inc' needs Intel Neural Compressor's FP8 config (a QUANTIZE-mode JSON whose "
+            f"measurements exist): pass inc_config=PATH (--inc-config PATH) or set {INC_CONFIG_ENV}=PATH, as INC "
+            f"does. No measurement yet: {INC_MEASURE_HOW}.")
+    where = f"the INC config {path!r} ({source})"
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise QuantizationError(f"quantization='fp8-inc': {where} cannot be read ({type(exc).__name__}: "
+                                f"{exc.strerror or exc}); pass the path of the QUANTIZE-mode JSON of your INC "
+                                "measurement.") from exc
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise QuantizationError(f"quantization='fp8-inc': {where} is not JSON ({exc}); pass INC's FP8 config "
+                                "file (keys mode, observer, dump_stats_path, scale_method, ...).") from exc
+    if not isinstance(config, dict):
+        raise QuantizationError(f"quantization='fp8-inc': {where} holds a JSON {type(config).__name__}, not the "
+                                "object of INC's FP8 config keys.")
+    mode = str(config.get("mode", "AUTO"))
+    if mode.upper() != "QUANTIZE":
+        raise QuantizationError(
+            f"quantization='fp8-inc': {where} has \"mode\": {mode!r}; hwrun loads an already-measured model, which "
+            f"takes \"mode\": \"QUANTIZE\" (MEASURE writes measurements, AUTO leaves the choice to INC). If this is "
+            f"your measurement config, {INC_MEASURE_HOW}; then pass the QUANTIZE config.")
+    measure_file = inc_measure_file(config)
+    if measure_file is not None and not Path(measure_file).is_file():
+        raise QuantizationError(
+            f"quantization='fp8-inc': {where} reads its measurements from {measure_file!r} "
+            f"(dump_stats_path {config.get('dump_stats_path', INC_DEFAULT_DUMP_STATS_PATH)!r} + '_hooks_' + observer "
+            f"+ '.npz', relative to the working directory {os.getcwd()!r}), which does not exist: {INC_MEASURE_HOW}.")
+    return IncConfig(path, source, "QUANTIZE", str(config.get("observer", INC_DEFAULT_OBSERVER)),
+                     str(config.get("dump_stats_path", INC_DEFAULT_DUMP_STATS_PATH)), measure_file)
+
+
+def convert_with_inc(model: Any, plan: Any) -> Any:
+    """After load: `convert(model, FP8Config.from_json_file(path))`, as INC documents for Gaudi (in place: INC's
+    `convert` defaults to inplace=True and returns the model it patched), then marks the model (`INC_MARK`) so hwrun's
+    engine runs it through its own forward, eagerly. Logged."""
+    from neural_compressor.torch.quantization import FP8Config, convert
+
+    path = plan.inc_config
+    converted = convert(model, FP8Config.from_json_file(path))
+    if converted is not None and converted is not model:  # pragma: no cover - INC 3.10 converts in place
+        raise QuantizationError("Intel Neural Compressor's convert() returned a new model instead of converting in "
+                                "place; hwrun cannot use it (its load returns the model it loaded).")
+    setattr(model, INC_MARK, "fp8-inc")
+    logger.info("fp8-inc: converted the model to FP8 with Intel Neural Compressor (convert(model, "
+                "FP8Config.from_json_file(%r))); hwrun's loops run its patched layers through the model's own "
+                "forward, eagerly", path)
+    return model

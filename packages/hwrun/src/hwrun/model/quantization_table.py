@@ -3,7 +3,7 @@ each with yes/no, the reason and the sources it was read from (issue 43.1).
 
 The columns are the methods of Transformers' quantization overview that hwrun plans, read against the libraries'
 own code at the versions the registry serves (transformers 5.25, torchao 0.18, bitsandbytes 0.50, compressed-tensors
-0.20, gptqmodel 7.7, auto-round 0.16, hqq 0.2.8) and Intel's documents for Gaudi. "yes" means hwrun lets the method
+0.20, gptqmodel 7.7, auto-round 0.16, hqq 0.2.8, neural-compressor-pt 3.10) and Intel's documents for Gaudi. "yes" means hwrun lets the method
 run on that device and says so in the plan; "no" is refused before anything loads, with the reason. A cell that
 the overview marks green but hwrun has not run there says so in its reason (only CPU rows are run by hwrun's
 tests; GPU rows are the sources' word). Rules finer than the kind (a CUDA compute capability, a Gaudi
@@ -44,9 +44,24 @@ SOURCES: dict[str, str] = {
     "X14": "FACTS.md X14: the Intel GPU column of Transformers' quantization overview",
     "gptqmodel": "overview notes 3/4: GPTQModel on CPU via torch (all bits) / IPEX (4-bit), on Intel GPU via IPEX "
                  "4-bit only; transformers 5.25 loads AWQ through gptqmodel (`quantizer_awq.py`)",
-    "inc-fp8": "Intel Neural Compressor `docs/source/3x/PT_FP8Quant.md` support matrix (HPU: FP8 mode; CPU: FP8 QDQ "
-               "only) and docs.habana.ai 'Run Inference Using FP8' (a measurement run, then quantize with "
-               "QUANT_CONFIG; optimum-habana / vLLM)",
+    "inc-fp8": "Intel Neural Compressor `docs/source/3x/PT_FP8Quant.md` (github.com/intel/neural-compressor; keys "
+               "fp8_config, hp_dtype, observer, allowlist, blocklist, mode MEASURE/QUANTIZE/AUTO, dump_stats_path, "
+               "scale_method, measure_exclude) and its published page (https://intel.github.io/neural-compressor/"
+               "latest/docs/source/3x/PT_FP8Quant.html: support matrix HPU FP8 mode, CPU FP8 QDQ mode only); "
+               "docs.habana.ai 'Run Inference Using FP8' (https://docs.habana.ai/en/latest/PyTorch/"
+               "Inference_on_PyTorch/Inference_Using_FP8.html: Gaudi 2/3, INC run in measurement mode, then in "
+               "quantization mode); vLLM's INC page (https://docs.vllm.ai/en/v0.10.0/features/quantization/inc.html: "
+               "QUANT_CONFIG names the config; measurements are needed before a quantized run)",
+    "inc-api": "neural-compressor-pt 3.10 (read from its wheel): `neural_compressor/torch/quantization/quantize.py` "
+               "(`prepare(model, quant_config, inplace=True, example_inputs=None)`, `convert(model, quant_config=None, "
+               "inplace=True, **kwargs)`, `finalize_calibration(model)`), `common/base_config.py` "
+               "(`FP8Config.from_json_file(filename)`), `algorithms/fp8_quant/prepare_quant/prepare_model.py` (an "
+               "explicit config path, else $QUANT_CONFIG); https://intel.github.io/neural-compressor/latest/autoapi/"
+               "neural_compressor/torch/quantization/quantize/index.html",
+    "inc-files": "neural-compressor-pt 3.10 `algorithms/fp8_quant/_quant_common/quant_config.py` (`Fp8cfg.parse`: mode "
+                 "MEASURE/QUANTIZE, measure_file = dump_stats_path + '_hooks_' + observer [+ '_rank_worldsize']) and "
+                 "`_core/measure.py` (`load_measurements` reads measure_file + '.npz'; none for dynamic_quantization "
+                 "or the fixed-value scale methods unit_scale / hw_aligned_single_scale)",
     "hwenv-gen": "hwenv's Gaudi generation table (`hwenv.generation_of`: bnb_4bit, bnb_8bit, fp8)",
     "peft-torchao": "peft 0.21.2 `tuners/lora/torchao.py`: `dispatch_torchao` wraps every layer whose weight is a "
                     "torchao `TorchAOBaseTensor` in `TorchaoLoraLinear`, whose `_check_dtype_supported` refuses "
@@ -105,14 +120,17 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("hqq", "hqq", "hqq", "hqq", ("hqq",), True, 4, "Half-Quadratic Quantization on load"),
     Method("fp8", "transformers", "transformers", "", ("fp8",), False, 8,
            "pre-quantized fine-grained FP8 checkpoints (DeepSeek/Qwen style, W8A8 per block)"),
-    Method("fp8-inc", "neural-compressor", "neural_compressor", "", (), False, 8,
-           "FP8 on Gaudi through Intel Neural Compressor (measure, then quantize)"),
+    Method("fp8-inc", "neural-compressor", "neural_compressor", "inc", (), True, 8,
+           "FP8 on Gaudi through Intel Neural Compressor: convert() with an already-measured QUANTIZE config "
+           "(inc_config / --inc-config, else $QUANT_CONFIG)"),
 )}
 
 #: Pre-quantized methods whose layers hwrun's loops run through the model's own forward, eagerly (their kernels are
 #: not captured in hwrun's graphs or compiled steps): the one list `model.quantization.decode_blocker` and
 #: `inference/engine/quantized.py` both read.
-EAGER_METHODS = ("awq", "gptq", "auto-round", "compressed-tensors", "fp8")
+#: fp8-inc: the model INC's `convert` patched (its FP8 modules replace Linear/Matmul/KVCache...), marked by hwrun after
+#: load (`model.quantization.INC_MARK`) since no Transformers quantizer loaded it.
+EAGER_METHODS = ("awq", "gptq", "auto-round", "compressed-tensors", "fp8", "fp8-inc")
 
 #: `--quantization 4bit|8bit` are bitsandbytes; the plan keeps these values (training and the engines read them).
 PLAN_VALUE = {"bnb-4bit": "4bit", "bnb-8bit": "8bit"}
@@ -145,6 +163,18 @@ def _int4_cuda(accel: hwenv.Accelerator, dtype: str) -> str | None:
     if dtype != "bfloat16":
         return f"torchao's tinygemm int4 layout takes bfloat16 weights only, not {dtype} (pass dtype='bfloat16')"
     return _capability_at_least((8, 0), "torchao's tinygemm int4 kernel")(accel, dtype)
+
+
+def _inc_gaudi(accel: hwenv.Accelerator, dtype: str) -> str | None:
+    """INC's FP8 on Gaudi 2 and Gaudi 3 only (hwenv's generation table, `fp8`); a name hwenv does not know gets the
+    newest known generation's rules."""
+    import hwenv
+
+    for name in dict.fromkeys(accel.names):
+        generation = hwenv.generation_of(name)
+        if not generation.fp8:
+            return f"{generation.reason()}, and Intel documents FP8 through INC on Gaudi 2 and Gaudi 3 only"
+    return None
 
 
 def _int4_xpu(accel: hwenv.Accelerator, dtype: str) -> str | None:
@@ -191,8 +221,12 @@ CT_DECOMPRESSES = ("compressed-tensors loads the weights compressed and its own 
 _RAN_H100 = "; loaded and generated through hwrun on an H100 (torch 2.11, torchao 0.18, 2026-12-06)"
 _NO_GAUDI_COLUMN = "the overview has no Gaudi column and the library has no HPU backend"
 _INC_ONLY_GAUDI = "INC's FP8 mode runs on Gaudi only (CPU: QDQ simulation)"
-_INC_NOT_WIRED = ("Intel documents FP8 on Gaudi 2/3 through INC, as a measurement run then a quantized run "
-                  "(QUANT_CONFIG); hwrun has no INC path yet: use optimum-habana or vLLM for FP8 on Gaudi")
+_INC_ON_GAUDI = ("Intel documents FP8 on Gaudi 2/3 through INC as a measurement run, then a quantized run; hwrun does "
+                 "the second: the model loads in the planned dtype, then convert(model, FP8Config.from_json_file(path)) "
+                 "with a QUANTIZE-mode config whose measurements (dump_stats_path) exist, checked before load; the "
+                 "measurement run is the user's (prepare + finalize_calibration). Run by hwrun's tests on the CPU "
+                 "with a fake Gaudi and a fake INC whose signatures a test holds to neural-compressor-pt 3.10's, "
+                 "not on a Gaudi")
 
 #: kind -> method -> Cell. Every registered hwenv kind has a row (a test checks it); a kind with no row (a plug-in)
 #: gets `NO_ROW` for every method.
@@ -269,7 +303,7 @@ QUANTIZATION_TABLE: dict[str, dict[str, Cell]] = {
         "hqq": _no(f"hqq: {_NO_GAUDI_COLUMN}", "overview"),
         "fp8": _no("Transformers' fine-grained FP8 kernels need a CUDA GPU or XPU (elsewhere it dequantizes "
                    "silently); FP8 on Gaudi is INC's (fp8-inc)", "tf"),
-        "fp8-inc": _no(_INC_NOT_WIRED, "inc-fp8", "hwenv-gen"),
+        "fp8-inc": _yes(_INC_ON_GAUDI, "inc-fp8", "inc-api", "inc-files", "hwenv-gen", check=_inc_gaudi),
     },
     "mps": {name: _no(_NOT_ON_MPS, "overview") for name in METHODS},
     "cpu": {
@@ -372,7 +406,7 @@ LORA_TRAINING: dict[str, Training] = {
                     ("peft-layers", "tf"), _TRAIN_INSTEAD),
     "fp8": Training(False, _NOT_TRAINED.format(what="fine-grained FP8 checkpoints (PEFT has no layer for "
                                                     "Transformers' FP8Linear)"), ("peft-layers",), _TRAIN_INSTEAD),
-    "fp8-inc": Training(False, "hwrun has no Intel Neural Compressor path yet; PEFT has an INC layer (inc.py)",
+    "fp8-inc": Training(False, _NOT_TRAINED.format(what="INC FP8 models (PEFT has an INC layer: inc.py)"),
                         ("peft-layers", "inc-fp8"), "--qlora on Gaudi 2/3, or --lora on the unquantized model"),
 }
 

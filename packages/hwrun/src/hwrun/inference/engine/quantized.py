@@ -6,7 +6,8 @@ captured in hwrun's graphs or compiled steps):
 - bitsandbytes 4-bit `Linear4bit`; 8-bit `Linear8bitLt` (LLM.int8) is refused, because its outlier split is decided
   per batch from the activations of every row in it, so a request's tokens would change with the requests beside it.
 - pre-quantized checkpoints Transformers loads through another quantizer (`quant_method` awq, gptq, auto-round,
-  compressed-tensors, fp8): the same eager model step. compressed-tensors keeps its weights compressed until the first
+  compressed-tensors, fp8), and a model Intel Neural Compressor converted to FP8 on Gaudi after load (fp8-inc: its
+  patched modules, marked by hwrun): the same eager model step. compressed-tensors keeps its weights compressed until the first
   forward, where its own hook (`ModelCompressor.add_decompress_hook`, compressed-tensors 0.20) decompresses them in
   place to the model's dtype; a warning says so when the engine is built (hwrun makes no copy of its own).
 
@@ -55,9 +56,14 @@ def bnb_bits(model: Any) -> int | None:
 
 
 def quant_method(model: Any) -> str | None:
-    """The `quant_method` of the quantizer Transformers loaded `model` with ("compressed-tensors", "gptq", ...), or
-    None for an unquantized model (a PEFT model is asked through its base)."""
+    """The `quant_method` of the quantizer Transformers loaded `model` with ("compressed-tensors", "gptq", ...),
+    "fp8-inc" for a model hwrun converted with Intel Neural Compressor (`model.quantization.INC_MARK`), or None for an
+    unquantized model (a PEFT model is asked through its base)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    from ...model.quantization import INC_MARK
+
+    if getattr(base, INC_MARK, None):  # converted by Intel Neural Compressor after load (fp8-inc): no HF quantizer
+        return str(getattr(base, INC_MARK))
     config = getattr(getattr(base, "hf_quantizer", None), "quantization_config", None)
     method = getattr(config, "quant_method", None)
     return None if method is None else str(getattr(method, "value", method)).lower()
