@@ -1,7 +1,8 @@
 """fp8-inc (issue 43): FP8 on Gaudi through Intel Neural Compressor, from an already-measured QUANTIZE config.
 
 On the CPU with hwenv.testing's Gaudi fake and hwrun.testing's fake INC (`fake_inc`: records calls, converts nothing),
-whose signatures the drift tests hold to the installed neural-compressor-pt (the `inc` extra, in the dev environment).
+whose signatures the drift tests hold to the installed neural-compressor-pt (the `inc` extra; the dev install leaves it out, see
+the skip reason).
 What is real here: hwrun's plan, its checks of the config and of INC's measurement file name, the load, the call
 to convert, and the decode/serving decisions; what is faked: the Gaudi and INC's FP8 patching (none happens)."""
 
@@ -210,7 +211,9 @@ def _real_quantization():
 
     assert not any(getattr(sys.modules.get(m), "HWRUN_FAKE", False) for m in MODULES), "a fake INC is installed"
     return pytest.importorskip("neural_compressor.torch.quantization",
-                               reason="neural-compressor-pt not installed (hwrun[inc], in the dev environment)")
+                               reason="neural-compressor-pt not installed (pip install 'hwrun[inc]'): the dev install leaves "
+                                      "it out because PEFT imports INC's FP8 modules whenever it builds LoRA layers and "
+                                      "INC then logs to stderr (hwrun train --lora's one-line errors got 3 more lines)")
 
 
 def _inner(function, name):
