@@ -167,3 +167,20 @@ def test_a_bad_compile_cache_switch_is_refused_before_load_where_the_step_compil
     with pytest.raises(hwcompile.CompileArgumentError, match="HWSTACK_COMPILE_CACHE='maybe' is neither on nor off"):
         planned(_plan("NVIDIA H100 80GB HBM3", compile=True), 1)
     assert planned(hwrun.plan(device="cpu"), 1).compile_backend is None  # nothing compiles: not asked
+
+
+def test_compile_autos_reason_is_logged_once_per_run_by_decide(caplog):
+    """planned() (before load) and decide() (after) both weigh compile='auto'; the outcome is logged once, in
+    decide()'s decision line, not at every weighing."""
+    import logging
+
+    from hwrun.inference.decision import decide
+
+    model, _ = hwrun.load(hwrun.plan(hwrun.DEFAULT_MODEL, device="cpu"))
+    plan = _plan("NVIDIA H100 80GB HBM3")
+    with caplog.at_level(logging.INFO, logger="hwrun.inference.decision"):
+        before = planned(plan, 1, max_new_tokens=256)
+        decision = decide(plan, model, n_prompts=1, needed=300, before=before, max_new_tokens=256)
+    assert decision.decode == "graphs" and decision.compile_backend is None
+    lines = [r.getMessage() for r in caplog.records if "captured eager step: 256 tokens" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("batching: static"), lines

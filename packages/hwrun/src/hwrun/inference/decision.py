@@ -392,8 +392,8 @@ def decide(plan: RunPlan, model: Any, *, n_prompts: int, needed: int, decode: st
             reason = f"{reason}; {note}"
     decision = _engine_setup(plan, DecodeDecision(checked.mode, checked.reason, mode, reason, backend,
                                                   compile_reason=compile_reason), slots, model)
-    logger.info("batching: %s (%s); decode: %s (%s)", decision.batching, decision.batching_reason, decision.decode,
-                decision.reason)
+    logger.info("batching: %s (%s); decode: %s (%s)%s", decision.batching, decision.batching_reason, decision.decode,
+                decision.reason, f"; compile: {decision.compile_reason}" if decision.compile_reason else "")
     return decision
 
 
@@ -535,7 +535,7 @@ def _step_compile(plan: RunPlan, compile: Any, tokens: int, batch: int) -> tuple
     if compile is True:
         return default, f"given: compile=True ({default})", ""
     pays, why = compile_pays(plan, tokens, batch)
-    logger.info("compile='auto': %s", why)
+    logger.debug("compile='auto': %s", why)  # planned() and decide() both weigh it; decide() logs the outcome once
     return (default if pays else None), why, ""
 
 
