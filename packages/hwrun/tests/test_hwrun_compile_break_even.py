@@ -129,7 +129,10 @@ def test_hwrun_plan_rows_carry_the_compile_reason(capsys, fake_cuda):
 
 def test_compile_true_on_gaudi_lazy_mode_is_dropped_with_the_reason_as_a_plan_compile_is():
     """compile=True without a plan compile goes through the same lazy-mode check as the plan's compile (G2): in
-    lazy mode torch.compile is refused, so the step is not compiled and the reason says so; eager mode compiles."""
+    lazy mode torch.compile is refused, so the step is not compiled and the reason says so; eager mode compiles.
+    Source: ../shared/INTEL.md "Lazy vs eager" (S12, the Gaudi support matrix; S8, gaudi-pytorch-bridge 1.19):
+    `hpu_backend` and `eager` compile in eager mode, no compile in lazy mode; the mode as the bridge decides it
+    (`hwenv.gaudi.execution_mode`) is hwcompile's `check_compile_mode`, tested in test_hwcompile_mode.py (G2)."""
     from hwenv.testing import fake_gaudi
 
     accel = hwenv.Accelerator("hpu", 1, names=("GAUDI2",))

@@ -2,7 +2,9 @@
 fake (hwenv.testing, lazy mode: HPU graphs record), `SlotsBackend.start(progress=...)` gets one line per bucket, in
 ascending shape, each after its bucket's captures and before the next bucket's; through a server whose engine core
 builds that backend, the same lines reach the start-up log (`Progress` messages) before the engine is ready. An eager
-CPU engine has nothing to capture and reports nothing."""
+CPU engine has nothing to capture and reports nothing. Source of what the fake records: gaudi-pytorch-bridge 1.19.0
+(../shared/INTEL.md S8: `habana_frameworks/torch/hpu/graphs.py` `HPUGraph`, exported only in lazy mode), to which
+packages/hwenv/tests/test_hwenv_fake_graphs.py holds the fake's graph classes."""
 
 from __future__ import annotations
 
